@@ -1,0 +1,1 @@
+"""torch -> ONNX export, lowerings, manifest and Polygraphy parity checks."""

@@ -1,0 +1,112 @@
+"""The three lowerings of ``attnx::<Op>`` nodes.
+
+* ``function``: each op's onnxscript body is attached as a model-local function
+  (a node omitting optional inputs uses an overload whose body has only those inputs).
+* ``decomposed``: the same bodies inlined, leaving standard ONNX ops only.
+* ``plugin``: bare nodes with ``plugin_namespace``/``plugin_version`` attributes,
+  which TensorRT uses to find the attnx plugin of the same name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import onnx
+import onnx.inliner
+from onnx import helper
+
+from attnx.errors import AttnxError
+from attnx.ops import DOMAIN, LIBRARY_DOMAIN, AttentionOp, function_protos
+
+LOWERINGS = ("function", "decomposed", "plugin")
+PLUGIN_NAMESPACE = DOMAIN
+PLUGIN_VERSION = "1"
+OVERLOAD_IR_VERSION = 10  # ONNX function overloads need IR v10
+
+
+def attnx_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
+    return [node for node in model.graph.node if node.domain == DOMAIN]
+
+
+def lower(model: onnx.ModelProto, ops: Sequence[AttentionOp], mode: str) -> onnx.ModelProto:
+    """Apply lowering ``mode`` to ``model`` in place and return it."""
+    if mode not in LOWERINGS:
+        raise AttnxError(f"unknown lowering '{mode}' (choices: {', '.join(LOWERINGS)})")
+    if mode == "plugin":
+        return _mark_plugins(model)
+    attach_functions(model, ops)
+    if mode == "decomposed":
+        model = onnx.inliner.inline_local_functions(model)
+        _drop_opsets(model, {DOMAIN, LIBRARY_DOMAIN})
+    return model
+
+
+def _mark_plugins(model: onnx.ModelProto) -> onnx.ModelProto:
+    for node in attnx_nodes(model):
+        _set_attribute(node, helper.make_attribute("plugin_namespace", PLUGIN_NAMESPACE))
+        _set_attribute(node, helper.make_attribute("plugin_version", PLUGIN_VERSION))
+    return model
+
+
+def attach_functions(model: onnx.ModelProto, ops: Sequence[AttentionOp]) -> onnx.ModelProto:
+    """Attach the body (and the library functions it calls) of every attnx node."""
+    by_name = {op.name: op for op in ops}
+    opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
+    attached: dict[tuple[str, str, str], onnx.FunctionProto] = {
+        (f.domain, f.name, f.overload): f for f in model.functions
+    }
+    for node in attnx_nodes(model):
+        op = by_name.get(node.op_type)
+        if op is None:
+            raise AttnxError(f"no attnx op named '{node.op_type}' is registered by the model's variants")
+        present = [name for name, value in zip(op.input_names, node.input) if value]
+        body = op.body_for(present)
+        if body is None:
+            raise AttnxError(
+                f"op attnx::{op.name} has no ONNX body for inputs ({', '.join(present)}); "
+                "the variant must provide one in AttentionOp.bodies"
+            )
+        overload = "" if body is op.bodies[0] else "_".join(present)
+        node.overload = overload
+        main, *library = function_protos(body)
+        main.name, main.overload = op.name, overload
+        for proto in (main, *library):
+            _import_opset(proto, opset)
+            attached.setdefault((proto.domain, proto.name, proto.overload), proto)
+    del model.functions[:]
+    model.functions.extend(attached.values())
+    if any(f.overload for f in model.functions):
+        model.ir_version = max(model.ir_version, OVERLOAD_IR_VERSION)
+    if not any(o.domain == LIBRARY_DOMAIN for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid(LIBRARY_DOMAIN, 1))
+    return model
+
+
+def strip_plugin_attributes(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Remove the TensorRT plugin attributes (to run a plugin-lowered model as functions)."""
+    for node in attnx_nodes(model):
+        kept = [a for a in node.attribute if a.name not in ("plugin_namespace", "plugin_version")]
+        del node.attribute[:]
+        node.attribute.extend(kept)
+    return model
+
+
+def _import_opset(proto: onnx.FunctionProto, version: int) -> None:
+    """Bodies are written against opset 18; they must import the model's opset version."""
+    for entry in proto.opset_import:
+        if entry.domain in ("", "ai.onnx"):
+            entry.version = version
+
+
+def _set_attribute(node: onnx.NodeProto, attribute: onnx.AttributeProto) -> None:
+    for existing in node.attribute:
+        if existing.name == attribute.name:
+            existing.CopyFrom(attribute)
+            return
+    node.attribute.append(attribute)
+
+
+def _drop_opsets(model: onnx.ModelProto, domains: set[str]) -> None:
+    kept = [o for o in model.opset_import if o.domain not in domains]
+    del model.opset_import[:]
+    model.opset_import.extend(kept)

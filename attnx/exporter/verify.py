@@ -1,0 +1,159 @@
+"""``attnx.verify``: Polygraphy parity between the torch model and its ONNX export."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import secrets
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from attnx.errors import AttnxError, unknown_choice
+from attnx.exporter.artifacts import write_atomic
+from attnx.exporter.inputs import random_feed
+from attnx.exporter.manifest import MODEL_FILE, PARITY_FILE, WEIGHTS_FILE, Manifest, sha256_file
+
+DEFAULT_SEQ_LENS = (1, 7, 32, 129)
+DEFAULT_BATCH = 2
+
+
+@dataclasses.dataclass
+class Comparison:
+    seq_len: int
+    output: str
+    max_abs: float
+    max_rel: float
+    passed: bool
+
+
+@dataclasses.dataclass
+class BackendParity:
+    backend: str
+    status: str  # "passed" | "failed" | "skipped"
+    reason: str = ""
+    comparisons: list[Comparison] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass
+class ParityReport:
+    atol: float
+    rtol: float
+    batch: int
+    seq_lens: list[int]
+    seed: int
+    backends: list[BackendParity]
+
+    @property
+    def ran(self) -> list[BackendParity]:
+        return [b for b in self.backends if b.status != "skipped"]
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.ran) and all(b.status == "passed" for b in self.ran)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"passed": self.passed, **dataclasses.asdict(self)}
+
+    def write(self, directory: Path) -> None:
+        write_atomic(Path(directory) / PARITY_FILE, json.dumps(self.to_dict(), indent=2) + "\n")
+
+
+def verify(
+    out: str | Path,
+    *,
+    backends: Sequence[str] = ("ort-cpu",),
+    seq_lens: Sequence[int] | None = None,
+    batch: int = DEFAULT_BATCH,
+    atol: float | None = None,
+    rtol: float | None = None,
+    seed: int | None = None,
+    write: bool = True,
+) -> ParityReport:
+    """Rebuild the exported model from ``OUT`` (manifest + weights) and compare it with each backend.
+
+    Raises:
+        AttnxError: ``out`` is not an attnx export, its weights changed, or an unknown backend.
+    """
+    from safetensors.torch import load_model
+
+    from attnx.exporter.assemble import assemble
+
+    directory = Path(out)
+    manifest = Manifest.read(directory)
+    for name in (MODEL_FILE, WEIGHTS_FILE):
+        if not (directory / name).is_file():
+            raise AttnxError(f"'{directory}' lacks {name}; re-export it with `attnx export`")
+    if sha256_file(directory / WEIGHTS_FILE) != manifest.weights_sha256:
+        raise AttnxError(f"{directory / WEIGHTS_FILE} does not match the manifest's weights hash; re-export")
+    options = {**{f"model.{k}": v for k, v in manifest.model_config.items()},
+               **{f"variant.{k}": v for k, v in manifest.variant_config.items()}}
+    assembly = assemble(manifest.variant, manifest.model, options, manifest.seed)
+    load_model(assembly.module, str(directory / WEIGHTS_FILE), strict=True)
+    report = verify_assembly(directory, manifest, assembly, backends=backends, seq_lens=seq_lens, batch=batch,
+                             atol=atol, rtol=rtol, seed=seed)
+    if write:
+        report.write(directory)
+    return report
+
+
+def verify_assembly(
+    directory: Path,
+    manifest: Manifest,
+    assembly: Any,
+    *,
+    backends: Sequence[str] = ("ort-cpu",),
+    seq_lens: Sequence[int] | None = None,
+    batch: int = DEFAULT_BATCH,
+    atol: float | None = None,
+    rtol: float | None = None,
+    seed: int | None = None,
+) -> ParityReport:
+    """Compare ``assembly.module`` with ``directory/model.onnx`` on each backend."""
+    from polygraphy.comparator import Comparator, CompareFunc
+    from polygraphy.logger import G_LOGGER
+
+    from attnx.exporter.runners import BACKENDS, TorchRunner
+
+    for name in backends:
+        if name not in BACKENDS:
+            raise unknown_choice("backend", name, BACKENDS)
+    seq_lens = list(seq_lens or DEFAULT_SEQ_LENS)
+    if any(n < 1 for n in seq_lens) or batch < 1:
+        raise AttnxError("sequence lengths and batch must be >= 1")
+    atol = manifest.tolerance["atol"] if atol is None else atol
+    rtol = manifest.tolerance["rtol"] if rtol is None else rtol
+    seed = secrets.randbits(31) if seed is None else seed
+    specs = manifest.input_specs()
+    rng = np.random.default_rng(seed)
+    feeds = [random_feed(specs, _sizes(specs, batch, n), rng) for n in seq_lens]
+    G_LOGGER.module_severity = G_LOGGER.ERROR
+
+    results: list[BackendParity] = []
+    for name in backends:
+        backend = BACKENDS[name]
+        reason = backend.unavailable()
+        if reason:
+            results.append(BackendParity(name, "skipped", reason))
+            continue
+        torch_runner = TorchRunner(assembly.module, specs, manifest.output_specs())
+        onnx_runner = backend.runner(directory / MODEL_FILE, manifest.lowering, assembly.ops)
+        run = Comparator.run([torch_runner, onnx_runner], data_loader=feeds)
+        accuracy = Comparator.compare_accuracy(run, compare_func=CompareFunc.simple(atol=atol, rtol=rtol))
+        comparisons = [
+            Comparison(n, output, float(result.max_absdiff), float(result.max_reldiff), bool(result))
+            for accuracy_result in accuracy
+            for iterations in accuracy_result.values()
+            for n, iteration in zip(seq_lens, iterations)
+            for output, result in iteration.items()
+        ]
+        status = "passed" if comparisons and all(c.passed for c in comparisons) else "failed"
+        results.append(BackendParity(name, status, comparisons=comparisons))
+    return ParityReport(atol, rtol, batch, seq_lens, seed, results)
+
+
+def _sizes(specs: Sequence[Any], batch: int, length: int) -> dict[str, int]:
+    axes = {a for s in specs for a in s.axes if isinstance(a, str)}
+    return {a: batch if a == "batch" else length for a in axes}

@@ -1,0 +1,58 @@
+"""Declarative description of a model architecture and of its input/output tensors."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Any
+
+from attnx.config import Config, make_config
+from attnx.variant import load_object
+
+if TYPE_CHECKING:
+    from torch import nn
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorSpec:
+    """One model input or output.
+
+    Attributes:
+        name: ONNX graph name.
+        dtype: numpy dtype name ("int64", "bool", "float32").
+        axes: per dimension, a symbolic name (dynamic, e.g. "batch") or a fixed int.
+        high: for integer inputs, values are drawn from [0, high).
+        doc: what the tensor means, for the manifest.
+    """
+
+    name: str
+    dtype: str
+    axes: tuple[str | int, ...]
+    high: int | None = None
+    doc: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None and v != ""}
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+    """A model architecture a plugin provides.
+
+    ``impl`` ("module:attribute") names ``build(config, attention) -> nn.Module``, where
+    ``attention(spec, role)`` returns the attention layer for an
+    :class:`attnx.variant.AttentionSpec`; ``role`` is "self" or "cross". The built
+    module exposes ``input_specs()`` and ``output_specs()`` (lists of TensorSpec) and
+    a forward taking the inputs in that order.
+    """
+
+    name: str
+    summary: str
+    config: type[Config]
+    impl: str
+    uses_cross_attention: bool = False
+
+    def make_config(self, options: dict[str, Any] | None = None) -> Config:
+        return make_config(self.config, options, what=f"{self.name} model option")
+
+    def build(self, config: Config, attention: Any) -> nn.Module:
+        return load_object(self.impl, f"model '{self.name}'")(config, attention)

@@ -1,0 +1,205 @@
+"""The torch/ONNX side of the variant contract: custom ops, their ONNX schemas and bodies.
+
+A variant's maths is a ``torch.library.custom_op`` in the ``attnx`` namespace (with a
+``register_fake``). :class:`AttentionOp` pairs it with onnxscript function bodies;
+attnx derives everything else from the torch op's schema:
+
+* the ONNX ``OpSchema`` for ``attnx::<Name>`` (tensor arguments become inputs,
+  ``Tensor?`` ones optional; bool/int/float/list arguments become attributes),
+* the exporter's translation function, which emits the bare ``attnx::<Name>`` node,
+* which body serves a node: a node that omits optional inputs is served by the
+  body whose parameters are exactly the inputs it has (an ONNX function overload).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import onnx
+import onnxscript
+import torch
+from onnx import defs
+
+from attnx.variant import AttentionSpec
+
+DOMAIN = "attnx"
+LIBRARY_DOMAIN = "attnx.lib"
+OPSET = onnxscript.values.Opset(DOMAIN, 1)
+LIBRARY = onnxscript.values.Opset(LIBRARY_DOMAIN, 1)
+FLOAT_TYPES = ["tensor(float)", "tensor(float16)", "tensor(bfloat16)"]
+
+_ATTRIBUTE_TYPES: dict[str, tuple[Any, type]] = {
+    "bool": (defs.OpSchema.AttrType.INT, int),
+    "int": (defs.OpSchema.AttrType.INT, int),
+    "SymInt": (defs.OpSchema.AttrType.INT, int),
+    "float": (defs.OpSchema.AttrType.FLOAT, float),
+    "str": (defs.OpSchema.AttrType.STRING, str),
+    "List[int]": (defs.OpSchema.AttrType.INTS, list),
+    "int[]": (defs.OpSchema.AttrType.INTS, list),
+    "List[float]": (defs.OpSchema.AttrType.FLOATS, list),
+    "float[]": (defs.OpSchema.AttrType.FLOATS, list),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class OpArgument:
+    name: str
+    is_tensor: bool
+    optional: bool = False
+    attribute_type: str | None = None  # torch type string for attributes
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionOp:
+    """One ``attnx::<name>`` op: a torch custom op plus its ONNX function bodies.
+
+    Attributes:
+        name: ONNX op type (CamelCase), also the TensorRT plugin name.
+        torch_op: the ``torch.library.custom_op`` object implementing the maths.
+        bodies: onnxscript functions in the ``attnx`` opset; the first takes every
+            input, others cover calls that omit optional inputs.
+        input_types: ONNX type of inputs that are not float tensors, e.g.
+            ``{"key_padding_mask": "tensor(bool)"}``.
+        doc: one paragraph for the schema's documentation.
+    """
+
+    name: str
+    torch_op: Any
+    bodies: Sequence[onnxscript.OnnxFunction]
+    input_types: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    doc: str = ""
+
+    @functools.cached_property
+    def overload(self) -> torch._ops.OpOverload:
+        return self.torch_op._opoverload
+
+    @functools.cached_property
+    def arguments(self) -> tuple[OpArgument, ...]:
+        result = []
+        for arg in self.overload._schema.arguments:
+            type_text = str(arg.type)
+            if type_text in ("Tensor", "Optional[Tensor]", "Tensor?"):
+                result.append(OpArgument(arg.name, True, optional=type_text != "Tensor"))
+            elif type_text in _ATTRIBUTE_TYPES:
+                result.append(OpArgument(arg.name, False, attribute_type=type_text))
+            else:
+                raise TypeError(f"attnx op {self.name}: argument {arg.name} has unsupported type {type_text}")
+        return tuple(result)
+
+    @property
+    def input_names(self) -> list[str]:
+        return [a.name for a in self.arguments if a.is_tensor]
+
+    @property
+    def attribute_names(self) -> list[str]:
+        return [a.name for a in self.arguments if not a.is_tensor]
+
+    def schema(self) -> defs.OpSchema:
+        """The ONNX schema of ``attnx::<name>``, derived from the torch op."""
+        param = defs.OpSchema.FormalParameter
+        option = defs.OpSchema.FormalParameterOption
+        inputs, constraints = [], {"T": FLOAT_TYPES}
+        for arg in self.arguments:
+            if not arg.is_tensor:
+                continue
+            type_str = "T"
+            if arg.name in self.input_types:
+                type_str = f"T_{arg.name}"
+                constraints[type_str] = [self.input_types[arg.name]]
+            inputs.append(param(arg.name, type_str, param_option=option.Optional if arg.optional else option.Single))
+        attributes = [
+            defs.OpSchema.Attribute(a.name, _ATTRIBUTE_TYPES[a.attribute_type][0], a.name, required=True)
+            for a in self.arguments
+            if not a.is_tensor
+        ]
+        return defs.OpSchema(
+            self.name,
+            DOMAIN,
+            1,
+            doc=self.doc,
+            inputs=inputs,
+            outputs=[param("output", "T")],
+            type_constraints=[(name, types, "") for name, types in constraints.items()],
+            attributes=attributes,
+        )
+
+    def register_schema(self) -> None:
+        """Make ``attnx::<name>`` known to onnx (idempotent)."""
+        if not defs.has(self.name, DOMAIN):
+            defs.register_schema(self.schema())
+
+    def translation(self) -> Callable[..., Any]:
+        """The exporter's translation function: emits the bare ``attnx::<name>`` node."""
+        self.register_schema()
+        emit = getattr(OPSET, self.name)
+        args = self.arguments
+
+        def translate(*values: Any, **kwargs: Any) -> Any:
+            bound = dict(zip([a.name for a in args], values))
+            bound.update(kwargs)
+            inputs = [bound.get(a.name) for a in args if a.is_tensor]
+            while inputs and inputs[-1] is None:
+                inputs.pop()  # trailing optional inputs are omitted, not passed empty
+            attributes = {a.name: _attribute_value(a, bound[a.name]) for a in args if not a.is_tensor}
+            return emit(*inputs, **attributes)
+
+        parameters, annotations = [], {}
+        for arg in args:
+            parameters.append(inspect.Parameter(arg.name, inspect.Parameter.POSITIONAL_OR_KEYWORD))
+            if not arg.is_tensor:
+                annotations[arg.name] = _ATTRIBUTE_TYPES[arg.attribute_type][1]
+        translate.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
+        translate.__annotations__ = annotations
+        translate.__name__ = self.name
+        return translate
+
+    def body_for(self, present_inputs: Sequence[str]) -> onnxscript.OnnxFunction | None:
+        """The body whose inputs are exactly ``present_inputs``, if one was given."""
+        for body in self.bodies:
+            if [p.name for p in body.function_ir.inputs] == list(present_inputs):
+                return body
+        return None
+
+
+def _attribute_value(arg: OpArgument, value: Any) -> Any:
+    if arg.attribute_type == "bool":
+        return int(bool(value))
+    return value
+
+
+def function_protos(body: onnxscript.OnnxFunction) -> list[onnx.FunctionProto]:
+    """``body`` and every library function it calls, transitively, as FunctionProtos."""
+    seen: dict[tuple[str, str], onnx.FunctionProto] = {}
+
+    def visit(fn: onnxscript.OnnxFunction) -> None:
+        proto = fn.to_function_proto()
+        key = (proto.domain, proto.name)
+        if key in seen:
+            return
+        seen[key] = proto
+        for callee in fn.function_ir.get_called_functions().values():
+            visit(callee)
+
+    visit(body)
+    return list(seen.values())
+
+
+@dataclasses.dataclass(frozen=True)
+class VariantImpl:
+    """The heavy half of a variant, loaded from :attr:`attnx.variant.Variant.impl`.
+
+    Attributes:
+        build: ``build(config, spec) -> torch.nn.Module``; the module's forward is
+            ``forward(x, context=None, key_padding_mask=None) -> Tensor``.
+        ops: the ``attnx::`` ops the module calls.
+        trt_plugins: TensorRT plugin registrations for ``ops`` (filled by the
+            TensorRT work; empty means "no TensorRT plugin yet").
+    """
+
+    build: Callable[[Any, AttentionSpec], torch.nn.Module]
+    ops: Sequence[AttentionOp]
+    trt_plugins: Sequence[Any] = ()

@@ -1,0 +1,106 @@
+"""Softmax attention: the torch custom op, its ONNX bodies and the module."""
+
+from __future__ import annotations
+
+import math
+
+import onnxscript
+import torch
+from onnxscript import BOOL, FLOAT
+from onnxscript import opset18 as op
+
+from attnx.nn import MASKED_SCORE, MultiHeadAttention
+from attnx.ops import LIBRARY, OPSET, AttentionOp, VariantImpl
+from attnx.plugins.softmax import SoftmaxConfig
+from attnx.variant import AttentionSpec
+
+
+def causal_keep(n_queries: int, n_keys: int, device: torch.device) -> torch.Tensor:
+    """Bool (n_queries, n_keys): query i sees key j iff j <= i + n_keys - n_queries."""
+    return torch.ones(n_queries, n_keys, dtype=torch.bool, device=device).tril(n_keys - n_queries)
+
+
+NEG_INF = float("-inf")
+
+
+@torch.library.custom_op("attnx::softmax_attention", mutates_args=())
+def softmax_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    key_padding_mask: torch.Tensor | None,
+    causal: bool,
+    scale: float,
+) -> torch.Tensor:
+    """softmax(q k^T * scale + bias) v; bias: padded keys MASKED_SCORE, then future keys -inf."""
+    bias = torch.zeros(q.shape[-2], k.shape[-2], dtype=q.dtype, device=q.device)
+    if key_padding_mask is not None:
+        bias = bias.masked_fill(~key_padding_mask[:, None, None, :], MASKED_SCORE)
+    if causal:
+        bias = bias.masked_fill(~causal_keep(q.shape[-2], k.shape[-2], q.device), float("-inf"))
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale)
+
+
+@softmax_attention.register_fake
+def _(q, k, v, key_padding_mask, causal, scale):
+    return q.new_empty((*q.shape[:-1], v.shape[-1]))
+
+
+@onnxscript.script(LIBRARY, default_opset=op)
+def SoftmaxScores(q: FLOAT, k: FLOAT, scale: float) -> FLOAT:
+    scaled = op.Mul(q, op.CastLike(op.Constant(value_float=scale), q))
+    return op.MatMul(scaled, op.Transpose(k, perm=[0, 1, 3, 2]))
+
+
+@onnxscript.script(LIBRARY, default_opset=op)
+def CausalFuture(scores: FLOAT, causal: int) -> BOOL:
+    """Bool (nq, nk): True where key j is in query i's future (j > i + nk - nq) and causal is set."""
+    shape = op.Shape(scores, start=-2)
+    offset = op.Squeeze(op.Sub(op.Slice(shape, [1], [2]), op.Slice(shape, [0], [1])), [0])
+    ones = op.ConstantOfShape(shape, value=onnxscript.ir.tensor([1.0], dtype=onnxscript.ir.DataType.FLOAT))
+    future = op.Not(op.Cast(op.Trilu(ones, offset, upper=0), to=BOOL.dtype))
+    return op.And(future, op.Cast(op.Constant(value_int=causal), to=BOOL.dtype))
+
+
+@onnxscript.script(LIBRARY, default_opset=op)
+def SoftmaxMix(scores: FLOAT, bias: FLOAT, v: FLOAT) -> FLOAT:
+    return op.MatMul(op.Softmax(op.Add(scores, bias), axis=-1), v)
+
+
+@onnxscript.script(OPSET, default_opset=op)
+def SoftmaxAttention(q: FLOAT, k: FLOAT, v: FLOAT, key_padding_mask: BOOL, causal: int, scale: float) -> FLOAT:
+    scores = SoftmaxScores(q, k, scale=scale)
+    keep = op.Unsqueeze(key_padding_mask, [1, 2])
+    pad = op.Where(keep, op.CastLike(0.0, q), op.CastLike(MASKED_SCORE, q))
+    bias = op.Where(CausalFuture(scores, causal=causal), op.CastLike(NEG_INF, q), pad)
+    return SoftmaxMix(scores, bias, v)
+
+
+@onnxscript.script(OPSET, default_opset=op)
+def SoftmaxAttentionNoMask(q: FLOAT, k: FLOAT, v: FLOAT, causal: int, scale: float) -> FLOAT:
+    scores = SoftmaxScores(q, k, scale=scale)
+    zero = op.CastLike(0.0, q)
+    bias = op.Where(CausalFuture(scores, causal=causal), op.CastLike(NEG_INF, q), zero)
+    return SoftmaxMix(scores, bias, v)
+
+
+SOFTMAX_OP = AttentionOp(
+    name="SoftmaxAttention",
+    torch_op=softmax_attention,
+    bodies=(SoftmaxAttention, SoftmaxAttentionNoMask),
+    input_types={"key_padding_mask": "tensor(bool)"},
+    doc="softmax(q k^T * scale + mask) v per head; q,k,v (batch, heads, seq, dim).",
+)
+
+
+class SoftmaxAttentionLayer(MultiHeadAttention):
+    def __init__(self, config: SoftmaxConfig, spec: AttentionSpec) -> None:
+        super().__init__(spec)
+        self.causal = spec.causal
+        self.scale = config.scale if config.scale is not None else 1.0 / math.sqrt(spec.head_dim)
+
+    def attend(self, q, k, v, key_padding_mask):
+        return softmax_attention(q, k, v, key_padding_mask, self.causal, self.scale)
+
+
+IMPL = VariantImpl(build=SoftmaxAttentionLayer, ops=(SOFTMAX_OP,))

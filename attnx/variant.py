@@ -1,0 +1,115 @@
+"""The declarative description of an attention variant (importable without torch).
+
+A plugin returns :class:`Variant` objects from ``attnx_register_variants``. Everything
+needed to list, validate and choose a variant lives here; the torch/ONNX side
+(:class:`attnx.ops.VariantImpl`) is loaded lazily from ``impl`` ("module:attribute"),
+so ``attnx --help`` and ``attnx list`` never import torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from typing import TYPE_CHECKING, Any, Literal
+
+from attnx.config import Config, make_config
+from attnx.errors import AttnxError
+
+if TYPE_CHECKING:
+    from attnx.ops import VariantImpl
+
+DecodeMode = Literal["kv-cache", "recurrent"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Capabilities:
+    """What a variant's module supports; attnx refuses other uses before building."""
+
+    causal: bool = False
+    cross: bool = False
+    key_padding_mask: bool = True
+    decode: DecodeMode | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Tolerance:
+    """Parity tolerances (element-wise: |a-b| <= atol + rtol*|b|)."""
+
+    atol: float
+    rtol: float
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionSpec:
+    """What a model asks of an attention layer."""
+
+    d_model: int
+    n_heads: int
+    causal: bool = False
+    cross: bool = False
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    """One attention variant, as a plugin declares it.
+
+    Attributes:
+        name: CLI name (``--variant``), lower-case.
+        summary: one line for ``attnx list``.
+        paper: citation, e.g. "Transformers are RNNs (arXiv 2006.16236)".
+        config: the variant's options as a :class:`attnx.config.Config` dataclass.
+        capabilities: what the module supports.
+        tolerance: default fp32 parity tolerance ORT vs torch.
+        impl: "module:attribute" of the :class:`attnx.ops.VariantImpl` (torch module
+            builder, ONNX ops, TensorRT plugins), imported on first use.
+    """
+
+    name: str
+    summary: str
+    paper: str
+    config: type[Config]
+    capabilities: Capabilities
+    tolerance: Tolerance
+    impl: str
+
+    def make_config(self, options: dict[str, Any] | None = None) -> Config:
+        return make_config(self.config, options, what=f"{self.name} option")
+
+    def load(self) -> VariantImpl:
+        """Import and return the torch/ONNX implementation."""
+        return load_object(self.impl, f"variant '{self.name}'")
+
+    def check_spec(self, spec: AttentionSpec) -> None:
+        """Refuse uses the variant does not support, with a one-line reason."""
+        caps = self.capabilities
+        if spec.causal and not caps.causal:
+            raise AttnxError(f"variant '{self.name}' does not support causal attention ({describe(caps)})")
+        if spec.cross and not caps.cross:
+            raise AttnxError(f"variant '{self.name}' does not support cross attention ({describe(caps)})")
+        if spec.d_model % spec.n_heads:
+            raise AttnxError(f"d_model={spec.d_model} must be divisible by n_heads={spec.n_heads}")
+
+
+def describe(caps: Capabilities) -> str:
+    """Human summary of capabilities, e.g. "supports: bidirectional, causal, cross"."""
+    parts = ["bidirectional"]
+    parts += [name for name in ("causal", "cross") if getattr(caps, name)]
+    if caps.key_padding_mask:
+        parts.append("key padding mask")
+    if caps.decode:
+        parts.append(f"decode ({caps.decode})")
+    return "supports: " + ", ".join(parts)
+
+
+def load_object(path: str, what: str) -> Any:
+    """Resolve "package.module:attribute"."""
+    module_name, _, attribute = path.partition(":")
+    module = importlib.import_module(module_name)
+    try:
+        return getattr(module, attribute) if attribute else module
+    except AttributeError:
+        raise AttnxError(f"{what}: '{module_name}' has no attribute '{attribute}'") from None
