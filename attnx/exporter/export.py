@@ -71,8 +71,9 @@ def export(
     if opset not in SUPPORTED_OPSETS:
         raise AttnxError(f"opset {opset} is not supported (choose {SUPPORTED_OPSETS[0]}..{SUPPORTED_OPSETS[-1]})")
     check_output_dir(out, force)
-    report(f"building {model} with {variant} attention")
     assembly = assemble(variant, model, options, seed)
+    parameters = sum(p.numel() for p in assembly.module.parameters())
+    report(f"built {model} with {variant} attention ({parameters / 1e6:.2f}M parameters, seed {seed})")
     with staged_directory(out, force) as staging:
         report("exporting with torch.onnx (dynamo)")
         proto = to_onnx(assembly, opset)

@@ -52,7 +52,7 @@ class ModelSpec:
     uses_cross_attention: bool = False
 
     def make_config(self, options: dict[str, Any] | None = None) -> Config:
-        return make_config(self.config, options, what=f"{self.name} model option")
+        return make_config(self.config, options, what=f"{self.name} option")
 
     def build(self, config: Config, attention: Any) -> nn.Module:
         return load_object(self.impl, f"model '{self.name}'")(config, attention)

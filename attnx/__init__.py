@@ -1,0 +1,45 @@
+"""attnx: export efficient-attention Transformers to ONNX and TensorRT, and prove parity.
+
+Public API (heavy parts import lazily, so ``import attnx`` stays cheap)::
+
+    import attnx
+    result = attnx.export("linear", "out", model="encoder", lowering="function")
+    report = attnx.verify("out")
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from attnx.errors import AttnxError
+from attnx.hookspecs import hookimpl
+from attnx.variant import AttentionSpec, Capabilities, Tolerance, Variant
+
+__version__ = "0.1.0"
+__all__ = [
+    "AttentionSpec",
+    "AttnxError",
+    "Capabilities",
+    "Tolerance",
+    "Variant",
+    "__version__",
+    "export",
+    "get_registry",
+    "hookimpl",
+    "verify",
+]
+
+_LAZY = {
+    "export": ("attnx.exporter.export", "export"),
+    "verify": ("attnx.exporter.verify", "verify"),
+    "get_registry": ("attnx.registry", "get_registry"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        module_name, attribute = _LAZY[name]
+        return getattr(importlib.import_module(module_name), attribute)
+    raise AttributeError(f"module 'attnx' has no attribute '{name}'")

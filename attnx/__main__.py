@@ -1,0 +1,3 @@
+from attnx.cli import main
+
+main()

@@ -1,0 +1,91 @@
+"""``attnx list``: variants with capabilities, models, lowerings, failed plugins."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import click
+
+from attnx.cli.common import echo_json, json_option
+
+LOWERINGS = {
+    "function": "one attnx::<Op> node per attention call, body as an ONNX local function (default)",
+    "decomposed": "standard ONNX ops only (bodies inlined)",
+    "plugin": "bare attnx::<Op> nodes for TensorRT plugins (plugin_namespace=attnx)",
+}
+
+
+def listing_data() -> dict:
+    from attnx.registry import get_registry
+
+    registry = get_registry()
+    variants = [
+        {
+            "name": v.name,
+            "summary": v.summary,
+            "paper": v.paper,
+            "capabilities": dataclasses.asdict(v.capabilities),
+            "options": {f.name: f.default for f in dataclasses.fields(v.config)},
+            "tolerance": dataclasses.asdict(v.tolerance),
+        }
+        for v in sorted(registry.variants.values(), key=lambda v: v.name)
+    ]
+    models = [
+        {"name": m.name, "summary": m.summary, "options": {f.name: f.default for f in dataclasses.fields(m.config)}}
+        for m in sorted(registry.models.values(), key=lambda m: m.name)
+    ]
+    return {
+        "variants": variants,
+        "models": models,
+        "lowerings": LOWERINGS,
+        "plugins": [dataclasses.asdict(p) for p in registry.plugins],
+        "failed_plugins": [dataclasses.asdict(f) for f in registry.failures],
+    }
+
+
+@click.command("list")
+@json_option
+def command(as_json: bool) -> None:
+    """List attention variants (with capabilities), models, lowerings and plugin failures.
+
+    \b
+    Examples:
+      attnx list
+      attnx list --json | jq '.variants[].name'
+    """
+    data = listing_data()
+    if as_json:
+        echo_json(data)
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(soft_wrap=True)
+    table = Table(title="attention variants")
+    for column in ("variant", "causal", "cross", "pad mask", "decode", "summary", "paper"):
+        table.add_column(column)
+    yes = {True: "yes", False: "-"}
+    for v in data["variants"]:
+        caps = v["capabilities"]
+        table.add_row(v["name"], yes[caps["causal"]], yes[caps["cross"]], yes[caps["key_padding_mask"]],
+                      caps["decode"] or "-", v["summary"], v["paper"])
+    console.print(table)
+    models = Table(title="models")
+    models.add_column("model")
+    models.add_column("summary")
+    for m in data["models"]:
+        models.add_row(m["name"], m["summary"])
+    console.print(models)
+    lowerings = Table(title="lowerings (--lowering)")
+    lowerings.add_column("lowering")
+    lowerings.add_column("ONNX graph holds")
+    for name, text in LOWERINGS.items():
+        lowerings.add_row(name, text)
+    console.print(lowerings)
+    if data["failed_plugins"]:
+        failed = Table(title="FAILED plugins")
+        for column in ("plugin", "stage", "error"):
+            failed.add_column(column)
+        for f in data["failed_plugins"]:
+            failed.add_row(f["plugin"], f["stage"], f["error"])
+        console.print(failed)
