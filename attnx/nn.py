@@ -11,8 +11,8 @@ from torch import nn
 
 from attnx.variant import AttentionSpec
 
-# Score given to padded keys: the most negative fp16 value, so the same constant is
-# exact in fp16 and fp32 and a query whose keys are all padded stays finite (uniform).
+# Score bias of padded keys: the most negative fp16 value, so the same constant is
+# exact in fp16 and fp32 and a query whose keys are all padded stays finite.
 MASKED_SCORE = -65504.0
 
 

@@ -1,7 +1,8 @@
 """``softmax``: multi-head scaled dot-product attention (Attention Is All You Need).
 
 softmax(Q K^T * scale + mask) V with scale = 1/sqrt(d_head) unless set. Padded keys
-score -65504 (finite, fp16-exact); causal masking is bottom-right aligned, so query
+get -65504 added to their score (finite and fp16-exact, so a row whose keys are all
+padded stays finite: it degrades to unmasked attention); causal masking is bottom-right aligned, so query
 i of n attends keys j <= i + (n_keys - n), which also serves cached decoding.
 """
 

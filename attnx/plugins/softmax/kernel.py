@@ -32,7 +32,7 @@ def softmax_attention(
     causal: bool,
     scale: float,
 ) -> torch.Tensor:
-    """softmax(q k^T * scale + bias) v; bias: padded keys MASKED_SCORE, then future keys -inf."""
+    """softmax(q k^T * scale + bias) v; bias: MASKED_SCORE on padded keys, -inf on future keys."""
     bias = torch.zeros(q.shape[-2], k.shape[-2], dtype=q.dtype, device=q.device)
     if key_padding_mask is not None:
         bias = bias.masked_fill(~key_padding_mask[:, None, None, :], MASKED_SCORE)

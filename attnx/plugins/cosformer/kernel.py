@@ -1,0 +1,128 @@
+"""cosFormer attention: position features, the torch custom op, its ONNX bodies and the module."""
+
+from __future__ import annotations
+
+import math
+
+import onnxscript
+import torch
+from onnxscript import BOOL, FLOAT, INT64
+from onnxscript import opset18 as op
+
+from attnx.errors import AttnxError
+from attnx.nn import MultiHeadAttention
+from attnx.ops import LIBRARY, OPSET, AttentionOp, VariantImpl
+from attnx.plugins._linear_core import LinearCoreAttend, LinearCoreMaskKeys, kernel_attention, mask_keys
+from attnx.plugins.cosformer import CosformerConfig
+from attnx.variant import AttentionSpec
+
+HALF_PI = math.pi / 2
+CAUSAL_NEEDS_MAX_LEN = "cosformer: causal attention needs a fixed M; set max_len (e.g. --set max_len=4096)"
+
+
+def cos_features(x: torch.Tensor, offset: int, m: float) -> torch.Tensor:
+    """[relu(x) sin(a_p), relu(x) cos(a_p)] in float32, a_p = pi/2 · p/M, positions p = offset + 1, ..."""
+    positions = torch.arange(1, x.shape[-2] + 1, device=x.device) + offset
+    angle = (positions.float() * HALF_PI / m)[:, None]
+    x = torch.relu(x.float())
+    return torch.cat((x * angle.sin(), x * angle.cos()), dim=-1)
+
+
+@torch.library.custom_op("attnx::cosformer_attention", mutates_args=())
+def cosformer_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    key_padding_mask: torch.Tensor | None,
+    causal: bool,
+    max_len: int,
+    eps: float,
+    chunk_size: int,
+) -> torch.Tensor:
+    """cosFormer attention; ``max_len`` 0 means M = max(n_queries, n_keys).
+
+    Causal queries sit at the positions of the keys they align with (bottom-right), so
+    the last query of a call with fewer queries than keys is the next decoded token.
+    """
+    n_queries, n_keys = q.shape[-2], k.shape[-2]
+    m = float(max_len if max_len > 0 else max(n_queries, n_keys))
+    qf = cos_features(q, n_keys - n_queries if causal else 0, m)
+    kf = mask_keys(cos_features(k, 0, m), key_padding_mask)
+    return kernel_attention(qf, kf, v, causal=causal, chunk_size=chunk_size, eps=eps, clamp=True).to(q.dtype)
+
+
+@cosformer_attention.register_fake
+def _(q, k, v, key_padding_mask, causal, max_len, eps, chunk_size):
+    return q.new_empty((*q.shape[:-1], v.shape[-1]))
+
+
+@onnxscript.script(LIBRARY, default_opset=op)
+def CosformerFeatures(x: FLOAT, offset: INT64, m: FLOAT) -> FLOAT:
+    one = op.Constant(value_int=1)
+    length = op.Squeeze(op.Shape(x, start=2, end=3), [0])
+    positions = op.Cast(op.Add(op.Range(one, op.Add(length, one), one), offset), to=FLOAT.dtype)
+    angle = op.Unsqueeze(op.Div(op.Mul(positions, op.Constant(value_float=HALF_PI)), m), [1])
+    relu = op.Relu(op.Cast(x, to=FLOAT.dtype))
+    return op.Concat(op.Mul(relu, op.Sin(angle)), op.Mul(relu, op.Cos(angle)), axis=-1)
+
+
+@onnxscript.script(LIBRARY, default_opset=op)
+def CosformerQueryKeyFeatures(q: FLOAT, k: FLOAT, causal: int, max_len: int) -> tuple[FLOAT, FLOAT]:
+    n_queries = op.Shape(q, start=2, end=3)
+    n_keys = op.Shape(k, start=2, end=3)
+    fixed = op.Constant(value_int=max_len)
+    dynamic = op.Max(n_queries, n_keys)
+    m = op.Cast(op.Where(op.Greater(fixed, op.Constant(value_int=0)), fixed, dynamic), to=FLOAT.dtype)
+    offset = op.Mul(op.Sub(n_keys, n_queries), op.Constant(value_int=causal))
+    return CosformerFeatures(q, offset, m), CosformerFeatures(k, op.Constant(value_ints=[0]), m)
+
+
+@onnxscript.script(OPSET, default_opset=op)
+def CosformerAttention(
+    q: FLOAT,
+    k: FLOAT,
+    v: FLOAT,
+    key_padding_mask: BOOL,
+    causal: int,
+    max_len: int,
+    eps: float,
+    chunk_size: int,
+) -> FLOAT:
+    qf, kf = CosformerQueryKeyFeatures(q, k, causal=causal, max_len=max_len)
+    kf = LinearCoreMaskKeys(kf, key_padding_mask)
+    out = LinearCoreAttend(qf, kf, v, causal=causal, chunk_size=chunk_size, eps=eps, clamp=1)
+    return op.CastLike(out, q)
+
+
+@onnxscript.script(OPSET, default_opset=op)
+def CosformerAttentionNoMask(
+    q: FLOAT, k: FLOAT, v: FLOAT, causal: int, max_len: int, eps: float, chunk_size: int
+) -> FLOAT:
+    qf, kf = CosformerQueryKeyFeatures(q, k, causal=causal, max_len=max_len)
+    out = LinearCoreAttend(qf, kf, v, causal=causal, chunk_size=chunk_size, eps=eps, clamp=1)
+    return op.CastLike(out, q)
+
+
+COSFORMER_OP = AttentionOp(
+    name="CosformerAttention",
+    torch_op=cosformer_attention,
+    bodies=(CosformerAttention, CosformerAttentionNoMask),
+    input_types={"key_padding_mask": "tensor(bool)"},
+    doc="cosFormer attention per head; q,k,v (batch, heads, seq, dim); max_len 0: M = max(n_q, n_k).",
+)
+
+
+class CosformerAttentionLayer(MultiHeadAttention):
+    def __init__(self, config: CosformerConfig, spec: AttentionSpec) -> None:
+        if spec.causal and config.max_len is None:
+            raise AttnxError(CAUSAL_NEEDS_MAX_LEN)
+        super().__init__(spec)
+        self.causal, self.max_len = spec.causal, config.max_len or 0
+        self.eps, self.chunk_size = config.eps, config.chunk_size
+
+    def attend(self, q, k, v, key_padding_mask):
+        args = (self.causal, self.max_len, self.eps, self.chunk_size)
+        return cosformer_attention(q, k, v, key_padding_mask, *args)
+
+
+IMPL = VariantImpl(build=CosformerAttentionLayer, ops=(COSFORMER_OP,))

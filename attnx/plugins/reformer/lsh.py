@@ -1,0 +1,141 @@
+"""Reformer LSH attention in torch: the maths behind ``attnx::reformer_attention``.
+
+Shapes: ``qk``/``v`` (b, h, n, d), rotations (h, d, n_hashes, n_buckets/2); inside,
+``r`` indexes hash rounds, ``n_pad`` is n rounded up to a multiple of the chunk size
+``c`` and ``nc = n_pad / c``. The ONNX bodies in :mod:`attnx.plugins.reformer.kernel`
+follow these steps one for one, so both backends round the same way.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from attnx.nn import MASKED_SCORE
+
+# Score of a token for itself: it wins only when nothing else is visible (the paper
+# subtracts 1e5 instead; either way the token's weight is exactly 0 otherwise).
+SELF_SCORE = MASKED_SCORE
+# k = qk / sqrt(|qk|^2 + NORM_EPS): the paper's unit-length keys, finite for qk = 0.
+NORM_EPS = 1e-6
+
+
+def hash_buckets(qk: torch.Tensor, rotations: torch.Tensor) -> torch.Tensor:
+    """Angular LSH: bucket = argmax([x R, -x R]) per head and round -> int64 (b, h, r, n)."""
+    heads, d, rounds, half = rotations.shape
+    projected = torch.matmul(qk, rotations.reshape(heads, d, rounds * half))  # (b, h, n, r*half)
+    projected = projected.unflatten(-1, (rounds, half)).transpose(2, 3)  # (b, h, r, n, half)
+    return torch.cat([projected, -projected], dim=-1).argmax(dim=-1)
+
+
+def sort_by_bucket(buckets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per round, sort positions by (bucket, position); returns (perm, rank), both (b, h, r, n).
+
+    ``perm[s]`` is the position at sorted slot s; ``rank`` is its inverse. The key
+    ``bucket * n + position`` has no ties, so any sort gives this one order.
+    """
+    n = buckets.shape[-1]
+    positions = torch.arange(n, device=buckets.device).expand_as(buckets)
+    perm = torch.argsort(buckets * n + positions, dim=-1)
+    rank = torch.zeros_like(perm).scatter(-1, perm, positions)
+    return perm, rank
+
+
+def gather_sorted(x: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
+    """(b, h, n, f) in original order -> (b, h, r, n, f) in each round's sorted order."""
+    shape = (*perm.shape, x.shape[-1])
+    return torch.gather(x.unsqueeze(2).expand(shape), 3, perm.unsqueeze(-1).expand(shape))
+
+
+def chunked(x: torch.Tensor, chunk_size: int) -> torch.Tensor:
+    """(b, h, r, n_pad, ...) -> (b, h, r, nc, c, ...)."""
+    return x.unflatten(3, (-1, chunk_size))
+
+
+def look_back(x: torch.Tensor, fill: int | None = None) -> torch.Tensor:
+    """Each chunk's keys: the previous chunk then its own, (b, h, r, nc, 2c, ...).
+
+    The first chunk has no previous one (no wrap-around); its look-back half is
+    ``fill`` where given, else the last chunk (callers mask it through ``fill``).
+    """
+    previous = torch.roll(x, 1, dims=3)
+    if fill is not None:
+        previous[:, :, :, :1] = fill
+    return torch.cat([previous, x], dim=4)
+
+
+def duplicate_counts(buckets: torch.Tensor, rank: torch.Tensor, perm: torch.Tensor, chunk_size: int) -> torch.Tensor:
+    """N[i, j]: in how many rounds key j lies in query i's window (same bucket, own or previous chunk).
+
+    Returns (b, h, r, nc, c, 2c) in the chunked layout of each round (paper, eq. for m_ij:
+    visible scores are lowered by log N so a key seen in several rounds counts once).
+    """
+    chunk_of = torch.div(rank, chunk_size, rounding_mode="floor")
+    per_round = [gather_sorted(t.transpose(2, 3), perm) for t in (buckets, chunk_of)]  # (b, h, r, n, R)
+    (q_bucket, q_chunk), (k_bucket, k_chunk) = (
+        [chunked(t, chunk_size).unsqueeze(-2) for t in per_round],
+        [look_back(chunked(t, chunk_size)).unsqueeze(-3) for t in per_round],
+    )
+    gap = q_chunk - k_chunk
+    together = (q_bucket == k_bucket) & (gap >= 0) & (gap <= 1)
+    return together.sum(-1)
+
+
+def lsh_attention(
+    qk: torch.Tensor,
+    v: torch.Tensor,
+    rotations: torch.Tensor,
+    key_padding_mask: torch.Tensor | None,
+    causal: bool,
+    chunk_size: int,
+) -> torch.Tensor:
+    """Multi-round shared-QK LSH attention (Reformer, arXiv 2001.04451, sec. 2 and appendix A).
+
+    Per round r: sort by (bucket, position), split into chunks of ``chunk_size``, and let
+    each query see the keys of its own and the previous chunk that share its bucket
+    (not itself, not padded, not in the future when ``causal``), with scores
+    q_i . k_j - log N_ij. Rounds are combined with logsumexp weights,
+    out = sum_r exp(lse_r - logsumexp_r lse_r) out_r, computed in the equivalent
+    (max, sum) form so that no large constant is added to a logarithm.
+    Padded tokens (``key_padding_mask`` False, and the internal padding up to a multiple
+    of the chunk size) go to an extra last bucket, so real tokens are sorted and
+    chunked exactly as if the padding were absent.
+    """
+    b, h, n, d = qk.shape
+    n_buckets = 2 * rotations.shape[-1]
+    n_pad = -(-n // chunk_size) * chunk_size
+    qk = torch.nn.functional.pad(qk, (0, 0, 0, n_pad - n))
+    v = torch.nn.functional.pad(v, (0, 0, 0, n_pad - n))
+    real = torch.arange(n_pad, device=qk.device) < n
+    if key_padding_mask is not None:
+        real = real & torch.nn.functional.pad(key_padding_mask, (0, n_pad - n))[:, None, None, :]
+    buckets = torch.where(real, hash_buckets(qk, rotations), n_buckets)
+    perm, rank = sort_by_bucket(buckets)
+
+    keys = qk * torch.rsqrt(qk.square().sum(-1, keepdim=True) + NORM_EPS)
+    q_sorted = chunked(gather_sorted(qk, perm), chunk_size)
+    k_window = look_back(chunked(gather_sorted(keys, perm), chunk_size))
+    v_window = look_back(chunked(gather_sorted(v, perm), chunk_size))
+    q_pos = chunked(perm, chunk_size)
+    q_bucket = chunked(torch.gather(buckets, -1, perm), chunk_size)
+    k_pos = look_back(q_pos, fill=-1)[..., None, :]
+    k_bucket = look_back(q_bucket, fill=-1)[..., None, :]
+    q_pos, q_bucket = q_pos[..., None], q_bucket[..., None]
+
+    counts = duplicate_counts(buckets, rank, perm, chunk_size)
+    scores = torch.matmul(q_sorted, k_window.transpose(-1, -2)) - torch.log(counts.clamp_min(1).to(qk.dtype))
+    visible = (q_bucket == k_bucket) & (q_bucket < n_buckets) & (k_pos != q_pos)
+    if causal:
+        visible = visible & (k_pos < q_pos)
+    scores = torch.where(visible, scores, torch.where(k_pos == q_pos, SELF_SCORE, float("-inf")))
+
+    top = scores.amax(-1, keepdim=True)
+    weights = torch.exp(scores - top)
+    numerator = torch.matmul(weights, v_window).flatten(3, 4)  # (b, h, r, n_pad, d)
+    denominator = weights.sum(-1, keepdim=True).flatten(3, 4)
+    top = top.flatten(3, 4)
+    unsort = rank.unsqueeze(-1)
+    numerator = torch.gather(numerator, 3, unsort.expand_as(numerator))
+    denominator, top = (torch.gather(t, 3, unsort) for t in (denominator, top))
+    scale = torch.exp(top - top.amax(2, keepdim=True))
+    out = (scale * numerator).sum(2) / (scale * denominator).sum(2)
+    return out[:, :, :n]

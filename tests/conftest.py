@@ -1,0 +1,26 @@
+"""Shared fixtures: registries with extra plugins, tiny export options."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterator
+
+import pytest
+
+from attnx.registry import Registry, set_registry
+
+TINY = {"d_model": 32, "n_heads": 2, "n_layers": 1, "d_ff": 64, "vocab_size": 50}
+
+
+@pytest.fixture
+def use_registry() -> Iterator:
+    """Install a registry with extra plugins: ``use_registry(("name", "module"), ...)``."""
+    previous = set_registry(None)
+
+    def install(*plugins: tuple[str, str]) -> Registry:
+        registry = Registry(plugins=[(name, importlib.import_module(mod), "test") for name, mod in plugins])
+        set_registry(registry)
+        return registry
+
+    yield install
+    set_registry(previous)
