@@ -153,7 +153,9 @@ class Registry:
             raise AttnxError(f"{kind} '{name}' is registered by plugins {plugins}; uninstall or rename one")
         failed = [f for f in self.failures if f.plugin == name]
         if failed:
-            raise AttnxError(f"{kind} '{name}' is unavailable: plugin failed to {failed[0].stage}: {failed[0].error}")
+            raise AttnxError(
+                f"{kind} '{name}' is unavailable: plugin failed to {failed[0].stage}: {failed[0].error}"
+            )
         raise unknown_choice(kind, name, table)
 
     def add_commands(self, cli: Any) -> None:
@@ -185,4 +187,3 @@ def set_registry(registry: Registry | None) -> Registry | None:
     global _registry
     previous, _registry = _registry, registry
     return previous
-

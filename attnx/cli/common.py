@@ -12,7 +12,7 @@ from attnx.errors import AttnxError
 
 
 def parse_int_list(value: str | None, what: str) -> list[int] | None:
-    """"1,7,32" -> [1, 7, 32]; None stays None."""
+    """ "1,7,32" -> [1, 7, 32]; None stays None."""
     if value is None:
         return None
     try:
@@ -47,10 +47,17 @@ def progress_printer(quiet: bool) -> Callable[[str], None]:
 
 
 def tolerance_options(func: Callable[..., Any]) -> Callable[..., Any]:
-    func = click.option("--rtol", type=float, default=None, help="Relative tolerance (default: the variant's).")(func)
-    func = click.option("--atol", type=float, default=None, help="Absolute tolerance (default: the variant's).")(func)
+    func = click.option(
+        "--rtol", type=float, default=None, help="Relative tolerance (default: the variant's)."
+    )(func)
+    func = click.option(
+        "--atol", type=float, default=None, help="Absolute tolerance (default: the variant's)."
+    )(func)
     return click.option(
-        "--seq-lens", default=None, metavar="N,N,...", help="Sequence lengths to compare at (default 1,7,32,129)."
+        "--seq-lens",
+        default=None,
+        metavar="N,N,...",
+        help="Sequence lengths to compare at (default 1,7,32,129).",
     )(func)
 
 
@@ -64,8 +71,14 @@ def print_parity(report: Any) -> None:
         table.add_column(column, justify="right" if "err" in column or column == "seq len" else "left")
     for backend in report.ran:
         for c in backend.comparisons:
-            table.add_row(backend.backend, str(c.seq_len), c.output, f"{c.max_abs:.3g}", f"{c.max_rel:.3g}",
-                          "pass" if c.passed else "FAIL")
+            table.add_row(
+                backend.backend,
+                str(c.seq_len),
+                c.output,
+                f"{c.max_abs:.3g}",
+                f"{c.max_rel:.3g}",
+                "pass" if c.passed else "FAIL",
+            )
     Console(soft_wrap=True).print(table)
     for backend in report.backends:
         if backend.status == "skipped":

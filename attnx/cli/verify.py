@@ -26,14 +26,26 @@ Examples:
 
 @click.command("verify", epilog=EPILOG)
 @click.argument("out", type=click.Path())
-@click.option("--backends", default="ort-cpu", show_default=True,
-              help="Comma-separated: ort-cpu, ort-cuda, ort-trt, trt (unavailable ones are skipped with the reason).")
+@click.option(
+    "--backends",
+    default="ort-cpu",
+    show_default=True,
+    help="Comma-separated: ort-cpu, ort-cuda, ort-trt, trt (unavailable ones are skipped with the reason).",
+)
 @tolerance_options
 @click.option("--batch", default=2, show_default=True, type=int, help="Batch size of the random inputs.")
 @click.option("--seed", default=None, type=int, help="Seed of the random inputs (default: fresh; recorded).")
 @json_option
-def command(out: str, backends: str, seq_lens: str | None, atol: float | None, rtol: float | None, batch: int,
-            seed: int | None, as_json: bool) -> None:
+def command(
+    out: str,
+    backends: str,
+    seq_lens: str | None,
+    atol: float | None,
+    rtol: float | None,
+    batch: int,
+    seed: int | None,
+    as_json: bool,
+) -> None:
     """Compare the torch model with OUT/model.onnx on fresh random inputs (Polygraphy).
 
     The torch model is rebuilt from OUT/attnx.json and OUT/weights.safetensors. Writes
@@ -41,8 +53,15 @@ def command(out: str, backends: str, seq_lens: str | None, atol: float | None, r
     """
     from attnx.exporter.verify import verify
 
-    report = verify(out, backends=parse_name_list(backends), seq_lens=parse_int_list(seq_lens, "--seq-lens"),
-                    batch=batch, atol=atol, rtol=rtol, seed=seed)
+    report = verify(
+        out,
+        backends=parse_name_list(backends),
+        seq_lens=parse_int_list(seq_lens, "--seq-lens"),
+        batch=batch,
+        atol=atol,
+        rtol=rtol,
+        seed=seed,
+    )
     if as_json:
         echo_json(report.to_dict())
     else:

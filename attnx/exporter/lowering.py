@@ -59,7 +59,7 @@ def attach_functions(model: onnx.ModelProto, ops: Sequence[AttentionOp]) -> onnx
         op = by_name.get(node.op_type)
         if op is None:
             raise AttnxError(f"no attnx op named '{node.op_type}' is registered by the model's variants")
-        present = [name for name, value in zip(op.input_names, node.input) if value]
+        present = [name for name, value in zip(op.input_names, node.input, strict=False) if value]
         body = op.body_for(present)
         if body is None:
             raise AttnxError(

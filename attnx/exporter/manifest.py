@@ -57,7 +57,9 @@ class Manifest:
     ops: list[str]
     weights_sha256: str
     tolerance: dict[str, float]
-    files: dict[str, str] = dataclasses.field(default_factory=lambda: {"model": MODEL_FILE, "weights": WEIGHTS_FILE})
+    files: dict[str, str] = dataclasses.field(
+        default_factory=lambda: {"model": MODEL_FILE, "weights": WEIGHTS_FILE}
+    )
     versions: dict[str, str | None] = dataclasses.field(default_factory=package_versions)
     schema_version: int = SCHEMA_VERSION
 
@@ -85,11 +87,18 @@ class Manifest:
         try:
             data = json.loads(path.read_text())
         except json.JSONDecodeError as exc:
-            raise AttnxError(f"{path} is not valid JSON ({exc.msg} at line {exc.lineno}); re-export") from None
+            raise AttnxError(
+                f"{path} is not valid JSON ({exc.msg} at line {exc.lineno}); re-export"
+            ) from None
         data.pop("dynamic_axes", None)
         known = {f.name for f in dataclasses.fields(cls)}
-        missing = [f.name for f in dataclasses.fields(cls) if f.name not in data and f.default is dataclasses.MISSING
-                   and f.default_factory is dataclasses.MISSING]  # type: ignore[misc]
+        missing = [
+            f.name
+            for f in dataclasses.fields(cls)
+            if f.name not in data
+            and f.default is dataclasses.MISSING
+            and f.default_factory is dataclasses.MISSING
+        ]  # type: ignore[misc]
         if missing:
             raise AttnxError(f"{path} lacks {', '.join(missing)}; re-export with this attnx version")
         return cls(**{k: v for k, v in data.items() if k in known})
@@ -97,5 +106,9 @@ class Manifest:
 
 def _spec(data: dict[str, Any]) -> TensorSpec:
     return TensorSpec(
-        name=data["name"], dtype=data["dtype"], axes=tuple(data["axes"]), high=data.get("high"), doc=data.get("doc", "")
+        name=data["name"],
+        dtype=data["dtype"],
+        axes=tuple(data["axes"]),
+        high=data.get("high"),
+        doc=data.get("doc", ""),
     )

@@ -88,12 +88,23 @@ def verify(
             raise AttnxError(f"'{directory}' lacks {name}; re-export it with `attnx export`")
     if sha256_file(directory / WEIGHTS_FILE) != manifest.weights_sha256:
         raise AttnxError(f"{directory / WEIGHTS_FILE} does not match the manifest's weights hash; re-export")
-    options = {**{f"model.{k}": v for k, v in manifest.model_config.items()},
-               **{f"variant.{k}": v for k, v in manifest.variant_config.items()}}
+    options = {
+        **{f"model.{k}": v for k, v in manifest.model_config.items()},
+        **{f"variant.{k}": v for k, v in manifest.variant_config.items()},
+    }
     assembly = assemble(manifest.variant, manifest.model, options, manifest.seed)
     load_model(assembly.module, str(directory / WEIGHTS_FILE), strict=True)
-    report = verify_assembly(directory, manifest, assembly, backends=backends, seq_lens=seq_lens, batch=batch,
-                             atol=atol, rtol=rtol, seed=seed)
+    report = verify_assembly(
+        directory,
+        manifest,
+        assembly,
+        backends=backends,
+        seq_lens=seq_lens,
+        batch=batch,
+        atol=atol,
+        rtol=rtol,
+        seed=seed,
+    )
     if write:
         report.write(directory)
     return report
@@ -146,7 +157,7 @@ def verify_assembly(
             Comparison(n, output, float(result.max_absdiff), float(result.max_reldiff), bool(result))
             for accuracy_result in accuracy
             for iterations in accuracy_result.values()
-            for n, iteration in zip(seq_lens, iterations)
+            for n, iteration in zip(seq_lens, iterations, strict=True)
             for output, result in iteration.items()
         ]
         status = "passed" if comparisons and all(c.passed for c in comparisons) else "failed"

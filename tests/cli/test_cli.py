@@ -20,7 +20,9 @@ TINY_SET = [arg for key, value in TINY.items() for arg in ("--set", f"{key}={val
 @pytest.fixture(scope="module")
 def exported_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("cli") / "out"
-    code, stdout, stderr = run_cli(["export", "--variant", "softmax", "-o", str(out), "--seq-lens", "1,5,17", *TINY_SET])
+    code, stdout, stderr = run_cli(
+        ["export", "--variant", "softmax", "-o", str(out), "--seq-lens", "1,5,17", *TINY_SET]
+    )
     assert code == 0, stderr
     assert "parity: PASSED on ort-cpu" in stdout
     assert "wrote" in stdout and "function lowering" in stdout
@@ -28,9 +30,11 @@ def exported_dir(tmp_path_factory):
 
 
 def test_help_does_not_import_torch():
-    code = "import sys; from attnx.cli import cli; import attnx; assert 'torch' not in sys.modules, 'torch imported'"
+    code = "import sys, attnx; from attnx.cli import cli; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
-    result = subprocess.run([sys.executable, "-m", "attnx", "--help"], capture_output=True, text=True, check=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "attnx", "--help"], capture_output=True, text=True, check=True
+    )
     assert "export" in result.stdout and "verify" in result.stdout
 
 
@@ -45,7 +49,12 @@ def test_list_shows_variants_models_lowerings():
     data = json.loads(stdout)
     assert code == 0
     softmax = next(v for v in data["variants"] if v["name"] == "softmax")
-    assert softmax["capabilities"] == {"causal": True, "cross": True, "key_padding_mask": True, "decode": "kv-cache"}
+    assert softmax["capabilities"] == {
+        "causal": True,
+        "cross": True,
+        "key_padding_mask": True,
+        "decode": "kv-cache",
+    }
     assert "encoder" in [m["name"] for m in data["models"]]
     assert set(data["lowerings"]) == {"function", "decomposed", "plugin"}
     code, stdout, _ = run_cli(["list"])
@@ -69,15 +78,20 @@ def test_export_json_output(tmp_path):
 
 
 def test_verify_passes_in_a_new_process(exported_dir):
-    result = subprocess.run([sys.executable, "-m", "attnx", "verify", str(exported_dir), "--seq-lens", "3,8"],
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "attnx", "verify", str(exported_dir), "--seq-lens", "3,8"],
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 0, result.stderr
     assert "parity: PASSED" in result.stdout
     assert json.loads((exported_dir / "parity.json").read_text())["seq_lens"] == [3, 8]
 
 
 def test_verify_reports_skipped_backends_with_reasons(exported_dir):
-    code, stdout, _ = run_cli(["verify", str(exported_dir), "--backends", "ort-cpu,trt", "--seq-lens", "4", "--json"])
+    code, stdout, _ = run_cli(
+        ["verify", str(exported_dir), "--backends", "ort-cpu,trt", "--seq-lens", "4", "--json"]
+    )
     data = json.loads(stdout)
     assert code == 0
     trt = next(b for b in data["backends"] if b["backend"] == "trt")
@@ -162,28 +176,46 @@ def test_verify_refuses_tampered_weights(exported_dir, tmp_path):
 
 def test_broken_plugin_does_not_break_the_cli(tmp_path):
     env = {**os.environ, "ATTNX_PLUGINS": "tests.third_party.broken_plugin", "PYTHONPATH": str(REPO)}
-    result = subprocess.run([sys.executable, "-m", "attnx", "list", "--json"], capture_output=True, text=True,
-                            env=env, cwd=REPO)
+    result = subprocess.run(
+        [sys.executable, "-m", "attnx", "list", "--json"], capture_output=True, text=True, env=env, cwd=REPO
+    )
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
-    assert any(f["plugin"] == "tests.third_party.broken_plugin" and "flash_attn_9000" in f["error"]
-               for f in data["failed_plugins"])
+    assert any(
+        f["plugin"] == "tests.third_party.broken_plugin" and "flash_attn_9000" in f["error"]
+        for f in data["failed_plugins"]
+    )
     assert "softmax" in [v["name"] for v in data["variants"]]
-    doctor = subprocess.run([sys.executable, "-m", "attnx", "doctor"], capture_output=True, text=True, env=env,
-                            cwd=REPO)
+    doctor = subprocess.run(
+        [sys.executable, "-m", "attnx", "doctor"], capture_output=True, text=True, env=env, cwd=REPO
+    )
     assert doctor.returncode == 0 and "plugin FAIL  tests.third_party.broken_plugin" in doctor.stdout
 
 
 def test_third_party_plugin_end_to_end_through_the_cli(tmp_path):
     """Listed, exported and verified (in a second process) with no change to attnx."""
     env = {**os.environ, "ATTNX_PLUGINS": "tests.third_party.sigmoid_plugin", "PYTHONPATH": str(REPO)}
-    run = lambda *args: subprocess.run([sys.executable, "-m", "attnx", *args], capture_output=True,  # noqa: E731
-                                       text=True, env=env, cwd=REPO)
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "attnx", *args], capture_output=True, text=True, env=env, cwd=REPO
+        )
+
     listing = run("list", "--json")
     assert "sigmoid_test" in [v["name"] for v in json.loads(listing.stdout)["variants"]]
     out = tmp_path / "out"
-    exported = run("export", "--variant", "sigmoid_test", "-o", str(out), "--set", "attention_mask=false",
-                   "--seq-lens", "2,9", *TINY_SET)
+    exported = run(
+        "export",
+        "--variant",
+        "sigmoid_test",
+        "-o",
+        str(out),
+        "--set",
+        "attention_mask=false",
+        "--seq-lens",
+        "2,9",
+        *TINY_SET,
+    )
     assert exported.returncode == 0, exported.stderr
     verified = run("verify", str(out), "--seq-lens", "5")
     assert verified.returncode == 0 and "parity: PASSED" in verified.stdout

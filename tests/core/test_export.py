@@ -58,7 +58,10 @@ def test_dynamic_axes_are_really_dynamic(exported):
     if lowering == "plugin":
         pytest.skip("plugin-lowered graphs run in ORT through verify's plugin path (covered above)")
     session = ort.InferenceSession(str(result.out / "model.onnx"))
-    assert [d.dim_param for d in onnx.load(str(result.out / "model.onnx")).graph.input[0].type.tensor_type.shape.dim] == ["batch", "seq"]
+    assert [
+        d.dim_param
+        for d in onnx.load(str(result.out / "model.onnx")).graph.input[0].type.tensor_type.shape.dim
+    ] == ["batch", "seq"]
     for batch, length in ((1, 5), (3, 40)):
         ids = np.random.default_rng(length).integers(0, TINY["vocab_size"], (batch, length))
         mask = np.ones((batch, length), dtype=bool)

@@ -42,7 +42,9 @@ def test_plugin_whose_hook_raises_is_reported_and_others_work(monkeypatch):
 
 
 def test_duplicate_variant_names_are_an_error_naming_both_plugins(monkeypatch):
-    monkeypatch.setenv(EXTRA_PLUGINS_ENV, "tests.third_party.sigmoid_plugin,tests.third_party.duplicate_plugin")
+    monkeypatch.setenv(
+        EXTRA_PLUGINS_ENV, "tests.third_party.sigmoid_plugin,tests.third_party.duplicate_plugin"
+    )
     registry = Registry()
     assert "sigmoid_test" not in registry.variants
     with pytest.raises(AttnxError) as info:

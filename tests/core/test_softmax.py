@@ -87,4 +87,6 @@ def test_layer_uses_projections_and_heads():
     q, k, v = heads(layer.q_proj(x)), heads(layer.k_proj(x)), heads(layer.v_proj(x))
     merged = naive_softmax_attention(q, k, v, mask).float().transpose(1, 2).reshape(2, 6, 16)
     with torch.no_grad():
-        torch.testing.assert_close(layer(x, key_padding_mask=mask), layer.out_proj(merged), atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(
+            layer(x, key_padding_mask=mask), layer.out_proj(merged), atol=1e-5, rtol=1e-4
+        )

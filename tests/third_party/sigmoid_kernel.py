@@ -14,7 +14,9 @@ from attnx.ops import OPSET, AttentionOp, VariantImpl
 
 
 @torch.library.custom_op("attnx_test::sigmoid_attention", mutates_args=())
-def sigmoid_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, bias: float) -> torch.Tensor:
+def sigmoid_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, bias: float
+) -> torch.Tensor:
     bias = -math.log(k.shape[-2]) if math.isnan(bias) else bias
     return torch.sigmoid(q @ k.transpose(-1, -2) * scale + bias) @ v
 
@@ -33,7 +35,9 @@ def SigmoidTestAttention(q: FLOAT, k: FLOAT, v: FLOAT, scale: float, bias: float
     return op.MatMul(op.Sigmoid(op.Add(scores, offset)), v)
 
 
-SIGMOID_OP = AttentionOp(name="SigmoidTestAttention", torch_op=sigmoid_attention, bodies=(SigmoidTestAttention,))
+SIGMOID_OP = AttentionOp(
+    name="SigmoidTestAttention", torch_op=sigmoid_attention, bodies=(SigmoidTestAttention,)
+)
 
 
 class SigmoidLayer(MultiHeadAttention):

@@ -68,7 +68,9 @@ def SoftmaxMix(scores: FLOAT, bias: FLOAT, v: FLOAT) -> FLOAT:
 
 
 @onnxscript.script(OPSET, default_opset=op)
-def SoftmaxAttention(q: FLOAT, k: FLOAT, v: FLOAT, key_padding_mask: BOOL, causal: int, scale: float) -> FLOAT:
+def SoftmaxAttention(
+    q: FLOAT, k: FLOAT, v: FLOAT, key_padding_mask: BOOL, causal: int, scale: float
+) -> FLOAT:
     scores = SoftmaxScores(q, k, scale=scale)
     keep = op.Unsqueeze(key_padding_mask, [1, 2])
     pad = op.Where(keep, op.CastLike(0.0, q), op.CastLike(MASKED_SCORE, q))
