@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import numpy as np
 import onnx
@@ -232,8 +231,11 @@ def test_capabilities_refuse_causal_and_cross():
 # -- export ----------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("share_qv", [False, True], ids=["qkv", "share_qv"])
-@pytest.mark.parametrize("lowering", ["function", "decomposed", "plugin"])
+@pytest.mark.parametrize(
+    ("lowering", "share_qv"),
+    [("function", False), ("function", True), ("decomposed", True), ("plugin", False)],
+    ids=["function-qkv", "function-share_qv", "decomposed-share_qv", "plugin-qkv"],
+)
 def test_export_verifies_in_every_lowering(tmp_path, lowering, share_qv):
     options = {**TINY, "n_layers": 2, "share_qv": share_qv}
     out = tmp_path / "out"
@@ -260,7 +262,7 @@ def exported(tmp_path_factory) -> tuple[torch.nn.Module, ort.InferenceSession]:
     options = {**TINY, "n_layers": 1}
     export("fastformer", out, options=options, lowering="function", verify=False, seed=3)
     module = assemble("fastformer", "encoder", options, seed=0).module
-    load_model(module, str(Path(out) / WEIGHTS_FILE), strict=True)
+    load_model(module, str(out / WEIGHTS_FILE), strict=True)
     return module.eval(), ort.InferenceSession(str(out / MODEL_FILE), providers=["CPUExecutionProvider"])
 
 

@@ -16,6 +16,10 @@ Choices against the official code (github.com/wuch15/Fastformer), following the 
   instead of overflowing.
 * The official layer feeds ``transform(u) + Q`` to a BertSelfOutput (another dense,
   residual and LayerNorm); in attnx the model's block supplies residual and norm.
+
+No causal form: stable prefix poolings need a running max (a scan), which a CumSum-only
+ONNX graph cannot express without underflow or future-dependent rounding; see
+docs/variants/fastformer.md.
 """
 
 from __future__ import annotations
