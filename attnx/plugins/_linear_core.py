@@ -16,7 +16,7 @@ j <= i + n_keys - n. It is computed in chunks of ``chunk_size`` positions, never
 at the back to a multiple of C, each chunk adds its masked C x C products to the sums
 of all earlier chunks (an exclusive cumulative sum of per-chunk kf^T v and kf), so
 memory is O(N C + (N/C) d^2). The ONNX body does the same without loops (Pad, Reshape,
-Trilu, CumSum(exclusive=1)); torch and ONNX add terms in the same order.
+Trilu, CumSum(exclusive=1)), grouping the sums exactly as the torch code does.
 All sums run in float32, so fp16 inputs cannot overflow the normaliser.
 """
 
@@ -83,7 +83,7 @@ def _causal_sums(
 
 
 def _exclusive_cumsum(x: torch.Tensor) -> torch.Tensor:
-    """Sum over earlier chunks (axis 2), shifted rather than subtracted to stay exact."""
+    """Sum over earlier chunks (axis 2): shift then cumsum, so no subtraction cancels digits."""
     return F.pad(x, (0, 0, 0, 0, 1, 0))[:, :, :-1].cumsum(2)
 
 
