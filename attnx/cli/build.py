@@ -1,0 +1,66 @@
+"""``attnx build``: a TensorRT engine for an export (OUT/engine.plan)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+
+from attnx.cli.common import echo_json, json_option, progress_printer
+from attnx.trt.build import DEFAULT_BATCH, DEFAULT_SEQ
+
+F = TypeVar("F", bound=Callable[..., Any])
+EPILOG = """\b
+Examples:
+  attnx build out
+  attnx build out --fp16 --workspace 4G
+  attnx build out --min-seq 1 --opt-seq 256 --max-seq 2048 --max-batch 16
+  attnx export --variant reformer --lowering plugin -o rf && attnx build rf && attnx verify rf --backends trt
+"""
+
+
+def _range_options(name: str, default: tuple[int, int, int]) -> Callable[[F], F]:
+    """--min-NAME/--opt-NAME/--max-NAME integer options."""
+
+    def decorate(func: F) -> F:
+        for bound, value in reversed(list(zip(("min", "opt", "max"), default, strict=True))):
+            option = click.option(f"--{bound}-{name}", f"{bound}_{name}", default=value, show_default=True,
+                                  type=int, help=f"{bound.capitalize()} {name} size of the build profile.")
+            func = option(func)
+        return func
+
+    return decorate
+
+
+@click.command("build", epilog=EPILOG)
+@click.argument("out", type=click.Path())
+@click.option("--fp16", is_flag=True, help="Allow FP16 kernels (the attnx plugins support FP32 and FP16).")
+@click.option("--workspace", default=None, metavar="SIZE", help="Workspace memory limit, e.g. 4G or 512M.")
+@_range_options("seq", DEFAULT_SEQ)
+@_range_options("batch", DEFAULT_BATCH)
+@click.option("--quiet", "-q", is_flag=True, help="No progress messages.")
+@json_option
+def command(out: str, fp16: bool, workspace: str | None, min_seq: int, opt_seq: int, max_seq: int,
+            min_batch: int, opt_batch: int, max_batch: int, quiet: bool, as_json: bool) -> None:
+    """Build OUT/engine.plan from OUT/model.onnx with TensorRT (Polygraphy).
+
+    One optimisation profile covers the manifest's dynamic axes: "batch" takes the batch
+    range, every other named axis the sequence range. A plugin-lowered export registers
+    the attnx TensorRT plugins first. The settings are recorded in OUT/attnx.json;
+    `attnx verify OUT --backends trt` then compares the engine with torch.
+    """
+    from attnx.trt.build import BuildSettings, build, parse_size
+
+    settings = BuildSettings(
+        fp16=fp16,
+        workspace=parse_size(workspace) if workspace is not None else None,
+        batch=(min_batch, opt_batch, max_batch),
+        seq=(min_seq, opt_seq, max_seq),
+    )
+    result = build(out, settings, progress=progress_printer(quiet or as_json))
+    if as_json:
+        echo_json({"engine": str(result.engine), **result.record})
+    else:
+        click.echo(f"wrote {result.engine} (TensorRT {result.record['tensorrt']}, "
+                   f"{'fp16' if settings.fp16 else 'fp32'}, {result.record['device']})")

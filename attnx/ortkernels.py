@@ -1,0 +1,143 @@
+"""ONNX Runtime CPU kernels for the bare ``attnx::<Op>`` nodes of plugin-lowered models.
+
+Each kernel is an onnxruntime-extensions PyOp in the ``attnx`` domain that computes the
+node from its inputs and attributes only, through :meth:`attnx.trt.spec.PluginSpec.run`:
+the same marshalling (inputs by position, fields by attribute name) and the same torch op
+the TensorRT plugin calls on the GPU. So a plugin-lowered model that matches torch here has
+nodes that carry everything a plugin needs; the maths itself is checked against the
+independent ONNX bodies by the ``function``/``decomposed`` lowerings and the variants' tests.
+
+PyOps have fixed arity and read only int, float and string attributes, so ORT sees a
+re-encoded copy of each node (:func:`kernel_view`), never a different computation:
+
+* a node that omits optional inputs calls the kernel ``<Op>_<present inputs>`` (the same
+  naming as the function lowering's overloads) registered with exactly those inputs;
+* INTS/FLOATS attributes travel as JSON strings and are decoded before the call.
+
+Kernels run on the CPU execution provider with float32 activations (the exported dtype).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import onnx
+from onnx import AttributeProto, helper
+
+from attnx.errors import AttnxError
+from attnx.exporter.lowering import attnx_nodes
+from attnx.ops import DOMAIN, AttentionOp
+from attnx.trt.spec import FLOAT_INPUT, PluginSpec, describe
+
+INSTALL_HINT = "pip install onnxruntime-extensions"
+_LISTS = (AttributeProto.INTS, AttributeProto.FLOATS)
+_REGISTERED: set[str] = set()
+
+
+def kernels_missing() -> str | None:
+    """Why the attnx kernels cannot run here (None when they can)."""
+    try:
+        import onnxruntime_extensions  # noqa: F401
+    except ImportError as exc:
+        return f"onnxruntime-extensions is not importable ({exc}); {INSTALL_HINT}"
+    return None
+
+
+def kernel_name(spec: PluginSpec, present: Sequence[str]) -> str:
+    """``<Op>`` when every input is given, else ``<Op>_<present inputs joined by _>``."""
+    if list(present) == [i.name for i in spec.inputs]:
+        return spec.name
+    return f"{spec.name}_{'_'.join(present)}"
+
+
+def kernel_view(model: onnx.ModelProto, ops: Sequence[AttentionOp]) -> onnx.ModelProto:
+    """A copy of a plugin-lowered ``model`` whose attnx nodes call registered attnx kernels.
+
+    Raises:
+        AttnxError: a node of an op the model's variants do not provide, or onnxruntime-extensions missing.
+    """
+    missing = kernels_missing()
+    if missing:
+        raise AttnxError(f"a plugin-lowered model on ONNX Runtime CPU needs the attnx kernels: {missing}")
+    specs = {op.name: describe(op) for op in ops}
+    view = onnx.ModelProto()
+    view.CopyFrom(model)
+    for node in attnx_nodes(view):
+        spec = specs.get(node.op_type)
+        if spec is None:
+            raise AttnxError(f"no attnx op named '{node.op_type}' is registered by the model's variants")
+        if len(node.input) > len(spec.inputs):
+            raise AttnxError(f"node {node.name}: attnx::{spec.name} takes at most {len(spec.inputs)} inputs")
+        given = [(i.name, value) for i, value in zip(spec.inputs, node.input, strict=False) if value]
+        present = [name for name, _ in given]
+        absent = [i.name for i in spec.inputs if not i.optional and i.name not in present]
+        if absent:
+            raise AttnxError(f"node {node.name}: attnx::{spec.name} lacks input(s) {', '.join(absent)}")
+        node.op_type = register_kernel(spec, present)
+        del node.input[:]
+        node.input.extend(value for _, value in given)
+        for attribute in node.attribute:
+            if attribute.type in _LISTS:
+                text = json.dumps(list(helper.get_attribute_value(attribute)))
+                attribute.CopyFrom(helper.make_attribute(attribute.name, text))
+    return view
+
+
+def register_kernel(spec: PluginSpec, present: Sequence[str]) -> str:
+    """Register (once per process) the PyOp computing ``spec`` from ``present`` inputs; return its op type."""
+    from onnxruntime_extensions import PyCustomOpDef, onnx_op
+
+    name = kernel_name(spec, present)
+    if name in _REGISTERED:
+        return name
+    by_name = {i.name: i for i in spec.inputs}
+    input_types = [_DTYPES[by_name[n].onnx_type](PyCustomOpDef) for n in present]
+    attrs = {f.name: _attribute_dtype(f.onnx_type, PyCustomOpDef) for f in spec.fields}
+    onnx_op(op_type=f"{DOMAIN}::{name}", inputs=input_types, outputs=[PyCustomOpDef.dt_float], attrs=attrs)(
+        _kernel(spec, present)
+    )
+    _REGISTERED.add(name)
+    return name
+
+
+def session_options() -> Any:
+    """ORT session options with the onnxruntime-extensions library (and so the attnx kernels) loaded."""
+    import onnxruntime
+    from onnxruntime_extensions import get_library_path
+
+    options = onnxruntime.SessionOptions()
+    options.register_custom_ops_library(get_library_path())
+    return options
+
+
+def _kernel(spec: PluginSpec, present: Sequence[str]) -> Callable[..., Any]:
+    lists = {f.name for f in spec.fields if f.onnx_type in _LISTS}
+
+    def kernel(*arrays: Any, **attributes: Any) -> Any:
+        import numpy as np
+        import torch
+
+        values = {k: json.loads(v) if k in lists else v for k, v in attributes.items()}
+        tensors = [torch.from_numpy(np.ascontiguousarray(a)) for a in arrays]
+        return spec.run(tensors, values, present).numpy()
+
+    kernel.__name__ = kernel.__qualname__ = f"attnx_kernel_{kernel_name(spec, present)}"
+    return kernel
+
+
+def _attribute_dtype(onnx_type: int, defs: Any) -> int:
+    if onnx_type == AttributeProto.INT:
+        return defs.dt_int64
+    if onnx_type == AttributeProto.FLOAT:
+        return defs.dt_float
+    return defs.dt_string  # STRING, and INTS/FLOATS re-encoded as JSON
+
+
+_DTYPES: dict[str, Callable[[Any], int]] = {
+    FLOAT_INPUT: lambda d: d.dt_float,
+    "tensor(bool)": lambda d: d.dt_bool,
+    "tensor(int32)": lambda d: d.dt_int32,
+    "tensor(int64)": lambda d: d.dt_int64,
+}
