@@ -20,9 +20,13 @@ NORM_EPS = 1e-6
 
 
 def hash_buckets(qk: torch.Tensor, rotations: torch.Tensor) -> torch.Tensor:
-    """Angular LSH: bucket = argmax([x R, -x R]) per head and round -> int64 (b, h, r, n)."""
+    """Angular LSH: bucket = argmax([x R, -x R]) per head and round -> int64 (b, h, r, n).
+
+    Projected in float32 whatever the input dtype: fp16 rounding would flip near-tied buckets.
+    """
     heads, d, rounds, half = rotations.shape
-    projected = torch.matmul(qk, rotations.reshape(heads, d, rounds * half))  # (b, h, n, r*half)
+    flat = rotations.float().reshape(heads, d, rounds * half)
+    projected = torch.matmul(qk.float(), flat)  # (b, h, n, r*half)
     projected = projected.unflatten(-1, (rounds, half)).transpose(2, 3)  # (b, h, r, n, half)
     return torch.cat([projected, -projected], dim=-1).argmax(dim=-1)
 
@@ -54,30 +58,44 @@ def chunked(x: torch.Tensor, chunk_size: int) -> torch.Tensor:
 def look_back(x: torch.Tensor, fill: int | None = None) -> torch.Tensor:
     """Each chunk's keys: the previous chunk then its own, (b, h, r, nc, 2c, ...).
 
-    The first chunk has no previous one (no wrap-around); its look-back half is
-    ``fill`` where given, else the last chunk (callers mask it through ``fill``).
+    The first chunk has no previous one (no wrap-around): its look-back half is a chunk of
+    ``fill`` where given (positions and buckets: -1 matches nothing), else the last chunk,
+    whose keys the -1 buckets and positions then hide.
     """
-    previous = torch.roll(x, 1, dims=3)
-    if fill is not None:
-        previous[:, :, :, :1] = fill
-    return torch.cat([previous, x], dim=4)
+    first = x[:, :, :, -1:] if fill is None else torch.full_like(x[:, :, :, :1], fill)
+    return torch.cat([torch.cat([first, x[:, :, :, :-1]], dim=3), x], dim=4)
 
 
-def duplicate_counts(buckets: torch.Tensor, rank: torch.Tensor, perm: torch.Tensor, chunk_size: int) -> torch.Tensor:
-    """N[i, j]: in how many rounds key j lies in query i's window (same bucket, own or previous chunk).
+def duplicate_counts(
+    buckets: torch.Tensor, rank: torch.Tensor, perm: torch.Tensor, chunk_size: int
+) -> torch.Tensor:
+    """N_ij: in how many rounds key j shares query i's bucket and own-or-previous chunk.
 
-    Returns (b, h, r, nc, c, 2c) in the chunked layout of each round (paper, eq. for m_ij:
-    visible scores are lowered by log N so a key seen in several rounds counts once).
+    Returns (b, h, r, nc, c, 2c) in each round's chunked layout. Appendix A's m_ij = log N_ij:
+    subtracted from visible scores, so a key found by several rounds counts once.
     """
     chunk_of = torch.div(rank, chunk_size, rounding_mode="floor")
-    per_round = [gather_sorted(t.transpose(2, 3), perm) for t in (buckets, chunk_of)]  # (b, h, r, n, R)
-    (q_bucket, q_chunk), (k_bucket, k_chunk) = (
-        [chunked(t, chunk_size).unsqueeze(-2) for t in per_round],
-        [look_back(chunked(t, chunk_size)).unsqueeze(-3) for t in per_round],
-    )
+    per_round = [chunked(gather_sorted(t.transpose(2, 3), perm), chunk_size) for t in (buckets, chunk_of)]
+    q_bucket, q_chunk = (t.unsqueeze(-2) for t in per_round)  # (b, h, r, nc, c, 1, R)
+    k_bucket, k_chunk = (look_back(t).unsqueeze(-3) for t in per_round)  # (b, h, r, nc, 1, 2c, R)
     gap = q_chunk - k_chunk
-    together = (q_bucket == k_bucket) & (gap >= 0) & (gap <= 1)
-    return together.sum(-1)
+    return ((q_bucket == k_bucket) & (gap >= 0) & (gap <= 1)).sum(-1)
+
+
+def merge_rounds(
+    top: torch.Tensor, numerator: torch.Tensor, denominator: torch.Tensor, rank: torch.Tensor
+) -> torch.Tensor:
+    """Undo each round's sort and combine: sum_r e^(m_r - max m) num_r / sum_r e^(m_r - max m) den_r.
+
+    Inputs are chunked per round, (b, h, r, nc, c, f) with row max m, sum_j e^(s_j - m) v_j
+    and sum_j e^(s_j - m); the result (b, h, n_pad, f) equals sum_r exp(lse_r - logsumexp_r lse_r) o_r.
+    """
+    unsort = rank.unsqueeze(-1)
+    numerator, denominator, top = (t.flatten(3, 4) for t in (numerator, denominator, top))
+    numerator = torch.gather(numerator, 3, unsort.expand_as(numerator))
+    denominator, top = (torch.gather(t, 3, unsort) for t in (denominator, top))
+    scale = torch.exp(top - top.amax(2, keepdim=True))
+    return (scale * numerator).sum(2) / (scale * denominator).sum(2)
 
 
 def lsh_attention(
@@ -100,7 +118,7 @@ def lsh_attention(
     of the chunk size) go to an extra last bucket, so real tokens are sorted and
     chunked exactly as if the padding were absent.
     """
-    b, h, n, d = qk.shape
+    n = qk.shape[-2]
     n_buckets = 2 * rotations.shape[-1]
     n_pad = -(-n // chunk_size) * chunk_size
     qk = torch.nn.functional.pad(qk, (0, 0, 0, n_pad - n))
@@ -111,7 +129,7 @@ def lsh_attention(
     buckets = torch.where(real, hash_buckets(qk, rotations), n_buckets)
     perm, rank = sort_by_bucket(buckets)
 
-    keys = qk * torch.rsqrt(qk.square().sum(-1, keepdim=True) + NORM_EPS)
+    keys = qk / torch.sqrt(qk.square().sum(-1, keepdim=True) + NORM_EPS)
     q_sorted = chunked(gather_sorted(qk, perm), chunk_size)
     k_window = look_back(chunked(gather_sorted(keys, perm), chunk_size))
     v_window = look_back(chunked(gather_sorted(v, perm), chunk_size))
@@ -126,16 +144,10 @@ def lsh_attention(
     visible = (q_bucket == k_bucket) & (q_bucket < n_buckets) & (k_pos != q_pos)
     if causal:
         visible = visible & (k_pos < q_pos)
-    scores = torch.where(visible, scores, torch.where(k_pos == q_pos, SELF_SCORE, float("-inf")))
+    hidden = torch.full_like(scores, float("-inf")).masked_fill(k_pos == q_pos, SELF_SCORE)
+    scores = torch.where(visible, scores, hidden)
 
     top = scores.amax(-1, keepdim=True)
     weights = torch.exp(scores - top)
-    numerator = torch.matmul(weights, v_window).flatten(3, 4)  # (b, h, r, n_pad, d)
-    denominator = weights.sum(-1, keepdim=True).flatten(3, 4)
-    top = top.flatten(3, 4)
-    unsort = rank.unsqueeze(-1)
-    numerator = torch.gather(numerator, 3, unsort.expand_as(numerator))
-    denominator, top = (torch.gather(t, 3, unsort) for t in (denominator, top))
-    scale = torch.exp(top - top.amax(2, keepdim=True))
-    out = (scale * numerator).sum(2) / (scale * denominator).sum(2)
+    out = merge_rounds(top, torch.matmul(weights, v_window), weights.sum(-1, keepdim=True), rank)
     return out[:, :, :n]

@@ -1,0 +1,263 @@
+"""Reformer LSH attention: the torch custom op, its ONNX bodies and the module.
+
+ONNX has no argsort: the bodies sort with TopK (k = padded length, ascending) on the
+float key ``bucket * n_pad + position`` (distinct integers, exact in float32 while
+(n_buckets + 1) * n_pad <= 2**24, i.e. 1.8M tokens at 8 buckets) and undo the sort
+with ScatterElements (inverse permutation) + GatherElements. TensorRT caps TopK's k
+(3840 in TensorRT 10), so the function/decomposed lowerings cannot run in TensorRT
+beyond that length; the plugin lowering has no such limit.
+"""
+
+from __future__ import annotations
+
+import onnxscript
+import torch
+from onnxscript import BOOL, FLOAT, INT64
+from onnxscript import opset18 as op
+from torch import nn
+
+from attnx.errors import AttnxError
+from attnx.nn import merge_heads, split_heads
+from attnx.ops import LIBRARY, OPSET, AttentionOp, VariantImpl
+from attnx.plugins.reformer import ReformerConfig
+from attnx.plugins.reformer.lsh import NORM_EPS, SELF_SCORE, lsh_attention
+from attnx.variant import AttentionSpec
+
+NEG_INF = float("-inf")
+
+
+@torch.library.custom_op("attnx::reformer_attention", mutates_args=())
+def reformer_attention(
+    qk: torch.Tensor,
+    v: torch.Tensor,
+    rotations: torch.Tensor,
+    key_padding_mask: torch.Tensor | None,
+    causal: bool,
+    chunk_size: int,
+) -> torch.Tensor:
+    """LSH attention: qk, v (b, h, n, d), rotations (h, d, n_hashes, n_buckets/2); see ``lsh_attention``."""
+    return lsh_attention(qk, v, rotations, key_padding_mask, causal, chunk_size)
+
+
+@reformer_attention.register_fake
+def _(qk, v, rotations, key_padding_mask, causal, chunk_size):
+    return qk.new_empty((*qk.shape[:-1], v.shape[-1]))
+
+
+@onnxscript.script(LIBRARY, default_opset=op)
+def ReformerHash(qk: FLOAT, rotations: FLOAT) -> INT64:
+    """argmax([x R, -x R]) per head and round, in float32: (b, h, n, d) -> (b, h, r, n)."""
+    rotation_shape = op.Shape(rotations)
+    flat_shape = op.Concat(op.Slice(rotation_shape, [0], [2]), op.Constant(value_ints=[-1]), axis=0)
+    flat = op.Reshape(op.Cast(rotations, to=FLOAT.dtype), flat_shape)
+    projected = op.MatMul(op.Cast(qk, to=FLOAT.dtype), flat)
+    split = op.Concat(op.Shape(projected, end=3), op.Slice(rotation_shape, [2], [4]), axis=0)
+    projected = op.Transpose(op.Reshape(projected, split), perm=[0, 1, 3, 2, 4])
+    return op.ArgMax(op.Concat(projected, op.Neg(projected), axis=-1), axis=-1, keepdims=0)
+
+
+@onnxscript.script(LIBRARY, default_opset=op)
+def ReformerGatherSorted(x, perm: INT64):
+    """(b, h, n, f) in original order -> (b, h, r, n, f) in each round's sorted order."""
+    shape = op.Concat(op.Shape(perm), op.Shape(x, start=3), axis=0)
+    return op.GatherElements(
+        op.Expand(op.Unsqueeze(x, [2]), shape), op.Expand(op.Unsqueeze(perm, [4]), shape), axis=3
+    )
+
+
+@onnxscript.script(LIBRARY, default_opset=op)
+def ReformerChunk(x, chunk_size: int):
+    """(b, h, r, n_pad, ...) -> (b, h, r, nc, c, ...)."""
+    size = op.Unsqueeze(op.Constant(value_int=chunk_size), [0])
+    return op.Reshape(
+        x, op.Concat(op.Shape(x, end=3), op.Constant(value_ints=[-1]), size, op.Shape(x, start=4), axis=0)
+    )
+
+
+@onnxscript.script(LIBRARY, default_opset=op)
+def ReformerUnchunk(x):
+    """(b, h, r, nc, c, ...) -> (b, h, r, n_pad, ...)."""
+    return op.Reshape(
+        x, op.Concat(op.Shape(x, end=3), op.Constant(value_ints=[-1]), op.Shape(x, start=5), axis=0)
+    )
+
+
+@onnxscript.script(LIBRARY, default_opset=op)
+def ReformerLookBack(x):
+    """Previous chunk then own chunk along the chunk axis: (..., nc, c, ...) -> (..., nc, 2c, ...)."""
+    previous = op.Concat(op.Slice(x, [-1], [9223372036854775807], [3]), op.Slice(x, [0], [-1], [3]), axis=3)
+    return op.Concat(previous, x, axis=4)
+
+
+@onnxscript.script(LIBRARY, default_opset=op)
+def ReformerLookBackFilled(x: INT64) -> INT64:
+    """:func:`ReformerLookBack` with -1 as the (absent) chunk before the first one."""
+    first = op.Slice(x, [0], [1], [3])
+    filler = op.Sub(op.Mul(first, op.Constant(value_int=0)), op.Constant(value_int=1))
+    previous = op.Concat(filler, op.Slice(x, [0], [-1], [3]), axis=3)
+    return op.Concat(previous, x, axis=4)
+
+
+@onnxscript.script(LIBRARY, default_opset=op)
+def ReformerSort(buckets: INT64) -> tuple[INT64, INT64]:
+    """Per round, positions sorted by (bucket, position) and the inverse permutation, both (b, h, r, n)."""
+    n = op.Shape(buckets, start=3, end=4)
+    positions = op.Range(op.Constant(value_int=0), op.Squeeze(n, [0]), op.Constant(value_int=1))
+    sort_key = op.Add(
+        op.Mul(op.Cast(buckets, to=FLOAT.dtype), op.Cast(n, to=FLOAT.dtype)),
+        op.Cast(positions, to=FLOAT.dtype),
+    )
+    _, perm = op.TopK(sort_key, n, axis=-1, largest=0, sorted=1)
+    rank = op.ScatterElements(
+        op.Mul(perm, op.Constant(value_int=0)), perm, op.Expand(positions, op.Shape(perm)), axis=-1
+    )
+    return perm, rank
+
+
+@onnxscript.script(LIBRARY, default_opset=op)
+def ReformerMerge(top, numerator, denominator, rank: INT64):
+    """Undo each round's sort and combine the rounds; see ``lsh.merge_rounds``."""
+    unsort = op.Unsqueeze(rank, [4])
+    numerator = ReformerUnchunk(numerator)
+    numerator = op.GatherElements(numerator, op.Expand(unsort, op.Shape(numerator)), axis=3)
+    denominator = op.GatherElements(ReformerUnchunk(denominator), unsort, axis=3)
+    top = op.GatherElements(ReformerUnchunk(top), unsort, axis=3)
+    scale = op.Exp(op.Sub(top, op.ReduceMax(top, [2], keepdims=1)))
+    return op.Div(
+        op.ReduceSum(op.Mul(scale, numerator), [2], keepdims=0),
+        op.ReduceSum(op.Mul(scale, denominator), [2], keepdims=0),
+    )
+
+
+@onnxscript.script(LIBRARY, default_opset=op)
+def ReformerDuplicates(buckets: INT64, rank: INT64, perm: INT64, chunk_size: int) -> INT64:
+    """N_ij: rounds in which key j shares query i's bucket and own-or-previous chunk, (b, h, r, nc, c, 2c)."""
+    size = op.Constant(value_int=chunk_size)
+    chunk_of = op.Div(rank, size)
+    bucket_rounds = ReformerChunk(
+        ReformerGatherSorted(op.Transpose(buckets, perm=[0, 1, 3, 2]), perm), chunk_size=chunk_size
+    )
+    chunk_rounds = ReformerChunk(
+        ReformerGatherSorted(op.Transpose(chunk_of, perm=[0, 1, 3, 2]), perm), chunk_size=chunk_size
+    )
+    q_bucket = op.Unsqueeze(bucket_rounds, [5])
+    q_chunk = op.Unsqueeze(chunk_rounds, [5])
+    k_bucket = op.Unsqueeze(ReformerLookBack(bucket_rounds), [4])
+    k_chunk = op.Unsqueeze(ReformerLookBack(chunk_rounds), [4])
+    gap = op.Sub(q_chunk, k_chunk)
+    near = op.And(
+        op.GreaterOrEqual(gap, op.Constant(value_int=0)), op.LessOrEqual(gap, op.Constant(value_int=1))
+    )
+    together = op.And(op.Equal(q_bucket, k_bucket), near)
+    return op.ReduceSum(op.Cast(together, to=INT64.dtype), [-1], keepdims=0)
+
+
+@onnxscript.script(LIBRARY, default_opset=op)
+def ReformerLSH(
+    qk: FLOAT, v: FLOAT, rotations: FLOAT, key_padding_mask: BOOL, causal: int, chunk_size: int
+) -> FLOAT:
+    """The steps of :func:`attnx.plugins.reformer.lsh.lsh_attention`, in standard ONNX ops."""
+    size = op.Unsqueeze(op.Constant(value_int=chunk_size), [0])
+    n = op.Shape(qk, start=2, end=3)
+    n_pad = op.Mul(op.Div(op.Sub(op.Add(n, size), op.Constant(value_ints=[1])), size), size)
+    extra = op.Sub(n_pad, n)
+    padded = op.Concat(op.Constant(value_ints=[0, 0, 0, 0, 0, 0]), extra, op.Constant(value_ints=[0]), axis=0)
+    qk = op.Pad(qk, padded)
+    v = op.Pad(v, padded)
+    mask = op.Pad(
+        op.Cast(key_padding_mask, to=INT64.dtype), op.Concat(op.Constant(value_ints=[0, 0, 0]), extra, axis=0)
+    )
+    real = op.Unsqueeze(op.Cast(mask, to=BOOL.dtype), [1, 2])
+    n_buckets = op.Mul(op.Shape(rotations, start=3, end=4), op.Constant(value_ints=[2]))
+    buckets = op.Where(real, ReformerHash(qk, rotations), n_buckets)
+
+    perm, rank = ReformerSort(buckets)
+
+    keys = op.Div(qk, op.Sqrt(op.Add(op.ReduceSumSquare(qk, [-1], keepdims=1), op.CastLike(NORM_EPS, qk))))
+    q_sorted = ReformerChunk(ReformerGatherSorted(qk, perm), chunk_size=chunk_size)
+    k_window = ReformerLookBack(ReformerChunk(ReformerGatherSorted(keys, perm), chunk_size=chunk_size))
+    v_window = ReformerLookBack(ReformerChunk(ReformerGatherSorted(v, perm), chunk_size=chunk_size))
+    q_pos = ReformerChunk(perm, chunk_size=chunk_size)
+    q_bucket = ReformerChunk(op.GatherElements(buckets, perm, axis=-1), chunk_size=chunk_size)
+    k_pos = op.Unsqueeze(ReformerLookBackFilled(q_pos), [4])
+    k_bucket = op.Unsqueeze(ReformerLookBackFilled(q_bucket), [4])
+    q_pos = op.Unsqueeze(q_pos, [5])
+    q_bucket = op.Unsqueeze(q_bucket, [5])
+
+    counts = ReformerDuplicates(buckets, rank, perm, chunk_size=chunk_size)
+    log_counts = op.Log(op.CastLike(op.Max(counts, op.Constant(value_int=1)), qk))
+    scores = op.Sub(op.MatMul(q_sorted, op.Transpose(k_window, perm=[0, 1, 2, 3, 5, 4])), log_counts)
+    is_self = op.Equal(k_pos, q_pos)
+    visible = op.And(op.And(op.Equal(q_bucket, k_bucket), op.Less(q_bucket, n_buckets)), op.Not(is_self))
+    future = op.And(op.Cast(op.Constant(value_int=causal), to=BOOL.dtype), op.Greater(k_pos, q_pos))
+    visible = op.And(visible, op.Not(future))
+    hidden = op.Where(is_self, op.CastLike(SELF_SCORE, qk), op.CastLike(NEG_INF, qk))
+    scores = op.Where(visible, scores, hidden)
+
+    top = op.ReduceMax(scores, [-1], keepdims=1)
+    weights = op.Exp(op.Sub(scores, top))
+    out = ReformerMerge(top, op.MatMul(weights, v_window), op.ReduceSum(weights, [-1], keepdims=1), rank)
+    return op.Slice(out, op.Constant(value_ints=[0]), n, op.Constant(value_ints=[2]))
+
+
+@onnxscript.script(OPSET, default_opset=op)
+def ReformerAttention(
+    qk: FLOAT, v: FLOAT, rotations: FLOAT, key_padding_mask: BOOL, causal: int, chunk_size: int
+) -> FLOAT:
+    return ReformerLSH(qk, v, rotations, key_padding_mask, causal=causal, chunk_size=chunk_size)
+
+
+@onnxscript.script(OPSET, default_opset=op)
+def ReformerAttentionNoMask(qk: FLOAT, v: FLOAT, rotations: FLOAT, causal: int, chunk_size: int) -> FLOAT:
+    batch_and_length = op.Concat(op.Shape(qk, end=1), op.Shape(qk, start=2, end=3), axis=0)
+    everyone = op.ConstantOfShape(batch_and_length, value=onnxscript.ir.tensor([True]))
+    return ReformerLSH(qk, v, rotations, everyone, causal=causal, chunk_size=chunk_size)
+
+
+REFORMER_OP = AttentionOp(
+    name="ReformerAttention",
+    torch_op=reformer_attention,
+    bodies=(ReformerAttention, ReformerAttentionNoMask),
+    input_types={"key_padding_mask": "tensor(bool)"},
+    doc="Reformer shared-QK LSH attention; qk, v (batch, heads, seq, dim), rotations (heads, dim, n_hashes, "
+    "n_buckets/2); key_padding_mask (batch, seq) bool, True = real token.",
+)
+
+
+class ReformerAttentionLayer(nn.Module):
+    """Shared-QK projections around :data:`REFORMER_OP` (no key projection: keys are normalised queries).
+
+    ``rotations`` (heads, d_head, n_hashes, n_buckets/2) is drawn from torch's RNG at
+    build time (attnx seeds it), is saved in the state dict and becomes an ONNX initializer.
+    """
+
+    def __init__(self, config: ReformerConfig, spec: AttentionSpec) -> None:
+        super().__init__()
+        self.spec = spec
+        self.causal = spec.causal
+        self.chunk_size = config.chunk_size
+        d = spec.d_model
+        self.qk_proj = nn.Linear(d, d)
+        self.v_proj = nn.Linear(d, d)
+        self.out_proj = nn.Linear(d, d)
+        shape = (spec.n_heads, spec.head_dim, config.n_hashes, config.n_buckets // 2)
+        self.register_buffer("rotations", torch.randn(shape), persistent=True)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        context: torch.Tensor | None = None,
+        key_padding_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        if context is not None:
+            raise AttnxError(
+                "variant 'reformer' is self-attention only (shared QK); it cannot take a context"
+            )
+        heads = self.spec.n_heads
+        qk = split_heads(self.qk_proj(x), heads)
+        v = split_heads(self.v_proj(x), heads)
+        out = reformer_attention(qk, v, self.rotations, key_padding_mask, self.causal, self.chunk_size)
+        return self.out_proj(merge_heads(out))
+
+
+IMPL = VariantImpl(build=ReformerAttentionLayer, ops=(REFORMER_OP,))

@@ -1,0 +1,352 @@
+"""reformer: the LSH op, its ONNX bodies and the layer against an explicit N x N form of the paper."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from onnx import TensorProto, helper, numpy_helper
+from safetensors.torch import load_model
+
+from attnx.errors import AttnxError
+from attnx.exporter.assemble import assemble
+from attnx.exporter.export import export
+from attnx.exporter.lowering import lower
+from attnx.exporter.manifest import MODEL_FILE, WEIGHTS_FILE
+from attnx.plugins.reformer import VARIANT, ReformerConfig
+from attnx.plugins.reformer.kernel import REFORMER_OP, reformer_attention
+from attnx.variant import AttentionSpec
+
+SELF_SCORE = -65504.0  # a token's score for itself: it wins only when nothing else is visible
+NORM_EPS = 1e-6
+TINY = {"d_model": 32, "n_heads": 2, "n_layers": 1, "d_ff": 64, "vocab_size": 50, "chunk_size": 8}
+
+# -- the reference: Reformer sec. 2 + appendix A as explicit N x N matrices, float64 ----------------------
+
+
+def naive_buckets(x, rotation):
+    """h(x) = argmax([xR, -xR]) for x (n, d), R (d, n_buckets/2); asserts no near-tie could flip it."""
+    both = torch.cat([x @ rotation, -(x @ rotation)], dim=-1)
+    top2 = both.topk(2, dim=-1).values
+    margin = (top2[:, 0] - top2[:, 1]) / (x.norm(dim=-1) * rotation.norm(dim=0).max() + 1e-30)
+    assert margin.min() > 1e-5, (
+        "a near-tie between buckets: pick another seed (float32 could round either way)"
+    )
+    return both.argmax(dim=-1)
+
+
+def naive_lsh(qk, v, rotations, mask=None, causal=False, chunk_size=64):
+    """o_i = sum_r exp(z_r(i) - logsumexp_r z_r(i)) o_r(i), each round a softmax over all n keys.
+
+    Round r sees key j from query i iff h_r(i) = h_r(j) (not the padding bucket), j's sorted
+    chunk is i's or the one before (sort by (bucket, position)), j != i and, if causal, j < i.
+    Visible scores are q_i.k_j - log N_ij (N_ij: rounds in which j shares i's bucket and window);
+    i's own score is SELF_SCORE; all else -inf. Padded tokens go to an extra bucket n_buckets.
+    """
+    qk, v, rotations = qk.double(), v.double(), rotations.double()
+    batch, heads, n, _ = qk.shape
+    n_hashes, n_buckets = rotations.shape[2], 2 * rotations.shape[3]
+    position = torch.arange(n)
+    out = torch.zeros(batch, heads, n, v.shape[-1], dtype=torch.float64)
+    for b in range(batch):
+        real = torch.ones(n, dtype=torch.bool) if mask is None else mask[b]
+        for h in range(heads):
+            x = qk[b, h]
+            same, window = [], []
+            for r in range(n_hashes):
+                bucket = torch.where(real, naive_buckets(x, rotations[h, :, r]), n_buckets)
+                order = sorted(range(n), key=lambda i: (int(bucket[i]), i))
+                rank = torch.empty(n, dtype=torch.long)
+                rank[order] = position
+                gap = (rank // chunk_size)[:, None] - (rank // chunk_size)[None, :]
+                same.append((bucket[:, None] == bucket[None, :]) & (bucket[:, None] < n_buckets))
+                window.append((gap == 0) | (gap == 1))
+            counts = sum((s & w).double() for s, w in zip(same, window, strict=True))
+            dots = x @ (x / torch.sqrt((x * x).sum(-1, keepdim=True) + NORM_EPS)).T
+            hidden = torch.full((n, n), float("-inf"), dtype=torch.float64).fill_diagonal_(SELF_SCORE)
+            logsumexps, outputs = [], []
+            for r in range(n_hashes):
+                visible = same[r] & window[r] & (position[:, None] != position[None, :])
+                if causal:
+                    visible &= position[None, :] < position[:, None]
+                scores = torch.where(visible, dots - torch.log(counts.clamp_min(1)), hidden)
+                logsumexps.append(torch.logsumexp(scores, -1))
+                outputs.append(torch.softmax(scores, -1) @ v[b, h])
+            lse = torch.stack(logsumexps)
+            out[b, h] = (torch.exp(lse - torch.logsumexp(lse, 0))[..., None] * torch.stack(outputs)).sum(0)
+    return out
+
+
+def naive_layer(layer, x, mask=None):
+    """The layer from its parameters: shared QK and V projections, naive_lsh per head, output projection."""
+    p = {name: t.detach().double() for name, t in layer.named_parameters()}
+    heads = layer.spec.n_heads
+
+    def project(name):
+        y = x.double() @ p[f"{name}.weight"].T + p[f"{name}.bias"]
+        return y.reshape(*y.shape[:2], heads, -1).transpose(1, 2)
+
+    out = naive_lsh(
+        project("qk_proj"), project("v_proj"), layer.rotations, mask, layer.causal, layer.chunk_size
+    )
+    return out.transpose(1, 2).flatten(2) @ p["out_proj.weight"].T + p["out_proj.bias"]
+
+
+# -- inputs and a one-node ONNX model around attnx::ReformerAttention ------------------------------------
+
+
+def random_inputs(batch, heads, n, d, n_hashes, n_buckets, seed):
+    g = torch.Generator().manual_seed(seed)
+    qk, v = (torch.randn(batch, heads, n, d, generator=g) for _ in range(2))
+    rotations = torch.randn(heads, d, n_hashes, n_buckets // 2, generator=g)
+    return qk, v, rotations, g
+
+
+def random_mask(kind, batch, n, g):
+    """None, a real prefix of random length per row, a scattered pattern, or a row with no real token."""
+    if kind == "none":
+        return None
+    if kind == "prefix":
+        return torch.arange(n) < torch.randint(1, n + 1, (batch, 1), generator=g)
+    mask = torch.rand(batch, n, generator=g) > 0.4
+    if kind == "empty-row":
+        mask[0] = False
+    return mask
+
+
+@functools.cache
+def op_session(causal, masked, chunk_size, lowering="function"):
+    names = ["qk", "v", "rotations"] + (["key_padding_mask"] if masked else [])
+    inputs = [
+        helper.make_tensor_value_info("qk", TensorProto.FLOAT, ["b", "h", "n", "d"]),
+        helper.make_tensor_value_info("v", TensorProto.FLOAT, ["b", "h", "n", "e"]),
+        helper.make_tensor_value_info("rotations", TensorProto.FLOAT, ["h", "d", "r", "k"]),
+    ]
+    if masked:
+        inputs.append(helper.make_tensor_value_info("key_padding_mask", TensorProto.BOOL, ["b", "n"]))
+    node = helper.make_node(
+        REFORMER_OP.name, names, ["out"], domain="attnx", causal=int(causal), chunk_size=chunk_size
+    )
+    output = helper.make_tensor_value_info("out", TensorProto.FLOAT, ["b", "h", "n", "e"])
+    graph = helper.make_graph([node], "reformer_op", inputs, [output])
+    opsets = [helper.make_opsetid("", 18), helper.make_opsetid("attnx", 1)]
+    model = lower(helper.make_model(graph, opset_imports=opsets, ir_version=10), [REFORMER_OP], lowering)
+    onnx.checker.check_model(model, full_check=True)
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+def run_ort(qk, v, rotations, mask, causal, chunk_size, lowering="function"):
+    session = op_session(causal, mask is not None, chunk_size, lowering)
+    feed = {"qk": qk.numpy(), "v": v.numpy(), "rotations": rotations.numpy()}
+    if mask is not None:
+        feed["key_padding_mask"] = mask.numpy()
+    return torch.from_numpy(session.run(None, feed)[0])
+
+
+# -- the op ----------------------------------------------------------------------------------------------
+
+CASES = [
+    # batch, heads, n, d, n_hashes, n_buckets, chunk_size, causal, mask
+    (1, 1, 1, 4, 2, 8, 64, False, "none"),  # N = 1
+    (2, 2, 1, 8, 3, 4, 4, True, "prefix"),  # N = 1, causal
+    (2, 2, 7, 8, 1, 4, 4, False, "prefix"),  # odd N, one round, N not a multiple of the chunk
+    (2, 3, 13, 8, 3, 8, 4, True, "scattered"),  # three rounds, causal
+    (1, 2, 33, 16, 2, 8, 8, False, "none"),
+    (2, 2, 37, 8, 2, 2, 1, True, "none"),  # chunks of one token: each sees only its predecessor
+    (2, 2, 50, 8, 3, 16, 64, False, "empty-row"),  # a single chunk; a row with no real token
+    (1, 2, 130, 16, 2, 8, 64, True, "prefix"),  # default options, three chunks
+    (2, 1, 64, 8, 2, 4, 16, False, "none"),  # N a multiple of the chunk
+]
+
+
+@pytest.mark.parametrize(
+    ("batch", "heads", "n", "d", "n_hashes", "n_buckets", "chunk", "causal", "mask_kind"), CASES, ids=str
+)
+def test_op_matches_reference_in_torch_and_onnx(
+    batch, heads, n, d, n_hashes, n_buckets, chunk, causal, mask_kind
+):
+    qk, v, rotations, g = random_inputs(batch, heads, n, d, n_hashes, n_buckets, seed=n * 7 + d + n_hashes)
+    mask = random_mask(mask_kind, batch, n, g)
+    expected = naive_lsh(qk, v, rotations, mask, causal, chunk).float()
+    results = [reformer_attention(qk, v, rotations, mask, causal, chunk)]
+    results += [
+        run_ort(qk, v, rotations, mask, causal, chunk, lowering) for lowering in ("function", "decomposed")
+    ]
+    for result in results:
+        torch.testing.assert_close(result, expected, atol=1e-5, rtol=1e-4)
+
+
+def test_padding_is_invisible_to_real_tokens():
+    """Padded tokens go to their own bucket, so real tokens sort and chunk as if they were absent."""
+    qk, v, rotations, g = random_inputs(2, 2, 29, 8, 2, 8, seed=11)
+    mask = torch.arange(29) < torch.tensor([[29], [17]])
+    for causal in (False, True):
+        padded = reformer_attention(qk, v, rotations, mask, causal, 4)
+        alone = reformer_attention(qk[1:, :, :17], v[1:, :, :17], rotations, None, causal, 4)
+        torch.testing.assert_close(padded[1:, :, :17], alone, atol=1e-6, rtol=1e-6)
+        noise = 100 * torch.randn(2, *qk.shape, generator=g) * ~mask[:, None, :, None]
+        shaken = reformer_attention(qk + noise[0], v + noise[1], rotations, mask, causal, 4)
+        assert torch.equal(shaken[1, :, :17], padded[1, :, :17])
+
+
+def test_causality_future_keys_and_values_do_not_reach_the_past():
+    """Future tokens whose buckets stay (qk scaled by 2: exact) and new values leave the past bit-exact."""
+    qk, v, rotations, g = random_inputs(2, 2, 40, 8, 2, 8, seed=40)
+    changed_qk, changed_v = qk.clone(), v.clone()
+    changed_qk[..., 23:, :] *= 2
+    changed_v[..., 23:, :] = 10 * torch.randn(2, 2, 17, 8, generator=g)
+    before = reformer_attention(qk, v, rotations, None, True, 8)
+    after = reformer_attention(changed_qk, changed_v, rotations, None, True, 8)
+    assert torch.equal(before[..., :23, :], after[..., :23, :])
+    assert not torch.allclose(before[..., 23:, :], after[..., 23:, :])
+    ort_before = run_ort(qk, v, rotations, None, True, 8)
+    ort_after = run_ort(changed_qk, changed_v, rotations, None, True, 8)
+    torch.testing.assert_close(ort_after[..., :23, :], ort_before[..., :23, :], atol=1e-6, rtol=1e-5)
+
+
+def test_causal_mask_is_by_position_so_future_buckets_still_move_chunk_boundaries():
+    """As in the paper, causal masking compares original positions inside the sorted chunks; which past
+    keys share query i's chunk also depends on the buckets of later tokens (documented limitation).
+
+    Chunks of 2, R = I so e0 hashes to bucket 0 and e1 to bucket 1; tokens 0-3 and 5 are e1. With
+    token 4 = e0 it sorts first, query 3 lands in chunk (3, 5) and sees past keys {1, 2}; with
+    token 4 = e1 query 3 lands in chunk (2, 3) and sees {0, 1, 2}.
+    """
+    rotations = torch.eye(2).reshape(1, 2, 1, 2)
+    e0, e1 = torch.tensor([1.0, 0.1]), torch.tensor([0.1, 1.0])
+    tokens = torch.stack([e1, e1, e1, e1, e0, e1])[None, None]
+    moved = tokens.clone()
+    moved[0, 0, 4] = e1
+    v = torch.randn(1, 1, 6, 3, generator=torch.Generator().manual_seed(0))
+    before, after = (reformer_attention(qk, v, rotations, None, True, 2) for qk in (tokens, moved))
+    for qk, result in ((tokens, before), (moved, after)):
+        torch.testing.assert_close(result, naive_lsh(qk, v, rotations, None, True, 2).float())
+    torch.testing.assert_close(before[0, 0, 3], v[0, 0, 1:3].mean(0))  # equal scores: the mean of v_1, v_2
+    assert not torch.allclose(before[..., 3, :], after[..., 3, :])
+
+
+# -- the layer -------------------------------------------------------------------------------------------
+
+
+def build_layer(causal=False, seed=0, **options):
+    torch.manual_seed(seed)
+    return VARIANT.load().build(ReformerConfig(**options), AttentionSpec(24, 3, causal=causal)).eval()
+
+
+@pytest.mark.parametrize(
+    ("batch", "n", "causal", "mask_kind", "options"),
+    [
+        (1, 1, False, "none", {}),
+        (2, 9, True, "prefix", {"chunk_size": 4, "n_hashes": 3}),
+        (3, 21, False, "scattered", {"chunk_size": 4, "n_buckets": 4}),
+        (2, 70, True, "scattered", {"n_hashes": 1}),
+    ],
+    ids=str,
+)
+def test_layer_matches_reference(batch, n, causal, mask_kind, options):
+    layer = build_layer(causal=causal, seed=n, **options)
+    g = torch.Generator().manual_seed(n + 1000)
+    x = torch.randn(batch, n, 24, generator=g)
+    mask = random_mask(mask_kind, batch, n, g)
+    with torch.no_grad():
+        result = layer(x, key_padding_mask=mask)
+    torch.testing.assert_close(result, naive_layer(layer, x, mask).float(), atol=1e-5, rtol=1e-4)
+
+
+def test_layer_shares_queries_and_keys_and_refuses_a_context():
+    layer = build_layer()
+    names = {name for name, _ in layer.named_parameters()}
+    assert names == {f"{p}.{t}" for p in ("qk_proj", "v_proj", "out_proj") for t in ("weight", "bias")}
+    with pytest.raises(AttnxError, match="self-attention only"):
+        layer(torch.randn(1, 3, 24), context=torch.randn(1, 4, 24))
+
+
+def test_rotations_are_a_seeded_buffer_in_the_state_dict():
+    def rotations(seed):
+        module = assemble("reformer", "encoder", TINY, seed=seed).module
+        return module.state_dict()["blocks.0.attention.rotations"]
+
+    first = rotations(0)
+    assert first.shape == (2, 16, 2, 4)  # (heads, d_head, n_hashes, n_buckets / 2)
+    assert torch.equal(first, rotations(0))
+    assert not torch.equal(first, rotations(1))
+
+
+def test_declaration_and_config():
+    caps = VARIANT.capabilities
+    assert (caps.causal, caps.cross, caps.key_padding_mask, caps.decode) == (True, False, True, None)
+    assert VARIANT.make_config({"n_hashes": "3", "n_buckets": "4", "chunk_size": "16"}) == ReformerConfig(
+        3, 4, 16
+    )
+    for option, value in (("n_hashes", 0), ("n_buckets", 7), ("n_buckets", 0), ("chunk_size", 0)):
+        with pytest.raises(AttnxError, match=f"{option}={value} must be") as error:
+            VARIANT.make_config({option: value})
+        assert "\n" not in str(error.value)
+
+
+def test_cross_attention_is_refused_at_build_time():
+    with pytest.raises(AttnxError, match="does not support cross attention") as error:
+        VARIANT.check_spec(AttentionSpec(32, 2, cross=True))
+    assert "supports: bidirectional, causal, key padding mask" in str(error.value)
+    VARIANT.check_spec(AttentionSpec(32, 2, causal=True))
+
+
+# -- export ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("lowering", ["function", "decomposed", "plugin"])
+def test_export_verifies_in_every_lowering(tmp_path, lowering):
+    out = tmp_path / "out"
+    result = export("reformer", out, options=TINY, lowering=lowering, seq_lens=[1, 7, 33, 130])
+    assert result.parity is not None and result.parity.passed, result.parity
+    model = onnx.load(str(out / MODEL_FILE))
+    nodes = [node for node in model.graph.node if node.domain == "attnx"]
+    initializers = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    expected = assemble("reformer", "encoder", TINY, seed=0).module.state_dict()[
+        "blocks.0.attention.rotations"
+    ]
+    np.testing.assert_array_equal(initializers["blocks.0.attention.rotations"], expected.numpy())
+    if lowering == "decomposed":
+        assert result.attnx_nodes == 0 and not nodes and not model.functions
+        assert {o.domain for o in model.opset_import} <= {"", "ai.onnx"}
+        assert {"TopK", "ScatterElements", "GatherElements"} <= {node.op_type for node in model.graph.node}
+        return
+    assert [node.op_type for node in nodes] == ["ReformerAttention"]
+    assert nodes[0].input[2] == "blocks.0.attention.rotations"
+    attributes = {a.name for node in nodes for a in node.attribute}
+    assert ({"plugin_namespace", "plugin_version"} <= attributes) == (lowering == "plugin")
+    assert bool(model.functions) == (lowering == "function")
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """One dynamic-shape export (function lowering); a torch model loads its weights, rotations included."""
+    out = tmp_path_factory.mktemp("reformer") / "out"
+    options = {**TINY, "n_hashes": 3, "chunk_size": 4}
+    export("reformer", out, options=options, lowering="function", verify=False, seed=3)
+    module = assemble("reformer", "encoder", options, seed=0).module
+    load_model(module, str(Path(out) / WEIGHTS_FILE), strict=True)
+    return module.eval(), ort.InferenceSession(str(out / MODEL_FILE), providers=["CPUExecutionProvider"])
+
+
+@settings(max_examples=15, deadline=None)
+@given(batch=st.integers(1, 3), n=st.integers(1, 100), seed=st.integers(0, 2**16))
+def test_property_torch_matches_onnxruntime(exported, batch, n, seed):
+    module, session = exported
+    rng = np.random.default_rng(seed)
+    input_ids = rng.integers(0, TINY["vocab_size"], size=(batch, n))
+    mask = rng.random((batch, n)) > 0.3
+    with torch.no_grad():
+        (expected,) = module(torch.from_numpy(input_ids), torch.from_numpy(mask))
+    (actual,) = session.run(None, {"input_ids": input_ids, "attention_mask": mask})
+    tolerance = VARIANT.tolerance
+    np.testing.assert_allclose(actual, expected.numpy(), atol=tolerance.atol, rtol=tolerance.rtol)
