@@ -1,0 +1,67 @@
+"""Shared by the checks: the outcome exceptions, recorded calls, tolerance comparison."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from attnx.testing.subject import Forward, OpCall, Subject
+
+
+class Skip(Exception):
+    """The check does not apply to this variant (the message says why)."""
+
+
+class Broken(Exception):
+    """The check cannot go on; ``problems`` are its findings so far."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("; ".join(problems))
+        self.problems = problems
+
+
+def forwards(subject: Subject) -> list[Forward]:
+    """The forward passes that ran (the ``capabilities`` check reports those that raised)."""
+    return [fw for fw in subject.forwards if fw.error is None]
+
+
+def declared_calls(subject: Subject) -> list[OpCall]:
+    """The recorded calls of declared ops; broken when there are none (nothing to check)."""
+    calls = [call for fw in forwards(subject) for call in fw.calls if call.op is not None]
+    if not calls:
+        raise Broken(
+            ["the layer calls no declared attnx op, so there is nothing to check (see 'capabilities')"]
+        )
+    return calls
+
+
+def mismatch(actual: Any, expected: Any, atol: float, rtol: float) -> str | None:
+    """None when |actual - expected| <= atol + rtol * |expected| everywhere, else what differs."""
+    a = np.asarray(actual, dtype=np.float64)
+    e = np.asarray(expected, dtype=np.float64)
+    if a.shape != e.shape:
+        return f"shape {a.shape} instead of {e.shape}"
+    if not np.isfinite(a).all() and np.isfinite(e).all():
+        return "non-finite values where the torch op is finite"
+    diff = np.abs(a - e)
+    if (diff <= atol + rtol * np.abs(e)).all():
+        return None
+    worst = np.unravel_index(np.nanargmax(np.where(np.isnan(diff), np.inf, diff)), diff.shape)
+    index = tuple(int(i) for i in worst)
+    return f"max abs err {diff[worst]:.3g} at index {index} (atol {atol:g}, rtol {rtol:g})"
+
+
+def half(call: OpCall) -> dict[str, torch.Tensor]:
+    """The call's float32 tensor arguments in float16."""
+    return {
+        name: value.half()
+        for name, value in call.bound().items()
+        if isinstance(value, torch.Tensor) and value.dtype == torch.float32
+    }
+
+
+def first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

@@ -1,0 +1,108 @@
+"""``export-*``: a tiny encoder exported with each lowering, its graph inspected, parity checked."""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from attnx.ops import DOMAIN
+from attnx.testing.checks.common import first_line
+from attnx.testing.subject import Subject
+
+EXPORT_SEQ_LENS = (1, 7, 19)
+EXPORT_MODEL_OPTIONS = {"d_model": 32, "n_heads": 2, "n_layers": 1, "d_ff": 64, "vocab_size": 50}
+
+
+def export_check(lowering: str) -> Callable[[Subject], list[str]]:
+    def check(subject: Subject) -> list[str]:
+        from attnx.exporter.export import export
+        from attnx.exporter.verify import verify
+
+        options = {
+            **{f"model.{k}": v for k, v in EXPORT_MODEL_OPTIONS.items()},
+            "model.attention_mask": subject.variant.capabilities.key_padding_mask,
+            **{f"variant.{k}": v for k, v in subject.options.items()},
+        }
+        with tempfile.TemporaryDirectory(prefix="attnx-conformance-") as tmp, subject.installed():
+            out = Path(tmp) / lowering
+            try:
+                result = export(
+                    subject.variant.name,
+                    out,
+                    lowering=lowering,
+                    options=options,
+                    seed=subject.seed,
+                    seq_lens=EXPORT_SEQ_LENS,
+                )
+            except Exception as exc:
+                return [
+                    f"export with the {lowering} lowering failed: {type(exc).__name__}: {first_line(exc)}"
+                ]
+            problems = _graph_problems(out / "model.onnx", lowering, subject)
+            problems += _parity_problems(result.parity, f"the {lowering}-lowered model")
+            if lowering == "function":  # a fresh rebuild from attnx.json + weights, as `attnx verify` does
+                problems += _parity_problems(
+                    verify(out, seq_lens=EXPORT_SEQ_LENS, write=False),
+                    "the model rebuilt from attnx.json (attnx verify)",
+                )
+        return problems
+
+    check.__doc__ = (
+        f"Export a tiny encoder with the {lowering} lowering and compare it with torch in ORT (CPU)."
+    )
+    return check
+
+
+def _graph_problems(path: Path, lowering: str, subject: Subject) -> list[str]:
+    import onnx
+
+    from attnx.exporter.lowering import attnx_nodes
+
+    model = onnx.load(str(path))
+    nodes = attnx_nodes(model)
+    functions = {(f.name, f.overload) for f in model.functions if f.domain == DOMAIN}
+    declared = {op.name for op in subject.impl.ops}
+    if lowering == "decomposed":
+        leftovers = sorted({n.op_type for n in nodes} | {name for name, _ in functions})
+        return [f"the decomposed model still holds attnx::{name}" for name in leftovers]
+    if not nodes:
+        return [
+            f"the {lowering}-lowered model holds no attnx node: the op was traced through instead of kept "
+            "(is it a torch.library.custom_op listed in VariantImpl.ops?)"
+        ]
+    problems = [
+        f"the {lowering}-lowered model holds attnx::{n.op_type}, which VariantImpl.ops does not declare"
+        for n in nodes
+        if n.op_type not in declared
+    ]
+    if lowering == "function":
+        problems += [
+            f"attnx::{n.op_type} (overload '{n.overload}') has no function body in the model"
+            for n in nodes
+            if (n.op_type, n.overload) not in functions
+        ]
+    else:
+        if functions:
+            problems.append(
+                "the plugin-lowered model carries attnx function bodies; TensorRT < 10.15 would use them"
+            )
+        problems += [
+            f"attnx::{n.op_type} lacks the plugin_namespace attribute"
+            for n in nodes
+            if "plugin_namespace" not in {a.name for a in n.attribute}
+        ]
+    return problems
+
+
+def _parity_problems(report: Any, what: str) -> list[str]:
+    if report is None or not report.ran:
+        return [f"{what}: parity was not checked (no backend ran)"]
+    return [
+        f"{what} differs from torch on {backend.backend} at seq len {c.seq_len} ({c.output}): max abs err "
+        f"{c.max_abs:.3g} (atol {report.atol:g}, rtol {report.rtol:g})"
+        for backend in report.ran
+        for c in backend.comparisons
+        if not c.passed
+    ]

@@ -1,0 +1,132 @@
+"""``onnx-schema`` and ``onnx-body``: the ONNX bodies against the op's schema and its maths."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from attnx.ops import DOMAIN, AttentionOp, function_protos
+from attnx.testing.checks.common import declared_calls, first_line, mismatch
+from attnx.testing.subject import Subject
+
+
+def check_onnx_schema(subject: Subject) -> list[str]:
+    """Bodies agree with the schema derived from the torch op; names clash with no other variant."""
+    problems = []
+    for op in subject.impl.ops:
+        problems += schema_problems(op)
+    for call in declared_calls(subject):
+        present = [name for name in call.op.input_names if call.bound().get(name) is not None]
+        if call.op.body_for(present) is None:
+            problems.append(
+                f"the {call.case.label} layer calls {call.name} with inputs ({', '.join(present)}) but "
+                f"no body of {call.op.name} takes exactly those; add one to AttentionOp.bodies"
+            )
+    problems += _name_clashes(subject)
+    return list(dict.fromkeys(problems))
+
+
+def schema_problems(op: AttentionOp) -> list[str]:
+    """What is wrong between ``op``'s torch schema, its ONNX schema and its bodies."""
+    try:
+        inputs, attributes = op.input_names, set(op.attribute_names)
+        op.schema()
+    except Exception as exc:
+        return [f"op {op.name}: no ONNX schema can be derived from the torch op: {exc}"]
+    optional = {a.name for a in op.arguments if a.is_tensor and a.optional}
+    problems = [
+        f"op {op.name}: input_types names {name}, which is not a tensor input"
+        for name in op.input_types
+        if name not in inputs
+    ]
+    if not op.bodies:
+        return [*problems, f"op {op.name} has no ONNX body"]
+    seen: dict[tuple[str, ...], str] = {}
+    for index, body in enumerate(op.bodies):
+        names = tuple(p.name for p in body.function_ir.inputs)
+        attrs = {a.name for a in body.function_ir.attrs}
+        where = f"body {body.name} of {op.name}"
+        if body.opset.domain != DOMAIN:
+            problems.append(f"{where} is in domain '{body.opset.domain}'; bodies must use attnx.ops.OPSET")
+        if index == 0 and list(names) != inputs:
+            problems.append(
+                f"{where} takes inputs ({', '.join(names)}) but the first body must take every schema "
+                f"input ({', '.join(inputs)}), in order"
+            )
+        elif not _is_subsequence(names, inputs):
+            problems.append(
+                f"{where} takes inputs ({', '.join(names)}), which are not schema inputs "
+                f"({', '.join(inputs)}) in order"
+            )
+        elif set(inputs) - set(names) - optional:
+            missing = ", ".join(sorted(set(inputs) - set(names) - optional))
+            problems.append(f"{where} omits required input(s) {missing}")
+        if attrs != attributes:
+            problems.append(
+                f"{where} has attributes ({', '.join(sorted(attrs))}) but the torch op has "
+                f"({', '.join(sorted(attributes))})"
+            )
+        if names in seen:
+            problems.append(
+                f"{where} and {seen[names]} take the same inputs; only the first would ever be used"
+            )
+        seen.setdefault(names, body.name)
+    return problems
+
+
+def _is_subsequence(names: Iterable[str], inputs: list[str]) -> bool:
+    remaining = iter(inputs)
+    return all(name in remaining for name in names)
+
+
+def _name_clashes(subject: Subject) -> list[str]:
+    """Op types and library functions must be unique among the variants registered with this one."""
+    mine, problems = subject.variant.name, []
+    seen: dict[tuple[str, str], tuple[str, object]] = {}
+    others = [(name, v) for name, v in sorted(subject.registry.variants.items()) if name != mine]
+    for owner, variant in [(mine, subject.variant), *others]:
+        try:
+            ops = subject.impl.ops if owner == mine else variant.load().ops
+        except Exception:
+            continue  # another plugin's load failure is that plugin's problem (attnx list reports it)
+        for op in ops:
+            definitions: list[tuple[tuple[str, str], object]] = [
+                ((DOMAIN, op.name), op.overload._schema.name)
+            ]
+            definitions += [
+                ((p.domain, p.name), p.SerializeToString())
+                for body in op.bodies
+                for p in function_protos(body)[1:]
+            ]
+            for key, content in definitions:
+                first_owner, first_content = seen.setdefault(key, (owner, content))
+                if first_content != content and mine in (owner, first_owner):
+                    what = "op" if key[0] == DOMAIN else "ONNX library function"
+                    problems.append(
+                        f"{what} {key[0]}::{key[1]} is defined by variant '{first_owner}' and differently "
+                        f"by '{owner}'; prefix the name with the variant's CamelCase name"
+                    )
+    return problems
+
+
+def check_onnx_body(subject: Subject) -> list[str]:
+    """Each recorded call gives the same output through its ONNX body in ONNX Runtime (CPU)."""
+    from attnx.testing.onnx_op import OpSession
+
+    tol, problems = subject.variant.tolerance, []
+    for call in declared_calls(subject):
+        try:
+            outputs = OpSession(call.op, call).run(call.bound())
+        except Exception as exc:
+            problems.append(
+                f"the ONNX body of {call.op.name} does not load: {first_line(exc)} ({call.describe()})"
+            )
+            continue
+        for name, got, expected in zip(call.op.outputs, outputs, call.outputs, strict=True):
+            problem = mismatch(got, expected.float(), tol.atol, tol.rtol)
+            if problem:
+                what = "" if len(outputs) == 1 else f" (output {name})"
+                problems.append(
+                    f"ONNX body of attnx::{call.op.name} differs from the torch op {call.name}{what}: "
+                    f"{problem} ({call.describe()})"
+                )
+    return problems

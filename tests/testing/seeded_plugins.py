@@ -1,0 +1,140 @@
+"""Plugins with seeded mistakes, for testing that the conformance kit names each one.
+
+Variants of plain causal-capable softmax attention (no padding mask), identical except
+for one flaw each:
+
+* ``seeded_sound``: no flaw (the control: every check passes);
+* ``seeded_fake``: ``register_fake`` doubles the last dimension;
+* ``seeded_scale``: the ONNX body forgets the ``scale`` attribute;
+* ``seeded_leak``: causal mode lets query i see key i + 1 (in torch and ONNX alike);
+* ``seeded_clash``: an unprefixed ONNX library function named like the softmax variant's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import onnxscript
+import torch
+from onnxscript import BOOL, FLOAT
+from onnxscript import opset18 as op
+
+import attnx
+from attnx.config import Config
+from attnx.nn import MultiHeadAttention
+from attnx.ops import LIBRARY, OPSET, AttentionOp, VariantImpl
+
+FLAWS = ("sound", "fake", "scale", "leak", "clash")
+NEG_INF = float("-inf")
+
+
+def _define_op(flaw: str) -> object:
+    diagonal = 1 if flaw == "leak" else 0
+
+    @torch.library.custom_op(f"attnx_seeded::{flaw}_attention", mutates_args=())
+    def attention(
+        q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float
+    ) -> torch.Tensor:
+        scores = (q * scale) @ k.transpose(-1, -2)
+        if causal:
+            keep = torch.ones(scores.shape[-2:], dtype=torch.bool).tril(diagonal)
+            scores = scores.masked_fill(~keep, NEG_INF)
+        return scores.softmax(-1) @ v
+
+    @attention.register_fake
+    def _(q, k, v, causal, scale):
+        width = 2 * v.shape[-1] if flaw == "fake" else v.shape[-1]
+        return q.new_empty((*q.shape[:-1], width))
+
+    return attention
+
+
+@onnxscript.script(LIBRARY, default_opset=op)
+def SeededMix(q: FLOAT, k: FLOAT, v: FLOAT, scale: float, causal: int, diagonal: int) -> FLOAT:
+    scaled = op.Mul(q, op.CastLike(op.Constant(value_float=scale), q))
+    scores = op.MatMul(scaled, op.Transpose(k, perm=[0, 1, 3, 2]))
+    ones = op.ConstantOfShape(op.Shape(scores, start=-2), value=onnxscript.ir.tensor([1.0]))
+    kept = op.Cast(op.Trilu(ones, op.Constant(value_int=diagonal), upper=0), to=BOOL.dtype)
+    hide = op.And(op.Not(kept), op.Cast(op.Constant(value_int=causal), to=BOOL.dtype))
+    return op.MatMul(op.Softmax(op.Where(hide, op.CastLike(NEG_INF, q), scores), axis=-1), v)
+
+
+@onnxscript.script(LIBRARY, default_opset=op)
+def SoftmaxMix(q: FLOAT, k: FLOAT, v: FLOAT, scale: float, causal: int) -> FLOAT:
+    """The seeded clash: same maths as the sound body, but the softmax variant's helper name."""
+    return SeededMix(q, k, v, scale=scale, causal=causal, diagonal=0)
+
+
+@onnxscript.script(OPSET, default_opset=op)
+def SeededAttention(q: FLOAT, k: FLOAT, v: FLOAT, causal: int, scale: float) -> FLOAT:
+    return SeededMix(q, k, v, scale=scale, causal=causal, diagonal=0)
+
+
+@onnxscript.script(OPSET, default_opset=op)
+def SeededAttentionWithoutScale(q: FLOAT, k: FLOAT, v: FLOAT, causal: int, scale: float) -> FLOAT:
+    return SeededMix(q, k, v, scale=1.0, causal=causal, diagonal=0)
+
+
+@onnxscript.script(OPSET, default_opset=op)
+def SeededAttentionLeaky(q: FLOAT, k: FLOAT, v: FLOAT, causal: int, scale: float) -> FLOAT:
+    return SeededMix(q, k, v, scale=scale, causal=causal, diagonal=1)
+
+
+@onnxscript.script(OPSET, default_opset=op)
+def SeededAttentionClashing(q: FLOAT, k: FLOAT, v: FLOAT, causal: int, scale: float) -> FLOAT:
+    return SoftmaxMix(q, k, v, scale=scale, causal=causal)
+
+
+BODIES = {
+    "sound": SeededAttention,
+    "fake": SeededAttention,
+    "scale": SeededAttentionWithoutScale,
+    "leak": SeededAttentionLeaky,
+    "clash": SeededAttentionClashing,
+}
+OPS = {
+    flaw: AttentionOp(
+        name=f"Seeded{flaw.capitalize()}Attention", torch_op=_define_op(flaw), bodies=(BODIES[flaw],)
+    )
+    for flaw in FLAWS
+}
+
+
+class SeededLayer(MultiHeadAttention):
+    def __init__(self, flaw: str, spec: attnx.AttentionSpec) -> None:
+        super().__init__(spec)
+        self.torch_op, self.causal = OPS[flaw].torch_op, spec.causal
+        self.scale = 1.0 / math.sqrt(spec.head_dim)
+
+    def attend(self, q, k, v, key_padding_mask):
+        return self.torch_op(q, k, v, self.causal, self.scale)
+
+
+@dataclasses.dataclass(frozen=True)
+class SeededConfig(Config):
+    pass
+
+
+def _impl(flaw: str) -> VariantImpl:
+    return VariantImpl(build=lambda config, spec: SeededLayer(flaw, spec), ops=(OPS[flaw],))
+
+
+IMPL_SOUND, IMPL_FAKE, IMPL_SCALE, IMPL_LEAK, IMPL_CLASH = (_impl(flaw) for flaw in FLAWS)
+VARIANTS = {
+    flaw: attnx.Variant(
+        name=f"seeded_{flaw}",
+        summary=f"softmax attention with a seeded mistake: {flaw}",
+        paper="none (test plugin)",
+        config=SeededConfig,
+        capabilities=attnx.Capabilities(causal=True, cross=False, key_padding_mask=False),
+        tolerance=attnx.Tolerance(atol=1e-4, rtol=1e-3),
+        impl=f"{__name__}:IMPL_{flaw.upper()}",
+    )
+    for flaw in FLAWS
+}
+
+
+@attnx.hookimpl
+def attnx_register_variants() -> list[attnx.Variant]:
+    return list(VARIANTS.values())

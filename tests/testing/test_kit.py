@@ -1,0 +1,150 @@
+"""The conformance kit catches seeded mistakes, each with a message naming the broken promise."""
+
+from __future__ import annotations
+
+import pytest
+
+from attnx.errors import AttnxError
+from attnx.ops import AttentionOp
+from attnx.registry import Registry
+from attnx.testing import CHECKS, ConformanceError, check_variant, conformance_tests
+from attnx.testing.checks.onnx_body import schema_problems
+from attnx.testing.checks.plugin import ShapeExpr
+from tests.testing import seeded_plugins
+
+LIGHT = [c.name for c in CHECKS if not c.heavy]
+
+
+@pytest.fixture(scope="module")
+def registry() -> Registry:
+    return Registry(plugins=[("seeded", seeded_plugins, "test")], autoload=True)
+
+
+def failures(report) -> dict[str, str]:
+    return {r.check: "\n".join(r.problems) for r in report.failures}
+
+
+def test_the_sound_control_passes_every_light_check(registry):
+    report = check_variant("seeded_sound", registry=registry, heavy=False)
+    assert report.passed, str(report)
+    assert [r.check for r in report.results] == LIGHT
+    assert all(r.status == "passed" for r in report.results), str(report)
+
+
+def test_a_fake_impl_that_lies_about_the_shape_is_named(registry):
+    report = check_variant("seeded_fake", registry=registry, heavy=False)
+    assert set(failures(report)) == {"fake-impl"}, str(report)
+    message = failures(report)["fake-impl"]
+    assert "fake impl of attnx_seeded::fake_attention returns shape (3, 2, 11, 16)" in message
+    assert "but eager returns (3, 2, 11, 8)" in message
+    with pytest.raises(ConformanceError, match="register_fake returns the eager output's shape"):
+        report.raise_for_failures()
+
+
+def test_a_body_that_forgets_the_scale_is_named(registry):
+    report = check_variant("seeded_scale", registry=registry, heavy=False)
+    assert set(failures(report)) == {"onnx-body"}, str(report)
+    message = failures(report)["onnx-body"]
+    assert "ONNX body of attnx::SeededScaleAttention differs from the torch op" in message
+    assert "attnx_seeded::scale_attention: max abs err" in message
+    assert "causal=True" in message
+
+
+def test_a_causal_mode_that_leaks_future_tokens_is_named(registry):
+    report = check_variant("seeded_leak", registry=registry, heavy=False)
+    assert set(failures(report)) == {"causality"}, str(report)
+    message = failures(report)["causality"]
+    assert "the causal layer's outputs before position 1 change" in message
+    assert "attnx_seeded::leak_attention (torch) in causal mode leaks future tokens" in message
+    assert "the ONNX body of attnx::SeededLeakAttention in causal mode leaks future tokens" in message
+
+
+def test_a_library_function_named_like_another_variants_is_named(registry):
+    report = check_variant("seeded_clash", registry=registry, checks=["onnx-schema", "onnx-body"])
+    assert set(failures(report)) == {"onnx-schema"}, str(report)
+    assert (
+        "ONNX library function attnx.lib::SoftmaxMix is defined by variant 'seeded_clash' and differently by "
+        "'softmax'" in failures(report)["onnx-schema"]
+    )
+
+
+def test_bad_options_must_be_rejected_with_attnx_error(registry):
+    report = check_variant("softmax", registry=registry, checks=["contract"], bad_options={"scale": 2.0})
+    assert "bad option scale=2.0 is accepted; SoftmaxConfig.validate() must raise AttnxError" in str(report)
+    assert check_variant(
+        "softmax", registry=registry, checks=["contract"], bad_options={"scale": -1.0}
+    ).passed
+
+
+def test_causality_is_skipped_for_a_variant_that_does_not_declare_it(registry):
+    report = check_variant("fastformer", registry=registry, checks=["causality"])
+    (result,) = report.results
+    assert result.status == "skipped" and "does not declare causal attention" in result.problems[0]
+    assert not report.passed  # nothing ran
+
+
+def test_unknown_check_names_are_refused():
+    with pytest.raises(AttnxError, match="unknown conformance check 'onnx-bodies'; did you mean 'onnx-body'"):
+        check_variant("softmax", checks=["onnx-bodies"])
+
+
+def test_conformance_tests_gives_one_pytest_item_per_check(registry):
+    slow = pytest.mark.slow
+    test = conformance_tests("seeded_leak", registry=registry, heavy_marks=[slow])
+    (parametrize,) = [m for m in test.pytestmark if m.name == "parametrize"]
+    params = parametrize.args[1]
+    assert [p.id for p in params] == [c.name for c in CHECKS]
+    assert {p.id for p in params if any(m.name == "slow" for m in p.marks)} == {
+        c.name for c in CHECKS if c.heavy
+    }
+    test("fake-impl")  # passes
+    with pytest.raises(pytest.fail.Exception, match="causality: causal mode never reads future tokens"):
+        test("causality")
+
+
+def test_conformance_tests_takes_marks_per_check(registry):
+    leak = pytest.mark.xfail(reason="documented limitation", strict=True)
+    test = conformance_tests("seeded_leak", registry=registry, marks={"causality": [leak]})
+    (parametrize,) = [m for m in test.pytestmark if m.name == "parametrize"]
+    assert {p.id: [m.name for m in p.marks] for p in parametrize.args[1]}["causality"] == ["xfail"]
+    with pytest.raises(AttnxError, match="unknown conformance check 'causal'"):
+        conformance_tests("seeded_leak", registry=registry, marks={"causal": [leak]})
+
+
+def test_conformance_tests_fails_cleanly_for_an_unknown_variant(registry):
+    test = conformance_tests("windo", registry=registry)
+    with pytest.raises(pytest.fail.Exception, match="conformance: unknown variant 'windo'"):
+        test("contract")
+
+
+def test_conformance_tests_skips_what_does_not_apply(registry):
+    test = conformance_tests("fastformer", registry=registry, checks=["causality"])
+    with pytest.raises(pytest.skip.Exception, match="does not declare causal attention"):
+        test("causality")
+
+
+def test_shape_expressions_allow_arithmetic_and_refuse_branching():
+    a, b = ShapeExpr(6), ShapeExpr(4)
+    assert ((a + b) * 2 - 1).value == 19 and (a // 4 + 3 - b).value == 0 and (12 // a).value == 2
+    for refused in (lambda: a == 6, lambda: a > b, lambda: bool(a), lambda: int(a), lambda: range(a)):
+        with pytest.raises(TypeError, match="TensorRT shape expressions"):
+            refused()
+
+
+def test_bodies_that_disagree_with_the_schema_are_named():
+    from attnx.plugins.linear.kernel import LinearAttentionNoMask
+    from attnx.plugins.softmax.kernel import SoftmaxAttention, SoftmaxAttentionNoMask, softmax_attention
+
+    def problems(*bodies) -> str:
+        return "\n".join(schema_problems(AttentionOp("Probe", softmax_attention, bodies)))
+
+    assert problems(SoftmaxAttention, SoftmaxAttentionNoMask) == ""
+    assert "the first body must take every schema input (q, k, v, key_padding_mask)" in problems(
+        SoftmaxAttentionNoMask
+    )
+    assert "has attributes (causal, chunk_size, eps) but the torch op has (causal, scale)" in problems(
+        SoftmaxAttention, LinearAttentionNoMask
+    )
+    assert "take the same inputs; only the first would ever be used" in problems(
+        SoftmaxAttention, SoftmaxAttentionNoMask, SoftmaxAttentionNoMask
+    )
