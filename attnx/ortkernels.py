@@ -19,8 +19,9 @@ Kernels run on the CPU execution provider with float32 activations (the exported
 
 from __future__ import annotations
 
+import itertools
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import onnx
@@ -62,6 +63,7 @@ def kernel_view(model: onnx.ModelProto, ops: Sequence[AttentionOp]) -> onnx.Mode
     if missing:
         raise AttnxError(f"a plugin-lowered model on ONNX Runtime CPU needs the attnx kernels: {missing}")
     specs = {op.name: describe(op) for op in ops}
+    register_all(specs.values())
     view = onnx.ModelProto()
     view.CopyFrom(model)
     for node in attnx_nodes(view):
@@ -83,6 +85,40 @@ def kernel_view(model: onnx.ModelProto, ops: Sequence[AttentionOp]) -> onnx.Mode
                 text = json.dumps(list(helper.get_attribute_value(attribute)))
                 attribute.CopyFrom(helper.make_attribute(attribute.name, text))
     return view
+
+
+def register_all(extra: Any = ()) -> None:
+    """Register the kernels of every op attnx knows of (each optional-input combination).
+
+    onnxruntime-extensions rebuilds its kernel table on each registration, and a session
+    created before a later registration crashes (segfault) when it runs next. So the first
+    use registers everything the registry provides, and later uses register only what is
+    new (an op of a plugin loaded after that, which no earlier session can use).
+    """
+    specs = {spec.name: spec for spec in extra}
+    if not _REGISTERED:
+        specs.update((spec.name, spec) for spec in _known_specs())
+    for spec in specs.values():
+        for present in _input_combinations(spec):
+            register_kernel(spec, present)
+
+
+def _known_specs() -> Iterator[PluginSpec]:
+    from attnx.registry import get_registry
+
+    for variant in get_registry().variants.values():
+        try:
+            ops = variant.load().ops
+        except Exception:  # a broken variant is reported by `attnx list`; it has no kernels
+            continue
+        yield from (describe(op) for op in ops)
+
+
+def _input_combinations(spec: PluginSpec) -> Iterator[list[str]]:
+    optional = [i.name for i in spec.inputs if i.optional]
+    for chosen in itertools.product((False, True), repeat=len(optional)):
+        absent = {name for name, keep in zip(optional, chosen, strict=True) if not keep}
+        yield [i.name for i in spec.inputs if i.name not in absent]
 
 
 def register_kernel(spec: PluginSpec, present: Sequence[str]) -> str:

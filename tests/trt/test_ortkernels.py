@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import numpy as np
 import onnx
@@ -183,3 +185,30 @@ def test_property_plugin_model_matches_torch(softmax_pair, batch, n, seed):
     with torch.no_grad():
         (expected,) = module(torch.from_numpy(ids), torch.from_numpy(mask))
     np.testing.assert_allclose(got, expected.numpy(), rtol=1e-3, atol=1e-4)
+
+
+def test_earlier_sessions_survive_kernels_of_another_variant(tmp_path):
+    """onnxruntime-extensions crashed (SIGSEGV) when a session ran after a later kernel
+    registration; attnx registers every known kernel before the first session."""
+    script = f"""
+import numpy as np
+from pathlib import Path
+from attnx.exporter.assemble import assemble
+from attnx.exporter.export import export
+from attnx.exporter.runners import BACKENDS
+tiny = {{"d_model": 16, "n_heads": 2, "n_layers": 1, "d_ff": 32, "vocab_size": 20}}
+feed = {{"input_ids": np.ones((2, 5), np.int64), "attention_mask": np.ones((2, 5), bool)}}
+runners = []
+for variant in ("softmax", "linear"):
+    out = Path({str(tmp_path)!r}) / variant
+    export(variant, out, lowering="plugin", options=tiny, verify=False)
+    runner = BACKENDS["ort-cpu"].runner(out / "model.onnx", "plugin", assemble(variant, "encoder", tiny).ops)
+    runner.activate()
+    runners.append(runner)
+    runner.infer(feed)
+runners[0].infer(feed)
+for runner in runners:
+    runner.deactivate()
+"""
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert result.returncode == 0, f"exit code {result.returncode}: {result.stderr[-2000:]}"
