@@ -45,10 +45,12 @@ def naive_buckets(x, rotation):
 def naive_lsh(qk, v, rotations, mask=None, causal=False, chunk_size=64):
     """o_i = sum_r exp(z_r(i) - logsumexp_r z_r(i)) o_r(i), each round a softmax over all n keys.
 
-    Round r sees key j from query i iff h_r(i) = h_r(j) (not the padding bucket), j's sorted
-    chunk is i's or the one before (sort by (bucket, position)), j != i and, if causal, j < i.
-    Visible scores are q_i.k_j - log N_ij (N_ij: rounds in which j shares i's bucket and window);
-    i's own score is SELF_SCORE; all else -inf. Padded tokens go to an extra bucket n_buckets.
+    Round r sees key j from query i iff h_r(i) = h_r(j) (not the padding bucket), j != i, and
+    - bidirectional (the paper): j's sorted chunk is i's or the one before (sort by (bucket, position));
+    - causal (attnx): j < i and rank_r(i) - rank_r(j) <= chunk_size (sorted indices; not the paper's chunks,
+      which depend on later tokens' buckets).
+    Visible scores are q_i.k_j - log N_ij (N_ij: rounds in which i sees j); i's own score is SELF_SCORE;
+    all else -inf. Padded tokens go to an extra bucket n_buckets.
     """
     qk, v, rotations = qk.double(), v.double(), rotations.double()
     batch, heads, n, _ = qk.shape
@@ -59,23 +61,25 @@ def naive_lsh(qk, v, rotations, mask=None, causal=False, chunk_size=64):
         real = torch.ones(n, dtype=torch.bool) if mask is None else mask[b]
         for h in range(heads):
             x = qk[b, h]
-            same, window = [], []
+            sees = []  # per round, the N x N mask "query i sees key j"
             for r in range(n_hashes):
                 bucket = torch.where(real, naive_buckets(x, rotations[h, :, r]), n_buckets)
                 order = sorted(range(n), key=lambda i: (int(bucket[i]), i))
                 rank = torch.empty(n, dtype=torch.long)
                 rank[order] = position
-                gap = (rank // chunk_size)[:, None] - (rank // chunk_size)[None, :]
-                same.append((bucket[:, None] == bucket[None, :]) & (bucket[:, None] < n_buckets))
-                window.append((gap == 0) | (gap == 1))
-            counts = sum((s & w).double() for s, w in zip(same, window, strict=True))
+                same = (bucket[:, None] == bucket[None, :]) & (bucket[:, None] < n_buckets)
+                if causal:
+                    earlier = position[None, :] < position[:, None]
+                    window = (rank[:, None] - rank[None, :] <= chunk_size) & earlier
+                else:
+                    chunk_gap = (rank // chunk_size)[:, None] - (rank // chunk_size)[None, :]
+                    window = (chunk_gap == 0) | (chunk_gap == 1)
+                sees.append(same & window & (position[:, None] != position[None, :]))
+            counts = sum(visible.double() for visible in sees)
             dots = x @ (x / torch.sqrt((x * x).sum(-1, keepdim=True) + NORM_EPS)).T
             hidden = torch.full((n, n), float("-inf"), dtype=torch.float64).fill_diagonal_(SELF_SCORE)
             logsumexps, outputs = [], []
-            for r in range(n_hashes):
-                visible = same[r] & window[r] & (position[:, None] != position[None, :])
-                if causal:
-                    visible &= position[None, :] < position[:, None]
+            for visible in sees:
                 scores = torch.where(visible, dots - torch.log(counts.clamp_min(1)), hidden)
                 logsumexps.append(torch.logsumexp(scores, -1))
                 outputs.append(torch.softmax(scores, -1) @ v[b, h])
@@ -162,6 +166,9 @@ CASES = [
     (2, 3, 13, 8, 3, 8, 4, True, "scattered"),  # three rounds, causal
     (1, 2, 33, 16, 2, 8, 8, False, "none"),
     (2, 2, 37, 8, 2, 2, 1, True, "none"),  # chunks of one token: each sees only its predecessor
+    # Buckets larger than a chunk: the causal window (chunk_size sorted predecessors) is not the paper's.
+    (2, 2, 41, 8, 2, 2, 4, True, "prefix"),
+    (1, 3, 59, 8, 3, 4, 6, True, "scattered"),
     (2, 2, 50, 8, 3, 16, 64, False, "empty-row"),  # a single chunk; a row with no real token
     (1, 2, 130, 16, 2, 8, 64, True, "prefix"),  # default options, three chunks
     (2, 1, 64, 8, 2, 4, 16, False, "none"),  # N a multiple of the chunk
@@ -198,28 +205,61 @@ def test_padding_is_invisible_to_real_tokens():
         assert torch.equal(shaken[1, :, :17], padded[1, :, :17])
 
 
-def test_causality_future_keys_and_values_do_not_reach_the_past():
-    """Future tokens whose buckets stay (qk scaled by 2: exact) and new values leave the past bit-exact."""
-    qk, v, rotations, g = random_inputs(2, 2, 40, 8, 2, 8, seed=40)
-    changed_qk, changed_v = qk.clone(), v.clone()
-    changed_qk[..., 23:, :] *= 2
-    changed_v[..., 23:, :] = 10 * torch.randn(2, 2, 17, 8, generator=g)
-    before = reformer_attention(qk, v, rotations, None, True, 8)
-    after = reformer_attention(changed_qk, changed_v, rotations, None, True, 8)
-    assert torch.equal(before[..., :23, :], after[..., :23, :])
-    assert not torch.allclose(before[..., 23:, :], after[..., 23:, :])
-    ort_before = run_ort(qk, v, rotations, None, True, 8)
-    ort_after = run_ort(changed_qk, changed_v, rotations, None, True, 8)
-    torch.testing.assert_close(ort_after[..., :23, :], ort_before[..., :23, :], atol=1e-6, rtol=1e-5)
+def sorted_chunks(qk, rotations, mask, chunk_size):
+    """Buckets and the paper's sorted chunks, (b, h, r, n) each: what a change of later tokens moved."""
+    n, n_buckets = qk.shape[-2], 2 * rotations.shape[-1]
+    projected = torch.einsum("bhnd,hdrk->bhrnk", qk, rotations)
+    bucket = torch.cat([projected, -projected], dim=-1).argmax(-1)
+    if mask is not None:
+        bucket = torch.where(mask[:, None, None, :], bucket, n_buckets)
+    rank = torch.argsort(torch.argsort(bucket * n + torch.arange(n), dim=-1), dim=-1)
+    return bucket, rank // chunk_size
 
 
-def test_causal_mask_is_by_position_so_future_buckets_still_move_chunk_boundaries():
-    """As in the paper, causal masking compares original positions inside the sorted chunks; which past
-    keys share query i's chunk also depends on the buckets of later tokens (documented limitation).
+@pytest.mark.parametrize(
+    ("seed", "n", "chunk", "n_buckets", "mask_kind"),
+    [
+        (0, 23, 4, 4, "none"),
+        (1, 45, 8, 2, "scattered"),
+        (2, 61, 4, 8, "prefix"),
+        (3, 97, 16, 4, "none"),
+        (4, 31, 3, 2, "scattered"),
+    ],
+)
+def test_changing_any_later_tokens_leaves_earlier_outputs_unchanged(seed, n, chunk, n_buckets, mask_kind):
+    """Strict causality: new qk, v (and padding) at positions >= cut change later buckets and move earlier
+    tokens' sorted chunks (so the paper's rule would leak); outputs before cut stay bit-exact in torch and
+    within 1e-6 in ONNX Runtime."""
+    qk, v, rotations, g = random_inputs(2, 2, n, 8, 3, n_buckets, seed=seed)
+    mask = random_mask(mask_kind, 2, n, g)
+    before = reformer_attention(qk, v, rotations, mask, True, chunk)
+    ort_before = run_ort(qk, v, rotations, mask, True, chunk)
+    buckets, chunks = sorted_chunks(qk, rotations, mask, chunk)
+    moved_a_chunk = False
+    for cut in (1, n // 3, 2 * n // 3, n - 1):
+        changed_qk, changed_v = qk.clone(), v.clone()
+        later = torch.randn(2, *qk[..., cut:, :].shape, generator=g)
+        changed_qk[..., cut:, :], changed_v[..., cut:, :] = later
+        changed_mask = None if mask is None else mask.clone()
+        if changed_mask is not None:
+            changed_mask[:, cut:] = torch.rand(2, n - cut, generator=g) > 0.4
+        new_buckets, new_chunks = sorted_chunks(changed_qk, rotations, changed_mask, chunk)
+        assert not torch.equal(new_buckets[..., cut:], buckets[..., cut:])
+        moved_a_chunk |= not torch.equal(new_chunks[..., :cut], chunks[..., :cut])
 
-    Chunks of 2, R = I so e0 hashes to bucket 0 and e1 to bucket 1; tokens 0-3 and 5 are e1. With
-    token 4 = e0 it sorts first, query 3 lands in chunk (3, 5) and sees past keys {1, 2}; with
-    token 4 = e1 query 3 lands in chunk (2, 3) and sees {0, 1, 2}.
+        after = reformer_attention(changed_qk, changed_v, rotations, changed_mask, True, chunk)
+        assert torch.equal(after[..., :cut, :], before[..., :cut, :]), f"cut={cut}"
+        assert not torch.allclose(after[..., cut:, :], before[..., cut:, :])
+        ort_after = run_ort(changed_qk, changed_v, rotations, changed_mask, True, chunk)
+        torch.testing.assert_close(ort_after[..., :cut, :], ort_before[..., :cut, :], atol=1e-6, rtol=0)
+    assert moved_a_chunk, "no earlier token changed sorted chunk: the case the paper's rule leaks is untested"
+
+
+def test_later_buckets_do_not_change_which_past_keys_a_query_sees():
+    """The paper's leak, closed. Chunks of 2, R = I so e0 hashes to bucket 0 and e1 to bucket 1; tokens
+    0-3 and 5 are e1. Token 4 = e0 sorts first and puts query 3 in the chunk (3, 5), token 4 = e1 puts it
+    in (2, 3): the paper's rule shows query 3 the past keys {1, 2}, then {0, 1, 2}. attnx shows it its
+    chunk_size = 2 sorted predecessors of its bucket, {1, 2}, in both cases.
     """
     rotations = torch.eye(2).reshape(1, 2, 1, 2)
     e0, e1 = torch.tensor([1.0, 0.1]), torch.tensor([0.1, 1.0])
@@ -230,8 +270,8 @@ def test_causal_mask_is_by_position_so_future_buckets_still_move_chunk_boundarie
     before, after = (reformer_attention(qk, v, rotations, None, True, 2) for qk in (tokens, moved))
     for qk, result in ((tokens, before), (moved, after)):
         torch.testing.assert_close(result, naive_lsh(qk, v, rotations, None, True, 2).float())
-    torch.testing.assert_close(before[0, 0, 3], v[0, 0, 1:3].mean(0))  # equal scores: the mean of v_1, v_2
-    assert not torch.allclose(before[..., 3, :], after[..., 3, :])
+        torch.testing.assert_close(result[0, 0, 3], v[0, 0, 1:3].mean(0))  # equal scores: the mean
+    assert torch.equal(before[..., :4, :], after[..., :4, :])
 
 
 # -- the layer -------------------------------------------------------------------------------------------
@@ -246,7 +286,7 @@ def build_layer(causal=False, seed=0, **options):
     ("batch", "n", "causal", "mask_kind", "options"),
     [
         (1, 1, False, "none", {}),
-        (2, 9, True, "prefix", {"chunk_size": 4, "n_hashes": 3}),
+        (2, 9, True, "prefix", {"chunk_size": 2, "n_hashes": 3, "n_buckets": 2}),
         (3, 21, False, "scattered", {"chunk_size": 4, "n_buckets": 4}),
         (2, 70, True, "scattered", {"n_hashes": 1}),
     ],
@@ -260,6 +300,26 @@ def test_layer_matches_reference(batch, n, causal, mask_kind, options):
     with torch.no_grad():
         result = layer(x, key_padding_mask=mask)
     torch.testing.assert_close(result, naive_layer(layer, x, mask).float(), atol=1e-5, rtol=1e-4)
+
+
+def test_causal_layer_and_language_model_ignore_later_tokens():
+    """Through the layer (Variant.build with a causal spec) and a whole reformer LM (reversible blocks,
+    chunked FFN): new later inputs leave earlier outputs bit-exact."""
+    layer = build_layer(causal=True, seed=5, chunk_size=4, n_buckets=2)
+    lm = assemble("reformer", "lm", {**TINY, "n_layers": 2, "n_buckets": 2, "chunk_size": 4}, seed=5).module
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(2, 37, 24, generator=g)
+    ids = torch.randint(0, TINY["vocab_size"], (2, 37), generator=g)
+    with torch.no_grad():
+        base, (base_logits,) = layer(x), lm(ids)
+        for cut in (1, 12, 25, 36):
+            changed_x, changed_ids = x.clone(), ids.clone()
+            changed_x[:, cut:] = torch.randn(2, 37 - cut, 24, generator=g)
+            changed_ids[:, cut:] = torch.randint(0, TINY["vocab_size"], (2, 37 - cut), generator=g)
+            (logits,) = lm(changed_ids)
+            assert torch.equal(layer(changed_x)[:, :cut], base[:, :cut]), f"cut={cut}"
+            assert torch.equal(logits[:, :cut], base_logits[:, :cut]), f"cut={cut}"
+            assert not torch.allclose(logits[:, cut:], base_logits[:, cut:])
 
 
 def test_layer_shares_queries_and_keys_and_refuses_a_context():

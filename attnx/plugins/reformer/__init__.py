@@ -4,8 +4,10 @@ Queries are one projection of x; keys are those vectors L2-normalised per head.
 Each of ``n_hashes`` rounds hashes them with fixed random rotations into
 ``n_buckets`` buckets, sorts by (bucket, position), and lets every query attend to
 the same-bucket keys of its own and the previous chunk of ``chunk_size`` sorted
-tokens (never itself unless nothing else is visible). Rounds are combined with
-logsumexp weights. See docs/variants/reformer.md for the choices vs public code.
+tokens (never itself unless nothing else is visible). Causal: the same-bucket keys
+among its ``chunk_size`` sorted predecessors, which, unlike the paper's chunks, no
+later token can change. Rounds are combined with logsumexp weights. See
+docs/variants/reformer.md for the choices vs public code.
 """
 
 from __future__ import annotations

@@ -115,41 +115,49 @@ def ReformerSort(buckets: INT64) -> tuple[INT64, INT64]:
 
 
 @onnxscript.script(LIBRARY, default_opset=op)
-def ReformerMerge(top, numerator, denominator, rank: INT64):
-    """Undo each round's sort and combine the rounds; see ``lsh.merge_rounds``."""
+def ReformerMerge(top, mixed, rank: INT64):
+    """Undo each round's sort and combine the rounds (``mixed``'s last feature: the denominator); see
+    ``lsh.merge_rounds``."""
     unsort = op.Unsqueeze(rank, [4])
-    numerator = ReformerUnchunk(numerator)
-    numerator = op.GatherElements(numerator, op.Expand(unsort, op.Shape(numerator)), axis=3)
-    denominator = op.GatherElements(ReformerUnchunk(denominator), unsort, axis=3)
+    mixed = ReformerUnchunk(mixed)
+    mixed = op.GatherElements(mixed, op.Expand(unsort, op.Shape(mixed)), axis=3)
     top = op.GatherElements(ReformerUnchunk(top), unsort, axis=3)
     scale = op.Exp(op.Sub(top, op.ReduceMax(top, [2], keepdims=1)))
-    return op.Div(
-        op.ReduceSum(op.Mul(scale, numerator), [2], keepdims=0),
-        op.ReduceSum(op.Mul(scale, denominator), [2], keepdims=0),
+    scaled = op.ReduceSum(op.Mul(scale, mixed), [2], keepdims=0)
+    return op.Div(op.Slice(scaled, [0], [-1], [3]), op.Slice(scaled, [-1], [9223372036854775807], [3]))
+
+
+@onnxscript.script(LIBRARY, default_opset=op)
+def ReformerWindow(q_rank: INT64, k_rank: INT64, causal: int, chunk_size: int) -> BOOL:
+    """0 <= q // u - k // u <= limit, (u, limit) = (1, chunk_size) if causal else (chunk_size, 1); see
+    ``lsh.in_window``."""
+    is_causal = op.Cast(op.Constant(value_int=causal), to=BOOL.dtype)
+    size = op.Constant(value_int=chunk_size)
+    one = op.Constant(value_int=1)
+    unit = op.Where(is_causal, one, size)
+    gap = op.Sub(op.Div(q_rank, unit), op.Div(k_rank, unit))
+    return op.And(
+        op.GreaterOrEqual(gap, op.Constant(value_int=0)), op.LessOrEqual(gap, op.Where(is_causal, size, one))
     )
 
 
 @onnxscript.script(LIBRARY, default_opset=op)
-def ReformerDuplicates(buckets: INT64, rank: INT64, perm: INT64, chunk_size: int) -> INT64:
-    """N_ij: rounds in which key j shares query i's bucket and own-or-previous chunk, (b, h, r, nc, c, 2c)."""
-    size = op.Constant(value_int=chunk_size)
-    chunk_of = op.Div(rank, size)
+def ReformerDuplicates(buckets: INT64, rank: INT64, perm: INT64, causal: int, chunk_size: int) -> INT64:
+    """N_ij: rounds in which key j shares query i's bucket and window, (b, h, r, nc, c, 2c)."""
     bucket_rounds = ReformerChunk(
         ReformerGatherSorted(op.Transpose(buckets, perm=[0, 1, 3, 2]), perm), chunk_size=chunk_size
     )
-    chunk_rounds = ReformerChunk(
-        ReformerGatherSorted(op.Transpose(chunk_of, perm=[0, 1, 3, 2]), perm), chunk_size=chunk_size
+    rank_rounds = ReformerChunk(
+        ReformerGatherSorted(op.Transpose(rank, perm=[0, 1, 3, 2]), perm), chunk_size=chunk_size
     )
-    q_bucket = op.Unsqueeze(bucket_rounds, [5])
-    q_chunk = op.Unsqueeze(chunk_rounds, [5])
-    k_bucket = op.Unsqueeze(ReformerLookBack(bucket_rounds), [4])
-    k_chunk = op.Unsqueeze(ReformerLookBack(chunk_rounds), [4])
-    gap = op.Sub(q_chunk, k_chunk)
-    near = op.And(
-        op.GreaterOrEqual(gap, op.Constant(value_int=0)), op.LessOrEqual(gap, op.Constant(value_int=1))
+    same = op.Equal(op.Unsqueeze(bucket_rounds, [5]), op.Unsqueeze(ReformerLookBack(bucket_rounds), [4]))
+    near = ReformerWindow(
+        op.Unsqueeze(rank_rounds, [5]),
+        op.Unsqueeze(ReformerLookBack(rank_rounds), [4]),
+        causal=causal,
+        chunk_size=chunk_size,
     )
-    together = op.And(op.Equal(q_bucket, k_bucket), near)
-    return op.ReduceSum(op.Cast(together, to=INT64.dtype), [-1], keepdims=0)
+    return op.ReduceSum(op.Cast(op.And(same, near), to=INT64.dtype), [-1], keepdims=0)
 
 
 @onnxscript.script(LIBRARY, default_opset=op)
@@ -164,6 +172,8 @@ def ReformerLSH(
     padded = op.Concat(op.Constant(value_ints=[0, 0, 0, 0, 0, 0]), extra, op.Constant(value_ints=[0]), axis=0)
     qk = op.Pad(qk, padded)
     v = op.Pad(v, padded)
+    ones = op.Expand(op.CastLike(op.Constant(value_float=1.0), v), op.Concat(op.Shape(v, end=3), [1], axis=0))
+    v = op.Concat(v, ones, axis=-1)
     mask = op.Pad(
         op.Cast(key_padding_mask, to=INT64.dtype), op.Concat(op.Constant(value_ints=[0, 0, 0]), extra, axis=0)
     )
@@ -184,19 +194,25 @@ def ReformerLSH(
     q_pos = op.Unsqueeze(q_pos, [5])
     q_bucket = op.Unsqueeze(q_bucket, [5])
 
-    counts = ReformerDuplicates(buckets, rank, perm, chunk_size=chunk_size)
+    counts = ReformerDuplicates(buckets, rank, perm, causal=causal, chunk_size=chunk_size)
     log_counts = op.Log(op.CastLike(op.Max(counts, op.Constant(value_int=1)), qk))
     scores = op.Sub(op.MatMul(q_sorted, op.Transpose(k_window, perm=[0, 1, 2, 3, 5, 4])), log_counts)
+    width = op.Constant(value_int=chunk_size)
+    slots = op.Range(op.Constant(value_int=0), op.Add(width, width), op.Constant(value_int=1))
+    window = ReformerWindow(
+        op.Unsqueeze(op.Slice(slots, size, [9223372036854775807]), [1]),
+        slots,
+        causal=causal,
+        chunk_size=chunk_size,
+    )
     is_self = op.Equal(k_pos, q_pos)
     visible = op.And(op.And(op.Equal(q_bucket, k_bucket), op.Less(q_bucket, n_buckets)), op.Not(is_self))
-    future = op.And(op.Cast(op.Constant(value_int=causal), to=BOOL.dtype), op.Greater(k_pos, q_pos))
-    visible = op.And(visible, op.Not(future))
+    visible = op.And(visible, window)
     hidden = op.Where(is_self, op.CastLike(SELF_SCORE, qk), op.CastLike(NEG_INF, qk))
     scores = op.Where(visible, scores, hidden)
 
     top = op.ReduceMax(scores, [-1], keepdims=1)
-    weights = op.Exp(op.Sub(scores, top))
-    out = ReformerMerge(top, op.MatMul(weights, v_window), op.ReduceSum(weights, [-1], keepdims=1), rank)
+    out = ReformerMerge(top, op.MatMul(op.Exp(op.Sub(scores, top)), v_window), rank)
     return op.Slice(out, op.Constant(value_ints=[0]), n, op.Constant(value_ints=[2]))
 
 

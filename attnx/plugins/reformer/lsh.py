@@ -66,36 +66,48 @@ def look_back(x: torch.Tensor, fill: int | None = None) -> torch.Tensor:
     return torch.cat([torch.cat([first, x[:, :, :, :-1]], dim=3), x], dim=4)
 
 
+def in_window(q_rank: torch.Tensor, k_rank: torch.Tensor, chunk_size: int, causal: bool) -> torch.Tensor:
+    """Whether a key at sorted index ``k_rank`` is in the window of a query at ``q_rank`` (one round).
+
+    One rule, 0 <= q // u - k // u <= limit, in two units: bidirectional (the paper), u = chunk_size
+    and limit 1, i.e. the query's own sorted chunk or the previous one; causal, u = 1 and
+    limit = chunk_size, i.e. the query and its ``chunk_size`` sorted predecessors. For keys of the
+    query's bucket the causal gap counts that bucket's tokens at positions in [j, i), so it never
+    depends on a later token (the paper's chunks do), and it is > 0 exactly when j < i. The causal
+    window lies inside the bidirectional one, so the chunked layout holds every visible key.
+    """
+    unit, limit = (1, chunk_size) if causal else (chunk_size, 1)
+    gap = torch.div(q_rank, unit, rounding_mode="floor") - torch.div(k_rank, unit, rounding_mode="floor")
+    return (gap >= 0) & (gap <= limit)
+
+
 def duplicate_counts(
-    buckets: torch.Tensor, rank: torch.Tensor, perm: torch.Tensor, chunk_size: int
+    buckets: torch.Tensor, rank: torch.Tensor, perm: torch.Tensor, chunk_size: int, causal: bool
 ) -> torch.Tensor:
-    """N_ij: in how many rounds key j shares query i's bucket and own-or-previous chunk.
+    """N_ij: in how many rounds key j shares query i's bucket and is in its :func:`in_window`.
 
     Returns (b, h, r, nc, c, 2c) in each round's chunked layout. Appendix A's m_ij = log N_ij:
     subtracted from visible scores, so a key found by several rounds counts once.
     """
-    chunk_of = torch.div(rank, chunk_size, rounding_mode="floor")
-    per_round = [chunked(gather_sorted(t.transpose(2, 3), perm), chunk_size) for t in (buckets, chunk_of)]
-    q_bucket, q_chunk = (t.unsqueeze(-2) for t in per_round)  # (b, h, r, nc, c, 1, R)
-    k_bucket, k_chunk = (look_back(t).unsqueeze(-3) for t in per_round)  # (b, h, r, nc, 1, 2c, R)
-    gap = q_chunk - k_chunk
-    return ((q_bucket == k_bucket) & (gap >= 0) & (gap <= 1)).sum(-1)
+    per_round = [chunked(gather_sorted(t.transpose(2, 3), perm), chunk_size) for t in (buckets, rank)]
+    q_bucket, q_rank = (t.unsqueeze(-2) for t in per_round)  # (b, h, r, nc, c, 1, R)
+    k_bucket, k_rank = (look_back(t).unsqueeze(-3) for t in per_round)  # (b, h, r, nc, 1, 2c, R)
+    return ((q_bucket == k_bucket) & in_window(q_rank, k_rank, chunk_size, causal)).sum(-1)
 
 
-def merge_rounds(
-    top: torch.Tensor, numerator: torch.Tensor, denominator: torch.Tensor, rank: torch.Tensor
-) -> torch.Tensor:
+def merge_rounds(top: torch.Tensor, mixed: torch.Tensor, rank: torch.Tensor) -> torch.Tensor:
     """Undo each round's sort and combine: sum_r e^(m_r - max m) num_r / sum_r e^(m_r - max m) den_r.
 
-    Inputs are chunked per round, (b, h, r, nc, c, f) with row max m, sum_j e^(s_j - m) v_j
-    and sum_j e^(s_j - m); the result (b, h, n_pad, f) equals sum_r exp(lse_r - logsumexp_r lse_r) o_r.
+    Inputs are chunked per round, (b, h, r, nc, c, ...): the row max m and ``mixed`` =
+    sum_j e^(s_j - m) [v_j, 1], i.e. the numerator with the denominator as its last feature;
+    the result (b, h, n_pad, f) equals sum_r exp(lse_r - logsumexp_r lse_r) o_r.
     """
     unsort = rank.unsqueeze(-1)
-    numerator, denominator, top = (t.flatten(3, 4) for t in (numerator, denominator, top))
-    numerator = torch.gather(numerator, 3, unsort.expand_as(numerator))
-    denominator, top = (torch.gather(t, 3, unsort) for t in (denominator, top))
-    scale = torch.exp(top - top.amax(2, keepdim=True))
-    return (scale * numerator).sum(2) / (scale * denominator).sum(2)
+    mixed, top = (t.flatten(3, 4) for t in (mixed, top))
+    mixed = torch.gather(mixed, 3, unsort.expand_as(mixed))
+    top = torch.gather(top, 3, unsort)
+    scaled = (torch.exp(top - top.amax(2, keepdim=True)) * mixed).sum(2)
+    return scaled[..., :-1] / scaled[..., -1:]
 
 
 def lsh_attention(
@@ -109,9 +121,10 @@ def lsh_attention(
     """Multi-round shared-QK LSH attention (Reformer, arXiv 2001.04451, sec. 2 and appendix A).
 
     Per round r: sort by (bucket, position), split into chunks of ``chunk_size``, and let
-    each query see the keys of its own and the previous chunk that share its bucket
-    (not itself, not padded, not in the future when ``causal``), with scores
-    q_i . k_j - log N_ij. Rounds are combined with logsumexp weights,
+    each query see the keys of its bucket (not itself, not padded) in its :func:`in_window`:
+    its own and the previous chunk (the paper), or when ``causal`` its ``chunk_size`` sorted
+    predecessors, a subset of those two chunks that no later token can change (the paper's
+    causal chunks can); scores q_i . k_j - log N_ij. Rounds are combined with logsumexp weights,
     out = sum_r exp(lse_r - logsumexp_r lse_r) out_r, computed in the equivalent
     (max, sum) form so that no large constant is added to a logarithm.
     Padded tokens (``key_padding_mask`` False, and the internal padding up to a multiple
@@ -123,6 +136,10 @@ def lsh_attention(
     n_pad = -(-n // chunk_size) * chunk_size
     qk = torch.nn.functional.pad(qk, (0, 0, 0, n_pad - n))
     v = torch.nn.functional.pad(v, (0, 0, 0, n_pad - n))
+    # A ones feature: the softmax denominator comes out of the same matmul as the numerator, a
+    # sum over the window in key order wherever the query's keys sit in it. A row sum's rounding
+    # depends on their columns, which later tokens can shift: causal outputs would move by 1 ulp.
+    v = torch.cat([v, torch.ones_like(v[..., :1])], dim=-1)
     real = torch.arange(n_pad, device=qk.device) < n
     if key_padding_mask is not None:
         real = real & torch.nn.functional.pad(key_padding_mask, (0, n_pad - n))[:, None, None, :]
@@ -139,15 +156,17 @@ def lsh_attention(
     k_bucket = look_back(q_bucket, fill=-1)[..., None, :]
     q_pos, q_bucket = q_pos[..., None], q_bucket[..., None]
 
-    counts = duplicate_counts(buckets, rank, perm, chunk_size)
+    counts = duplicate_counts(buckets, rank, perm, chunk_size, causal)
     scores = torch.matmul(q_sorted, k_window.transpose(-1, -2)) - torch.log(counts.clamp_min(1).to(qk.dtype))
-    visible = (q_bucket == k_bucket) & (q_bucket < n_buckets) & (k_pos != q_pos)
-    if causal:
-        visible = visible & (k_pos < q_pos)
+    # Sorted indices minus the previous chunk's start: keys 0..2c-1, queries c..2c-1. For keys of
+    # the query's bucket (not itself) the causal window also implies an earlier position.
+    slots = torch.arange(2 * chunk_size, device=qk.device)
+    window = in_window(slots[chunk_size:, None], slots, chunk_size, causal)  # (c, 2c)
+    visible = (q_bucket == k_bucket) & (q_bucket < n_buckets) & (k_pos != q_pos) & window
     hidden = torch.full_like(scores, float("-inf")).masked_fill(k_pos == q_pos, SELF_SCORE)
     scores = torch.where(visible, scores, hidden)
 
     top = scores.amax(-1, keepdim=True)
     weights = torch.exp(scores - top)
-    out = merge_rounds(top, torch.matmul(weights, v_window), weights.sum(-1, keepdim=True), rank)
+    out = merge_rounds(top, torch.matmul(weights, v_window), rank)
     return out[:, :, :n]
