@@ -24,15 +24,20 @@ __all__ = [
     "Variant",
     "__version__",
     "export",
+    "generate",
     "get_registry",
     "hookimpl",
+    "save_checkpoint",
     "verify",
 ]
 
 _LAZY = {
     "export": ("attnx.exporter.export", "export"),
     "verify": ("attnx.exporter.verify", "verify"),
+    "generate": ("attnx.decode.generate", "generate"),
+    "bench": ("attnx.bench", "bench"),
     "get_registry": ("attnx.registry", "get_registry"),
+    "save_checkpoint": ("attnx.checkpoint", "save_checkpoint"),
 }
 
 

@@ -45,6 +45,12 @@ _ATTRIBUTE_TYPES: dict[str, tuple[Any, type]] = {
 }
 
 
+def query_shaped_output(shapes: Mapping[str, Sequence[Any]]) -> tuple[Any, ...]:
+    """Default output shape: the first input's (the queries') shape with ``v``'s last dimension."""
+    first = next(iter(shapes.values()))
+    return (*first[:-1], shapes.get("v", first)[-1])
+
+
 @dataclasses.dataclass(frozen=True)
 class OpArgument:
     name: str
@@ -65,6 +71,14 @@ class AttentionOp:
         input_types: ONNX type of inputs that are not float tensors, e.g.
             ``{"key_padding_mask": "tensor(bool)"}``.
         doc: one paragraph for the schema's documentation.
+        output_names: ONNX names of the outputs, one per tensor the torch op returns;
+            empty: "output" (an op returning several tensors must name them).
+        output_types: ONNX type of outputs that are not bound to the inputs' float type
+            ``T``, e.g. ``{"kv_sum": "tensor(float)"}`` for float32 state.
+        output_shape: the (first) output's shape from the present inputs' shapes (name -> dims,
+            in input order); dims may be ints or TensorRT shape expressions, so the rule
+            may only index and do + - * // on them. TensorRT plugins need it because the
+            torch fake kernel cannot be evaluated on symbolic dimensions.
     """
 
     name: str
@@ -72,6 +86,9 @@ class AttentionOp:
     bodies: Sequence[onnxscript.OnnxFunction]
     input_types: Mapping[str, str] = dataclasses.field(default_factory=dict)
     doc: str = ""
+    output_shape: Callable[[Mapping[str, Sequence[Any]]], tuple[Any, ...]] = query_shaped_output
+    output_names: Sequence[str] = ()
+    output_types: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     @functools.cached_property
     def overload(self) -> torch._ops.OpOverload:
@@ -89,6 +106,17 @@ class AttentionOp:
             else:
                 raise TypeError(f"attnx op {self.name}: argument {arg.name} has unsupported type {type_text}")
         return tuple(result)
+
+    @functools.cached_property
+    def outputs(self) -> tuple[str, ...]:
+        """ONNX output names, one per tensor the torch op returns."""
+        returns = [str(r.type) for r in self.overload._schema.returns]
+        if any(t != "Tensor" for t in returns):
+            raise TypeError(f"attnx op {self.name}: returns ({', '.join(returns)}) must all be Tensor")
+        names = tuple(self.output_names) or ("output",)
+        if len(names) != len(returns):
+            raise TypeError(f"attnx op {self.name}: returns {len(returns)} tensors, {len(names)} names")
+        return names
 
     @property
     def input_names(self) -> list[str]:
@@ -111,6 +139,13 @@ class AttentionOp:
                 type_str = f"T_{arg.name}"
                 constraints[type_str] = [self.input_types[arg.name]]
             inputs.append(param(arg.name, type_str, param_option=option.Optional if arg.optional else option.Single))
+        outputs = []
+        for name in self.outputs:
+            type_str = "T"
+            if name in self.output_types:
+                type_str = f"T_out_{name}"
+                constraints[type_str] = [self.output_types[name]]
+            outputs.append(param(name, type_str))
         attributes = [
             defs.OpSchema.Attribute(a.name, _ATTRIBUTE_TYPES[a.attribute_type][0], a.name, required=True)
             for a in self.arguments
@@ -122,7 +157,7 @@ class AttentionOp:
             1,
             doc=self.doc,
             inputs=inputs,
-            outputs=[param("output", "T")],
+            outputs=outputs,
             type_constraints=[(name, types, "") for name, types in constraints.items()],
             attributes=attributes,
         )
@@ -198,8 +233,11 @@ class VariantImpl:
         ops: the ``attnx::`` ops the module calls.
         trt_plugins: TensorRT plugin registrations for ``ops`` (filled by the
             TensorRT work; empty means "no TensorRT plugin yet").
+        decode_ops: the ops the module's stateful decode step calls (``attnx.decode``),
+            exported only into ``prefill.onnx``/``decode.onnx``.
     """
 
     build: Callable[[Any, AttentionSpec], torch.nn.Module]
     ops: Sequence[AttentionOp]
     trt_plugins: Sequence[Any] = ()
+    decode_ops: Sequence[AttentionOp] = ()

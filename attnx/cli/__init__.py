@@ -11,7 +11,7 @@ import sys
 import click
 
 from attnx import __version__
-from attnx.cli import doctor, export, listing, verify
+from attnx.cli import bench, build, doctor, export, generate, listing, new_plugin, verify
 from attnx.errors import AttnxError
 
 EXIT_CHECK_FAILED = 1
@@ -31,7 +31,8 @@ def cli() -> None:
     """
 
 
-for command in (listing.command, doctor.command, export.command, verify.command):
+for command in (listing.command, doctor.command, export.command, verify.command, build.command, bench.command,
+                new_plugin.command, generate.command):
     cli.add_command(command)
 
 

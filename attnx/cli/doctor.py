@@ -4,16 +4,49 @@ from __future__ import annotations
 
 import dataclasses
 import platform
+from typing import Any
 
 import click
 
 from attnx.cli.common import echo_json, json_option
 
 
+def plugin_status(registry: Any) -> dict[str, list[dict[str, Any]]]:
+    """Per variant, whether each of its ops can be described as a TensorRT QDP plugin (no TensorRT needed)."""
+    from attnx.errors import AttnxError
+    from attnx.trt.spec import describe
+
+    status: dict[str, list[dict[str, Any]]] = {}
+    for name, variant in sorted(registry.variants.items()):
+        try:
+            ops = variant.load().ops
+        except Exception as exc:  # a broken variant is reported, never fatal
+            status[name] = [{"plugin": None, "status": "error", "error": f"{type(exc).__name__}: {exc}"}]
+            continue
+        entries = []
+        for op in ops:
+            try:
+                spec = describe(op)
+            except AttnxError as exc:
+                entries.append({"plugin": f"attnx::{op.name}", "status": "error", "error": str(exc)})
+                continue
+            entries.append({
+                "plugin": spec.plugin_id,
+                "status": "ok",
+                "version": spec.version,
+                "inputs": spec.signature_inputs(),
+                "fields": {f.name: f.qdp_annotation for f in spec.fields},
+            })
+        status[name] = entries
+    return status
+
+
 def doctor_data() -> dict:
     from attnx.exporter.manifest import package_versions
     from attnx.exporter.runners import BACKENDS
+    from attnx.ortkernels import kernels_missing
     from attnx.registry import get_registry
+    from attnx.trt import tensorrt_missing, tensorrt_version
 
     registry = get_registry()
     import onnxruntime
@@ -28,7 +61,10 @@ def doctor_data() -> dict:
             "available": torch.cuda.is_available(),
             "devices": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
         },
-        "backends": {name: (b.unavailable() or "available") for name, b in BACKENDS.items()},
+        "tensorrt": {"version": tensorrt_version(), "reason": tensorrt_missing()},
+        "trt_plugins": plugin_status(registry),
+        "ort_kernels": kernels_missing() or "available",
+        "backends": {name: (b.unavailable(None) or "available") for name, b in BACKENDS.items()},
         "plugins": [dataclasses.asdict(p) for p in registry.plugins],
         "variants": sorted(registry.variants),
         "models": sorted(registry.models),
@@ -55,7 +91,19 @@ def command(as_json: bool) -> None:
         click.echo(f"{name:12} {version or 'not installed'}")
     click.echo(f"ORT providers {', '.join(data['onnxruntime_providers'])}")
     cuda = data["cuda"]
-    click.echo(f"CUDA         {'available: ' + ', '.join(cuda['devices']) if cuda['available'] else 'not available'}")
+    devices = "available: " + ", ".join(cuda["devices"]) if cuda["available"] else "not available"
+    click.echo(f"CUDA         {devices}")
+    trt = data["tensorrt"]
+    click.echo(f"TensorRT     {trt['version'] or 'unavailable: ' + trt['reason']}")
+    click.echo(f"ORT kernels  {data['ort_kernels']} (plugin-lowered models on ONNX Runtime CPU)")
+    for variant, entries in data["trt_plugins"].items():
+        for entry in entries:
+            if entry["status"] == "ok":
+                fields = ", ".join(f"{k}: {v}" for k, v in entry["fields"].items()) or "-"
+                inputs = ", ".join(entry["inputs"])
+                click.echo(f"trt plugin   {entry['plugin']} ({variant}): inputs {inputs}; fields {fields}")
+            else:
+                click.echo(f"trt plugin   FAIL {entry['plugin'] or variant}: {entry['error']}")
     for name, status in data["backends"].items():
         click.echo(f"backend {name:8} {status}")
     click.echo(f"variants     {', '.join(data['variants'])}")

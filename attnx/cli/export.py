@@ -1,4 +1,4 @@
-"""``attnx export``: build a model around a variant, export to ONNX, verify parity."""
+"""``attnx export``: build a model around a variant (or from a recipe), export to ONNX, verify parity."""
 
 from __future__ import annotations
 
@@ -22,26 +22,87 @@ Examples:
   attnx export --variant softmax -o out
   attnx export --variant linear --lowering decomposed --set d_model=512 --set n_layers=6 -o linear-enc
   attnx export --variant reformer --set n_hashes=4 --lowering plugin -o reformer-trt --force
+  attnx export --recipe transformer-base -o wmt-base
+  attnx export --recipe tiny-seq2seq --cross-variant linear --set export.opset=19 -o s2s
+  attnx export --recipe tiny-lm --checkpoint lm.safetensors --save-checkpoint copy.pt -o lm
+  attnx export --recipe linear-lm --decode -o lm-decode
 """
 
 
 @click.command("export", epilog=EPILOG)
-@click.option("--variant", "-v", default="softmax", show_default=True, help="Attention variant (see `attnx list`).")
-@click.option("--model", "-m", default="encoder", show_default=True, help="Model architecture.")
+@click.option(
+    "--recipe",
+    "-r",
+    default=None,
+    metavar="NAME|PATH",
+    help="Start from a recipe (see `attnx list`); the options below override it.",
+)
+@click.option(
+    "--variant", "-v", default=None, help="Attention variant (see `attnx list`).  [default: softmax]"
+)
+@click.option(
+    "--model", "-m", default=None, help="Model architecture: encoder, lm, seq2seq.  [default: encoder]"
+)
+@click.option("--cross-variant", default=None, help="Variant of seq2seq cross-attention.  [default: softmax]")
 @click.option("--out", "-o", default="out", show_default=True, type=click.Path(), help="Output directory.")
-@click.option("--lowering", "-l", default="function", show_default=True, help="function | decomposed | plugin.")
-@click.option("--set", "assignments", multiple=True, metavar="KEY=VALUE",
-              help="Model or variant option (repeatable); prefix model./variant. if both have the key.")
-@click.option("--opset", default=18, show_default=True, type=int, help="ONNX opset (18-21).")
-@click.option("--seed", default=0, show_default=True, type=int, help="Seed of the deterministic initialisation.")
-@click.option("--verify/--no-verify", default=True, show_default=True, help="Check parity torch vs ORT.")
+@click.option("--lowering", "-l", default=None, help="function | decomposed | plugin.  [default: function]")
+@click.option(
+    "--set",
+    "assignments",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Model or variant option (repeatable); prefix model./variant./cross. if ambiguous, "
+    "export./verify./bench. for recipe settings.",
+)
+@click.option("--opset", default=None, type=int, help="ONNX opset (18-21).  [default: 18]")
+@click.option(
+    "--seed", default=None, type=int, help="Seed of the deterministic initialisation.  [default: 0]"
+)
+@click.option(
+    "--checkpoint",
+    default=None,
+    type=click.Path(),
+    metavar="FILE",
+    help="Export these weights (.safetensors, or a PyTorch state dict loaded with weights_only).",
+)
+@click.option(
+    "--save-checkpoint",
+    default=None,
+    type=click.Path(),
+    metavar="FILE",
+    help="Also save the exported weights (.safetensors, or .pt for a PyTorch state dict).",
+)
+@click.option(
+    "--decode",
+    is_flag=True,
+    help="Also export prefill.onnx + decode.onnx (KV cache or recurrent state) for generation.",
+)
+@click.option("--verify/--no-verify", default=None, help="Check parity torch vs ORT.  [default: verify]")
 @tolerance_options
-@click.option("--force", is_flag=True, help="Replace OUT if it exists.")
+@click.option("--force", is_flag=True, help="Replace OUT (and the --save-checkpoint file) if it exists.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress messages.")
 @json_option
-def command(variant: str, model: str, out: str, lowering: str, assignments: tuple[str, ...], opset: int,
-            seed: int, verify: bool, seq_lens: str | None, atol: float | None, rtol: float | None,
-            force: bool, quiet: bool, as_json: bool) -> None:
+def command(
+    recipe: str | None,
+    variant: str | None,
+    model: str | None,
+    cross_variant: str | None,
+    out: str,
+    lowering: str | None,
+    assignments: tuple[str, ...],
+    opset: int | None,
+    seed: int | None,
+    checkpoint: str | None,
+    save_checkpoint: str | None,
+    decode: bool,
+    verify: bool | None,
+    seq_lens: str | None,
+    atol: float | None,
+    rtol: float | None,
+    force: bool,
+    quiet: bool,
+    as_json: bool,
+) -> None:
     """Export MODEL built around VARIANT attention to OUT/model.onnx (+ attnx.json manifest).
 
     The export is atomic: on any error OUT is left untouched. With --verify (default)
@@ -54,6 +115,8 @@ def command(variant: str, model: str, out: str, lowering: str, assignments: tupl
         variant,
         out,
         model=model,
+        recipe=recipe,
+        cross_variant=cross_variant,
         lowering=lowering,
         options=parse_assignments(assignments),
         seed=seed,
@@ -63,14 +126,29 @@ def command(variant: str, model: str, out: str, lowering: str, assignments: tupl
         seq_lens=parse_int_list(seq_lens, "--seq-lens"),
         atol=atol,
         rtol=rtol,
+        checkpoint=checkpoint,
+        save_checkpoint=save_checkpoint,
+        decode=decode,
         progress=progress_printer(quiet or as_json),
     )
     if as_json:
-        echo_json({"out": str(result.out), "manifest": result.manifest.__dict__, "attnx_nodes": result.attnx_nodes,
-                   "parity": result.parity.to_dict() if result.parity else None})
+        echo_json(
+            {
+                "out": str(result.out),
+                "manifest": result.manifest.__dict__,
+                "attnx_nodes": result.attnx_nodes,
+                "parity": result.parity.to_dict() if result.parity else None,
+            }
+        )
     else:
-        click.echo(f"wrote {result.out}/model.onnx ({result.manifest.lowering} lowering, "
-                   f"{result.attnx_nodes} attnx nodes, opset {result.manifest.opset})")
+        source = f"recipe {result.manifest.recipe}, " if result.manifest.recipe else ""
+        click.echo(
+            f"wrote {result.out}/model.onnx ({source}{result.manifest.model} with "
+            f"{result.manifest.variant} attention, {result.manifest.lowering} lowering, "
+            f"{result.attnx_nodes} attnx nodes, opset {result.manifest.opset})"
+        )
+        if save_checkpoint:
+            click.echo(f"saved weights to {save_checkpoint}")
         if result.parity:
             print_parity(result.parity)
             click.echo(parity_summary(result.parity))

@@ -1,4 +1,4 @@
-"""``attnx list``: variants with capabilities, models, lowerings, failed plugins."""
+"""``attnx list``: variants with capabilities, models, recipes, lowerings, failed plugins."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ LOWERINGS = {
 
 
 def listing_data() -> dict:
+    from attnx.recipes import summaries
     from attnx.registry import get_registry
 
     registry = get_registry()
@@ -31,12 +32,17 @@ def listing_data() -> dict:
         for v in sorted(registry.variants.values(), key=lambda v: v.name)
     ]
     models = [
-        {"name": m.name, "summary": m.summary, "options": {f.name: f.default for f in dataclasses.fields(m.config)}}
+        {
+            "name": m.name,
+            "summary": m.summary,
+            "options": {f.name: f.default for f in dataclasses.fields(m.config)},
+        }
         for m in sorted(registry.models.values(), key=lambda m: m.name)
     ]
     return {
         "variants": variants,
         "models": models,
+        "recipes": summaries(),
         "lowerings": LOWERINGS,
         "plugins": [dataclasses.asdict(p) for p in registry.plugins],
         "failed_plugins": [dataclasses.asdict(f) for f in registry.failures],
@@ -46,7 +52,7 @@ def listing_data() -> dict:
 @click.command("list")
 @json_option
 def command(as_json: bool) -> None:
-    """List attention variants (with capabilities), models, lowerings and plugin failures.
+    """List attention variants (with capabilities), models, recipes, lowerings and plugin failures.
 
     \b
     Examples:
@@ -67,8 +73,15 @@ def command(as_json: bool) -> None:
     yes = {True: "yes", False: "-"}
     for v in data["variants"]:
         caps = v["capabilities"]
-        table.add_row(v["name"], yes[caps["causal"]], yes[caps["cross"]], yes[caps["key_padding_mask"]],
-                      caps["decode"] or "-", v["summary"], v["paper"])
+        table.add_row(
+            v["name"],
+            yes[caps["causal"]],
+            yes[caps["cross"]],
+            yes[caps["key_padding_mask"]],
+            caps["decode"] or "-",
+            v["summary"],
+            v["paper"],
+        )
     console.print(table)
     models = Table(title="models")
     models.add_column("model")
@@ -76,6 +89,15 @@ def command(as_json: bool) -> None:
     for m in data["models"]:
         models.add_row(m["name"], m["summary"])
     console.print(models)
+    recipes = Table(title="recipes (--recipe)")
+    for column in ("recipe", "model", "variant", "description"):
+        recipes.add_column(column)
+    for r in data["recipes"]:
+        variant = r.get("variant") or "?"
+        if r.get("cross_variant"):
+            variant += f" (cross: {r['cross_variant']})"
+        recipes.add_row(r["name"], r.get("model") or "?", variant, r.get("error") or r["description"])
+    console.print(recipes)
     lowerings = Table(title="lowerings (--lowering)")
     lowerings.add_column("lowering")
     lowerings.add_column("ONNX graph holds")

@@ -4,22 +4,30 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-from typing import Any
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from attnx.config import Config
 from attnx.errors import AttnxError
+from attnx.models import PAPER_ARCHITECTURE
 from attnx.models.spec import ModelSpec, TensorSpec
 from attnx.ops import AttentionOp, VariantImpl
 from attnx.registry import Registry, get_registry
 from attnx.variant import AttentionSpec, Variant
 
+if TYPE_CHECKING:
+    from attnx.exporter.manifest import Manifest
+
+SCOPES = ("model", "variant", "cross")
+
 
 @dataclasses.dataclass
 class Assembly:
-    """A built model and everything that describes it."""
+    """A built model and everything that describes it (``cross_*`` only for cross-attention models)."""
 
     module: nn.Module
     model: ModelSpec
@@ -28,6 +36,8 @@ class Assembly:
     variant_config: Config
     impls: dict[str, VariantImpl]
     seed: int
+    cross_variant: Variant | None = None
+    cross_variant_config: Config | None = None
 
     @property
     def ops(self) -> list[AttentionOp]:
@@ -47,56 +57,156 @@ class Assembly:
 
 
 def split_options(
-    options: dict[str, Any], model: ModelSpec, variant: Variant
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Route ``--set`` keys to the model or the variant config ("model.x"/"variant.x" to force)."""
-    model_fields = {f.name for f in dataclasses.fields(model.config)}
-    variant_fields = {f.name for f in dataclasses.fields(variant.config)}
-    model_options: dict[str, Any] = {}
-    variant_options: dict[str, Any] = {}
+    options: Mapping[str, Any], model: ModelSpec, variant: Variant, cross: Variant | None = None
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """Route option keys to the model, variant and cross-variant configs.
+
+    A bare key goes to the model config if it has the key, else to every attention
+    config that has it (the self-attention variant and the cross-attention variant, so
+    ``eps`` reaches both when both are ``linear``); a key in the model and a variant
+    config is ambiguous. "model.x", "variant.x" and "cross.x" say where explicitly.
+    Later keys win.
+    """
+    specs = {"model": model, "variant": variant, "cross": cross}
+    fields = {
+        scope: {f.name for f in dataclasses.fields(spec.config)} if spec else set()
+        for scope, spec in specs.items()
+    }
+    routed: dict[str, dict[str, Any]] = {scope: {} for scope in SCOPES}
     for key, value in options.items():
         scope, dot, name = key.partition(".")
-        if dot and scope in ("model", "variant"):
-            (model_options if scope == "model" else variant_options)[name] = value
-        elif key in model_fields and key in variant_fields:
-            raise AttnxError(f"option '{key}' exists in both the model and the variant; write model.{key} or variant.{key}")
-        elif key in model_fields:
-            model_options[key] = value
-        elif key in variant_fields:
-            variant_options[key] = value
-        else:
-            valid = sorted(model_fields | variant_fields)
-            close = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
-            hint = f"; did you mean '{close[0]}'?" if close else ""
+        if dot and scope in SCOPES:
+            if scope == "cross" and cross is None:
+                raise AttnxError(
+                    f"option '{key}' is for a cross-attention variant, but model '{model.name}' "
+                    "has no cross-attention"
+                )
+            routed[scope][name] = value
+            continue
+        owners = [scope for scope in SCOPES if key in fields[scope]]
+        if "model" in owners and len(owners) > 1:
             raise AttnxError(
-                f"unknown option '{key}'{hint} (model {model.name}: {', '.join(sorted(model_fields))}; "
-                f"variant {variant.name}: {', '.join(sorted(variant_fields)) or 'none'})"
+                f"option '{key}' exists in both the model and the variant; "
+                f"write model.{key} or {owners[1]}.{key}"
             )
-    return model_options, variant_options
+        if not owners:
+            raise _unknown_option(key, specs, fields)
+        for owner in owners:
+            routed[owner][key] = value
+    return routed["model"], routed["variant"], routed["cross"]
+
+
+def _unknown_option(key: str, specs: Mapping[str, Any], fields: Mapping[str, set[str]]) -> AttnxError:
+    valid = sorted(set().union(*fields.values()))
+    close = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
+    hint = f"; did you mean '{close[0]}'?" if close else ""
+    titles = {"model": "model", "variant": "variant", "cross": "cross variant"}
+    listed = [
+        f"{titles[scope]} {spec.name}: {', '.join(sorted(fields[scope])) or 'none'}"
+        for scope, spec in specs.items()
+        if spec is not None
+    ]
+    return AttnxError(f"unknown option '{key}'{hint} ({'; '.join(listed)})")
 
 
 def assemble(
     variant: str = "softmax",
     model: str = "encoder",
-    options: dict[str, Any] | None = None,
+    options: Mapping[str, Any] | None = None,
     seed: int = 0,
     registry: Registry | None = None,
+    *,
+    cross_variant: str | None = None,
 ) -> Assembly:
-    """Build ``model`` with ``variant`` attention; the same arguments give the same weights."""
+    """Build ``model`` with ``variant`` attention; the same arguments give the same weights.
+
+    Args:
+        options: model and variant options, see :func:`split_options`.
+        cross_variant: variant of the cross-attention layers (models with cross-attention
+            only; default softmax).
+
+    Raises:
+        AttnxError: unknown names or options, or a variant that cannot serve the model
+            (e.g. a causal ``lm`` around a bidirectional-only variant).
+    """
     registry = registry or get_registry()
     model_spec = registry.model(model)
     variant_spec = registry.variant(variant)
-    model_options, variant_options = split_options(dict(options or {}), model_spec, variant_spec)
+    if cross_variant is not None and not model_spec.uses_cross_attention:
+        raise AttnxError(f"model '{model}' has no cross-attention; a cross variant applies to seq2seq models")
+    cross_spec = registry.variant(cross_variant or "softmax") if model_spec.uses_cross_attention else None
+    model_options, variant_options, cross_options = split_options(
+        options or {}, model_spec, variant_spec, cross_spec
+    )
+    model_fields = {f.name for f in dataclasses.fields(model_spec.config)}
+    for key, value in PAPER_ARCHITECTURE.get(variant_spec.name, {}).items():
+        if key in model_fields:
+            model_options.setdefault(key, value)
     model_config = model_spec.make_config(model_options)
     variant_config = variant_spec.make_config(variant_options)
-    impl = variant_spec.load()
+    roles = {"self": (variant_spec, variant_config)}
+    if cross_spec is not None:
+        roles["cross"] = (cross_spec, cross_spec.make_config(cross_options))
+    _check_padding_masks(model_spec.name, model_config, roles.values())
+    impls = {spec.name: spec.load() for spec, _ in roles.values()}
 
     def attention(spec: AttentionSpec, role: str = "self") -> nn.Module:
-        variant_spec.check_spec(spec)
-        return impl.build(variant_config, spec)
+        chosen, config = roles[role]
+        try:
+            chosen.check_spec(spec)
+        except AttnxError as exc:
+            raise AttnxError(f"model '{model_spec.name}' needs {_describe_need(spec)}: {exc}") from None
+        return impls[chosen.name].build(config, spec)
 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         module = model_spec.build(model_config, attention)
     module.eval()
-    return Assembly(module, model_spec, model_config, variant_spec, variant_config, {variant_spec.name: impl}, seed)
+    cross_variant_spec, cross_config = roles.get("cross", (None, None))
+    return Assembly(
+        module,
+        model_spec,
+        model_config,
+        variant_spec,
+        variant_config,
+        impls,
+        seed,
+        cross_variant_spec,
+        cross_config,
+    )
+
+
+def rebuild(manifest: Manifest, weights: str | Path | None = None) -> Assembly:
+    """The assembly an export was made from, from its manifest, with ``weights`` (safetensors) loaded."""
+    from safetensors.torch import load_model
+
+    configs = {
+        "model": manifest.model_config,
+        "variant": manifest.variant_config,
+        "cross": manifest.cross_variant_config or {},
+    }
+    options = {f"{scope}.{key}": value for scope, config in configs.items() for key, value in config.items()}
+    assembly = assemble(
+        manifest.variant, manifest.model, options, manifest.seed, cross_variant=manifest.cross_variant
+    )
+    if weights is not None:
+        load_model(assembly.module, str(weights), strict=True)
+    return assembly
+
+
+def _describe_need(spec: AttentionSpec) -> str:
+    if spec.cross:
+        return "cross-attention"
+    return "causal self-attention" if spec.causal else "bidirectional self-attention"
+
+
+def _check_padding_masks(model: str, config: Config, roles: Any) -> None:
+    if not getattr(config, "uses_key_padding_mask", False):
+        return
+    for variant, _ in roles:
+        if not variant.capabilities.key_padding_mask:
+            hint = "; set attention_mask=false" if hasattr(config, "attention_mask") else ""
+            raise AttnxError(
+                f"model '{model}' passes key padding masks, but variant '{variant.name}' "
+                f"does not support them{hint}"
+            )

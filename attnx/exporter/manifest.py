@@ -62,6 +62,11 @@ class Manifest:
     )
     versions: dict[str, str | None] = dataclasses.field(default_factory=package_versions)
     schema_version: int = SCHEMA_VERSION
+    engine: dict[str, Any] | None = None  # `attnx build` settings of OUT/engine.plan (attnx.trt.build)
+    cross_variant: str | None = None  # seq2seq: the cross-attention variant (attnx.exporter.assemble)
+    cross_variant_config: dict[str, Any] | None = None
+    recipe: str | None = None  # the recipe exported, if any (attnx.recipes)
+    decode: dict[str, Any] | None = None  # prefill.onnx + decode.onnx and their state (attnx.decode)
 
     def to_json(self) -> str:
         data = dataclasses.asdict(self)

@@ -77,9 +77,7 @@ def verify(
     Raises:
         AttnxError: ``out`` is not an attnx export, its weights changed, or an unknown backend.
     """
-    from safetensors.torch import load_model
-
-    from attnx.exporter.assemble import assemble
+    from attnx.exporter.assemble import rebuild
 
     directory = Path(out)
     manifest = Manifest.read(directory)
@@ -88,12 +86,7 @@ def verify(
             raise AttnxError(f"'{directory}' lacks {name}; re-export it with `attnx export`")
     if sha256_file(directory / WEIGHTS_FILE) != manifest.weights_sha256:
         raise AttnxError(f"{directory / WEIGHTS_FILE} does not match the manifest's weights hash; re-export")
-    options = {
-        **{f"model.{k}": v for k, v in manifest.model_config.items()},
-        **{f"variant.{k}": v for k, v in manifest.variant_config.items()},
-    }
-    assembly = assemble(manifest.variant, manifest.model, options, manifest.seed)
-    load_model(assembly.module, str(directory / WEIGHTS_FILE), strict=True)
+    assembly = rebuild(manifest, directory / WEIGHTS_FILE)
     report = verify_assembly(
         directory,
         manifest,
@@ -122,7 +115,8 @@ def verify_assembly(
     rtol: float | None = None,
     seed: int | None = None,
 ) -> ParityReport:
-    """Compare ``assembly.module`` with ``directory/model.onnx`` on each backend."""
+    """Compare ``assembly.module`` with ``directory/model.onnx`` on each backend (and, for a decode
+    export, its prefill + one-token steps with the full forward: :mod:`attnx.decode.verify`)."""
     from polygraphy.comparator import Comparator, CompareFunc
     from polygraphy.logger import G_LOGGER
 
@@ -145,7 +139,7 @@ def verify_assembly(
     results: list[BackendParity] = []
     for name in backends:
         backend = BACKENDS[name]
-        reason = backend.unavailable()
+        reason = backend.unavailable(directory)
         if reason:
             results.append(BackendParity(name, "skipped", reason))
             continue
@@ -162,6 +156,10 @@ def verify_assembly(
         ]
         status = "passed" if comparisons and all(c.passed for c in comparisons) else "failed"
         results.append(BackendParity(name, status, comparisons=comparisons))
+    if manifest.decode:
+        from attnx.decode.verify import decode_parity
+
+        results += decode_parity(directory, manifest, assembly, backends, seq_lens, batch, atol, rtol, seed)
     return ParityReport(atol, rtol, batch, seq_lens, seed, results)
 
 

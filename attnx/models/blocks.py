@@ -1,4 +1,4 @@
-"""Layers shared by every architecture: positions, feed-forward, pre-LN block."""
+"""Layers shared by every architecture: positions, token embedding, (chunked) feed-forward."""
 
 from __future__ import annotations
 
@@ -16,7 +16,9 @@ class SinusoidalPositions(nn.Module):
 
     def __init__(self, d_model: int) -> None:
         super().__init__()
-        inv_freq = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float32) * (-math.log(10000.0) / d_model))
+        inv_freq = torch.exp(
+            torch.arange(0, d_model, 2, dtype=torch.float32) * (-math.log(10000.0) / d_model)
+        )
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
     def forward(self, positions: torch.Tensor) -> torch.Tensor:
@@ -25,41 +27,58 @@ class SinusoidalPositions(nn.Module):
 
 
 class TokenEmbedding(nn.Module):
-    """Embedding scaled by sqrt(d_model), plus sinusoidal positions counted from ``offset``."""
+    """Embedding scaled by sqrt(d_model), plus sinusoidal positions offset, offset + 1, ... (§3.4, §3.5).
+
+    Weights start as N(0, 1/d_model), as in tensor2tensor and fairseq, so the scaled
+    embedding has unit variance like the positions; ``weight`` is also the tied output
+    projection of the language models (logits = h W^T).
+    """
 
     def __init__(self, vocab_size: int, d_model: int) -> None:
         super().__init__()
         self.embed = nn.Embedding(vocab_size, d_model)
+        nn.init.normal_(self.embed.weight, std=d_model**-0.5)
         self.positions = SinusoidalPositions(d_model)
         self.scale = math.sqrt(d_model)
 
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.embed.weight
+
+    def forward(self, input_ids: torch.Tensor, offset: torch.Tensor | None = None) -> torch.Tensor:
+        """``offset`` (int64, shape (1,)): position of the first token (tokens already processed)."""
         positions = torch.arange(input_ids.shape[-1], device=input_ids.device)
+        if offset is not None:
+            positions = positions + offset
         return self.embed(input_ids) * self.scale + self.positions(positions)
 
 
 class FeedForward(nn.Module):
-    """Position-wise FFN: Linear -> ReLU -> Linear."""
+    """Position-wise FFN, Linear -> ReLU -> Linear, optionally applied to ``chunks`` slices in turn.
 
-    def __init__(self, d_model: int, d_ff: int) -> None:
+    Chunking (Reformer §3, "chunking") bounds the (batch, n, d_ff) intermediate to one
+    slice. The slices are the sequence padded to ``chunks * ceil(n / chunks)`` positions
+    (by repeating the last position, whose extra outputs are dropped) and reshaped to
+    (chunks, length): a fixed number of slices of a symbolic length, which exports
+    with a dynamic sequence axis (``torch.chunk`` or slicing at symbolic offsets would
+    make torch.export specialise n). Each slice is a separate FFN call in the graph.
+    """
+
+    def __init__(self, d_model: int, d_ff: int, chunks: int = 1) -> None:
         super().__init__()
         self.up = nn.Linear(d_model, d_ff)
         self.down = nn.Linear(d_ff, d_model)
+        self.chunks = chunks
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def position_wise(self, x: torch.Tensor) -> torch.Tensor:
         return self.down(torch.relu(self.up(x)))
 
-
-class PreLNBlock(nn.Module):
-    """x + Attn(LN(x)), then + FFN(LN(x))."""
-
-    def __init__(self, attention: nn.Module, d_model: int, d_ff: int) -> None:
-        super().__init__()
-        self.attn_norm = nn.LayerNorm(d_model)
-        self.attention = attention
-        self.ffn_norm = nn.LayerNorm(d_model)
-        self.ffn = FeedForward(d_model, d_ff)
-
-    def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
-        x = x + self.attention(self.attn_norm(x), key_padding_mask=key_padding_mask)
-        return x + self.ffn(self.ffn_norm(x))
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.chunks == 1:
+            return self.position_wise(x)
+        n = x.shape[-2]
+        length = (n + self.chunks - 1) // self.chunks
+        padded = x.index_select(-2, torch.arange(self.chunks * length, device=x.device).clamp(max=n - 1))
+        slices = padded.unflatten(-2, (self.chunks, length)).unbind(-3)
+        out = torch.cat([self.position_wise(piece) for piece in slices], dim=-2)
+        return out.index_select(-2, torch.arange(n, device=x.device))

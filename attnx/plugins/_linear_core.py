@@ -18,6 +18,13 @@ of all earlier chunks (an exclusive cumulative sum of per-chunk kf^T v and kf), 
 memory is O(N C + (N/C) d^2). The ONNX body does the same without loops (Pad, Reshape,
 Trilu, CumSum(exclusive=1)), grouping the sums exactly as the torch code does.
 All sums run in float32, so fp16 inputs cannot overflow the normaliser.
+
+Decoding ("Transformers are RNNs" §3.4) carries the sums of every earlier token as a
+state, S = sum_j kf_j v_j^T (b, h, f, dv) and Z = sum_j kf_j (b, h, f), in float32.
+:func:`kernel_attention_step` (torch) and ``LinearCoreAttendStep`` (ONNX) run the causal
+form over a chunk of new tokens and add qf_i^T S to the numerator and qf_i^T Z to the
+denominator, then return the state grown by the chunk: a prompt (prefill) and one token
+(decode) are the same computation, and the state's size never depends on the position.
 """
 
 from __future__ import annotations
@@ -29,6 +36,18 @@ from onnxscript import BOOL, FLOAT, INT64
 from onnxscript import opset18 as op
 
 from attnx.ops import LIBRARY
+
+# The stateful step ops return (out, S', Z'); the state is float32 whatever the activations.
+STEP_OUTPUT_NAMES = ("output", "kv_sum", "k_sum")
+STATE_TYPES = {"kv_sum": "tensor(float)", "k_sum": "tensor(float)"}
+
+
+def step_fake(
+    q: torch.Tensor, v: torch.Tensor, features: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Fake outputs of a step op: out like q with v's last dim, float32 S (b, h, f, dv) and Z (b, h, f)."""
+    state = q.new_empty((*q.shape[:2], features, v.shape[-1]), dtype=torch.float32)
+    return q.new_empty((*q.shape[:-1], v.shape[-1])), state, state.new_empty(state.shape[:-1])
 
 
 def mask_keys(kf: torch.Tensor, key_padding_mask: torch.Tensor | None) -> torch.Tensor:
@@ -51,6 +70,35 @@ def kernel_attention(
     """Linear attention over features qf (b, h, nq, f), kf (b, h, nk, f); float32 (b, h, nq, dv)."""
     v = v.float()
     num, den = _causal_sums(qf, kf, v, chunk_size) if causal else _full_sums(qf, kf, v)
+    return _normalise(num, den, eps, clamp)
+
+
+def kernel_attention_step(
+    qf: torch.Tensor,
+    kf: torch.Tensor,
+    v: torch.Tensor,
+    kv_sum: torch.Tensor | None,
+    k_sum: torch.Tensor | None,
+    *,
+    chunk_size: int,
+    eps: float,
+    clamp: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Causal attention of a chunk of new tokens after the state (S, Z) of earlier ones (None: none).
+
+    Returns the float32 output (b, h, n, dv) and the state after the chunk.
+    """
+    v = v.float()
+    num, den = _causal_sums(qf, kf, v, chunk_size)
+    grown_kv, grown_k = kf.transpose(-1, -2) @ v, kf.sum(-2)
+    if kv_sum is not None and k_sum is not None:
+        num = num + qf @ kv_sum
+        den = den + qf @ k_sum[..., None]
+        grown_kv, grown_k = kv_sum + grown_kv, k_sum + grown_k
+    return _normalise(num, den, eps, clamp), grown_kv, grown_k
+
+
+def _normalise(num: torch.Tensor, den: torch.Tensor, eps: float, clamp: bool) -> torch.Tensor:
     return num / (den.clamp_min(eps) if clamp else den + eps)
 
 
@@ -169,3 +217,35 @@ def LinearCoreAttend(
         num, den = LinearCoreFullSums(qf, kf, values)
     # A library call outside the If also makes onnxscript import this domain in the function.
     return LinearCoreNormalise(num, den, eps=eps, clamp=clamp)
+
+
+@onnxscript.script(LIBRARY, default_opset=op)
+def LinearCoreStepSums(qf: FLOAT, kf: FLOAT, v: FLOAT, chunk_size: int) -> tuple[FLOAT, FLOAT, FLOAT, FLOAT]:
+    """The chunk's causal (num, den) and its own state (kf^T v, sum kf); v is float32."""
+    chunk = op.Reshape(op.Constant(value_int=chunk_size), [1])
+    num, den = LinearCoreCausalSums(qf, kf, v, chunk)
+    kv = op.MatMul(op.Transpose(kf, perm=[0, 1, 3, 2]), v)
+    return num, den, kv, op.ReduceSum(kf, [-2], keepdims=0)
+
+
+@onnxscript.script(LIBRARY, default_opset=op)
+def LinearCoreAttendStep(
+    qf: FLOAT, kf: FLOAT, v: FLOAT, kv_sum: FLOAT, k_sum: FLOAT, chunk_size: int, eps: float, clamp: int
+) -> tuple[FLOAT, FLOAT, FLOAT]:
+    """ONNX twin of :func:`kernel_attention_step` with a state: (float32 out, S', Z')."""
+    values = op.Cast(v, to=FLOAT.dtype)
+    num, den, kv, k = LinearCoreStepSums(qf, kf, values, chunk_size=chunk_size)
+    num_all = op.Add(num, op.MatMul(qf, kv_sum))
+    den_all = op.Add(den, op.MatMul(qf, op.Unsqueeze(k_sum, [-1])))
+    out = LinearCoreNormalise(num_all, den_all, eps=eps, clamp=clamp)
+    return out, op.Add(kv_sum, kv), op.Add(k_sum, k)
+
+
+@onnxscript.script(LIBRARY, default_opset=op)
+def LinearCoreAttendFirst(
+    qf: FLOAT, kf: FLOAT, v: FLOAT, chunk_size: int, eps: float, clamp: int
+) -> tuple[FLOAT, FLOAT, FLOAT]:
+    """ONNX twin of :func:`kernel_attention_step` without a state (the prompt): (float32 out, S, Z)."""
+    values = op.Cast(v, to=FLOAT.dtype)
+    num, den, kv, k = LinearCoreStepSums(qf, kf, values, chunk_size=chunk_size)
+    return LinearCoreNormalise(num, den, eps=eps, clamp=clamp), kv, k

@@ -9,10 +9,22 @@ import torch
 from onnxscript import BOOL, FLOAT, INT64
 from onnxscript import opset18 as op
 
+from attnx.decode.state import StateTensor, recurrent_state
 from attnx.errors import AttnxError
 from attnx.nn import MultiHeadAttention
 from attnx.ops import LIBRARY, OPSET, AttentionOp, VariantImpl
-from attnx.plugins._linear_core import LinearCoreAttend, LinearCoreMaskKeys, kernel_attention, mask_keys
+from attnx.plugins._linear_core import (
+    STATE_TYPES,
+    STEP_OUTPUT_NAMES,
+    LinearCoreAttend,
+    LinearCoreAttendFirst,
+    LinearCoreAttendStep,
+    LinearCoreMaskKeys,
+    kernel_attention,
+    kernel_attention_step,
+    mask_keys,
+    step_fake,
+)
 from attnx.plugins.cosformer import CosformerConfig
 from attnx.variant import AttentionSpec
 
@@ -20,8 +32,11 @@ HALF_PI = math.pi / 2
 CAUSAL_NEEDS_MAX_LEN = "cosformer: causal attention needs a fixed M; set max_len (e.g. --set max_len=4096)"
 
 
-def cos_features(x: torch.Tensor, offset: int, m: float) -> torch.Tensor:
-    """[relu(x) sin(a_p), relu(x) cos(a_p)] in float32, a_p = pi/2 · p/M, positions p = offset + 1, ..."""
+def cos_features(x: torch.Tensor, offset: int | torch.Tensor, m: float) -> torch.Tensor:
+    """[relu(x) sin(a_p), relu(x) cos(a_p)] in float32, a_p = pi/2 · p/M, positions p = offset + 1, ...
+
+    ``offset`` may be an int64 (1,) tensor (the decode position, a graph input).
+    """
     positions = torch.arange(1, x.shape[-2] + 1, device=x.device) + offset
     angle = (positions.float() * HALF_PI / m)[:, None]
     x = torch.relu(x.float())
@@ -54,6 +69,37 @@ def cosformer_attention(
 @cosformer_attention.register_fake
 def _(q, k, v, key_padding_mask, causal, max_len, eps, chunk_size):
     return q.new_empty((*q.shape[:-1], v.shape[-1]))
+
+
+@torch.library.custom_op("attnx::cosformer_attention_step", mutates_args=())
+def cosformer_attention_step(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    position: torch.Tensor,
+    kv_sum: torch.Tensor | None,
+    k_sum: torch.Tensor | None,
+    max_len: int,
+    eps: float,
+    chunk_size: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Causal cosFormer attention of new tokens at positions ``position`` + 1, ... (int64 (1,)).
+
+    The state (S, Z) stacks the sin and cos halves of the features: S = [S_sin; S_cos]
+    (b, h, 2d, dv), Z = [Z_sin; Z_cos] (b, h, 2d), the two pairs of the decomposition
+    cos(a_i - a_j) = sin a_i sin a_j + cos a_i cos a_j. M = ``max_len`` is fixed (> 0).
+    """
+    m = float(max_len)
+    qf, kf = cos_features(q, position, m), cos_features(k, position, m)
+    out, grown_kv, grown_k = kernel_attention_step(
+        qf, kf, v, kv_sum, k_sum, chunk_size=chunk_size, eps=eps, clamp=True
+    )
+    return out.to(q.dtype), grown_kv, grown_k
+
+
+@cosformer_attention_step.register_fake
+def _(q, k, v, position, kv_sum, k_sum, max_len, eps, chunk_size):
+    return step_fake(q, v, 2 * q.shape[-1])
 
 
 @onnxscript.script(LIBRARY, default_opset=op)
@@ -103,6 +149,51 @@ def CosformerAttentionNoMask(
     return op.CastLike(out, q)
 
 
+@onnxscript.script(LIBRARY, default_opset=op)
+def CosformerStepFeatures(q: FLOAT, k: FLOAT, position: INT64, max_len: int) -> tuple[FLOAT, FLOAT]:
+    m = op.Cast(op.Constant(value_int=max_len), to=FLOAT.dtype)
+    return CosformerFeatures(q, position, m), CosformerFeatures(k, position, m)
+
+
+@onnxscript.script(OPSET, default_opset=op)
+def CosformerAttentionStep(
+    q: FLOAT,
+    k: FLOAT,
+    v: FLOAT,
+    position: INT64,
+    kv_sum: FLOAT,
+    k_sum: FLOAT,
+    max_len: int,
+    eps: float,
+    chunk_size: int,
+) -> tuple[FLOAT, FLOAT, FLOAT]:
+    qf, kf = CosformerStepFeatures(q, k, position, max_len=max_len)
+    out, grown_kv, grown_k = LinearCoreAttendStep(
+        qf, kf, v, kv_sum, k_sum, chunk_size=chunk_size, eps=eps, clamp=1
+    )
+    return op.CastLike(out, q), grown_kv, grown_k
+
+
+@onnxscript.script(OPSET, default_opset=op)
+def CosformerAttentionStepFirst(
+    q: FLOAT, k: FLOAT, v: FLOAT, position: INT64, max_len: int, eps: float, chunk_size: int
+) -> tuple[FLOAT, FLOAT, FLOAT]:
+    qf, kf = CosformerStepFeatures(q, k, position, max_len=max_len)
+    out, kv_sum, k_sum = LinearCoreAttendFirst(qf, kf, v, chunk_size=chunk_size, eps=eps, clamp=1)
+    return op.CastLike(out, q), kv_sum, k_sum
+
+
+COSFORMER_STEP_OP = AttentionOp(
+    name="CosformerAttentionStep",
+    torch_op=cosformer_attention_step,
+    bodies=(CosformerAttentionStep, CosformerAttentionStepFirst),
+    input_types={"position": "tensor(int64)", **STATE_TYPES},
+    doc="causal cosFormer attention of new tokens at positions position+1, ... after the float32 state "
+    "(kv_sum, k_sum: sin and cos halves stacked; omitted: none); returns the output and the next state.",
+    output_names=STEP_OUTPUT_NAMES,
+    output_types=STATE_TYPES,
+)
+
 COSFORMER_OP = AttentionOp(
     name="CosformerAttention",
     torch_op=cosformer_attention,
@@ -124,5 +215,14 @@ class CosformerAttentionLayer(MultiHeadAttention):
         args = (self.causal, self.max_len, self.eps, self.chunk_size)
         return cosformer_attention(q, k, v, key_padding_mask, *args)
 
+    def decode_state(self) -> list[StateTensor]:
+        d = self.spec.head_dim
+        return recurrent_state(self.spec.n_heads, 2 * d, d, "[relu sin, relu cos]")
 
-IMPL = VariantImpl(build=CosformerAttentionLayer, ops=(COSFORMER_OP,))
+    def attend_step(self, q, k, v, state, position):
+        args = (self.max_len, self.eps, self.chunk_size)
+        out, *grown = cosformer_attention_step(q, k, v, position, *(state or (None, None)), *args)
+        return out, tuple(grown)
+
+
+IMPL = VariantImpl(build=CosformerAttentionLayer, ops=(COSFORMER_OP,), decode_ops=(COSFORMER_STEP_OP,))

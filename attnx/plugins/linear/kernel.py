@@ -8,9 +8,21 @@ import torch.nn.functional as F
 from onnxscript import BOOL, FLOAT
 from onnxscript import opset18 as op
 
+from attnx.decode.state import StateTensor, recurrent_state
 from attnx.nn import MultiHeadAttention
 from attnx.ops import LIBRARY, OPSET, AttentionOp, VariantImpl
-from attnx.plugins._linear_core import LinearCoreAttend, LinearCoreMaskKeys, kernel_attention, mask_keys
+from attnx.plugins._linear_core import (
+    STATE_TYPES,
+    STEP_OUTPUT_NAMES,
+    LinearCoreAttend,
+    LinearCoreAttendFirst,
+    LinearCoreAttendStep,
+    LinearCoreMaskKeys,
+    kernel_attention,
+    kernel_attention_step,
+    mask_keys,
+    step_fake,
+)
 from attnx.plugins.linear import LinearConfig
 from attnx.variant import AttentionSpec
 
@@ -41,6 +53,28 @@ def _(q, k, v, key_padding_mask, causal, eps, chunk_size):
     return q.new_empty((*q.shape[:-1], v.shape[-1]))
 
 
+@torch.library.custom_op("attnx::linear_attention_step", mutates_args=())
+def linear_attention_step(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    kv_sum: torch.Tensor | None,
+    k_sum: torch.Tensor | None,
+    eps: float,
+    chunk_size: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Causal linear attention of new tokens after the state (S, Z) of earlier ones; returns (out, S', Z')."""
+    out, grown_kv, grown_k = kernel_attention_step(
+        elu_features(q), elu_features(k), v, kv_sum, k_sum, chunk_size=chunk_size, eps=eps, clamp=False
+    )
+    return out.to(q.dtype), grown_kv, grown_k
+
+
+@linear_attention_step.register_fake
+def _(q, k, v, kv_sum, k_sum, eps, chunk_size):
+    return step_fake(q, v, q.shape[-1])
+
+
 @onnxscript.script(LIBRARY, default_opset=op)
 def LinearEluFeatures(x: FLOAT) -> FLOAT:
     return op.Add(op.Elu(op.Cast(x, to=FLOAT.dtype)), op.Constant(value_float=1.0))
@@ -64,6 +98,37 @@ def LinearAttentionNoMask(q: FLOAT, k: FLOAT, v: FLOAT, causal: int, eps: float,
     return op.CastLike(out, q)
 
 
+@onnxscript.script(OPSET, default_opset=op)
+def LinearAttentionStep(
+    q: FLOAT, k: FLOAT, v: FLOAT, kv_sum: FLOAT, k_sum: FLOAT, eps: float, chunk_size: int
+) -> tuple[FLOAT, FLOAT, FLOAT]:
+    qf, kf = LinearEluFeatures(q), LinearEluFeatures(k)
+    out, grown_kv, grown_k = LinearCoreAttendStep(
+        qf, kf, v, kv_sum, k_sum, chunk_size=chunk_size, eps=eps, clamp=0
+    )
+    return op.CastLike(out, q), grown_kv, grown_k
+
+
+@onnxscript.script(OPSET, default_opset=op)
+def LinearAttentionStepFirst(
+    q: FLOAT, k: FLOAT, v: FLOAT, eps: float, chunk_size: int
+) -> tuple[FLOAT, FLOAT, FLOAT]:
+    qf, kf = LinearEluFeatures(q), LinearEluFeatures(k)
+    out, kv_sum, k_sum = LinearCoreAttendFirst(qf, kf, v, chunk_size=chunk_size, eps=eps, clamp=0)
+    return op.CastLike(out, q), kv_sum, k_sum
+
+
+LINEAR_STEP_OP = AttentionOp(
+    name="LinearAttentionStep",
+    torch_op=linear_attention_step,
+    bodies=(LinearAttentionStep, LinearAttentionStepFirst),
+    doc="causal elu+1 linear attention of new tokens after the float32 state (kv_sum S, k_sum Z) of "
+    "earlier ones (omitted: none); returns the output and the state after the new tokens.",
+    input_types=STATE_TYPES,
+    output_names=STEP_OUTPUT_NAMES,
+    output_types=STATE_TYPES,
+)
+
 LINEAR_OP = AttentionOp(
     name="LinearAttention",
     torch_op=linear_attention,
@@ -81,5 +146,12 @@ class LinearAttentionLayer(MultiHeadAttention):
     def attend(self, q, k, v, key_padding_mask):
         return linear_attention(q, k, v, key_padding_mask, self.causal, self.eps, self.chunk_size)
 
+    def decode_state(self) -> list[StateTensor]:
+        return recurrent_state(self.spec.n_heads, self.spec.head_dim, self.spec.head_dim, "phi")
 
-IMPL = VariantImpl(build=LinearAttentionLayer, ops=(LINEAR_OP,))
+    def attend_step(self, q, k, v, state, position):
+        out, *grown = linear_attention_step(q, k, v, *(state or (None, None)), self.eps, self.chunk_size)
+        return out, tuple(grown)
+
+
+IMPL = VariantImpl(build=LinearAttentionLayer, ops=(LINEAR_OP,), decode_ops=(LINEAR_STEP_OP,))

@@ -9,6 +9,7 @@ import torch
 from onnxscript import BOOL, FLOAT
 from onnxscript import opset18 as op
 
+from attnx.decode.state import GROWING, StateTensor
 from attnx.nn import MASKED_SCORE, MultiHeadAttention
 from attnx.ops import LIBRARY, OPSET, AttentionOp, VariantImpl
 from attnx.plugins.softmax import SoftmaxConfig
@@ -103,6 +104,18 @@ class SoftmaxAttentionLayer(MultiHeadAttention):
 
     def attend(self, q, k, v, key_padding_mask):
         return softmax_attention(q, k, v, key_padding_mask, self.causal, self.scale)
+
+    def decode_state(self) -> list[StateTensor]:
+        """A kv-cache: keys and values of every earlier token (one more per step)."""
+        axes = ("batch", self.spec.n_heads, GROWING, self.spec.head_dim)
+        return [StateTensor("key", axes, doc="keys of earlier tokens"),
+                StateTensor("value", axes, doc="values of earlier tokens")]
+
+    def attend_step(self, q, k, v, state, position):
+        """New queries against cached + new keys; the bottom-right causal mask lines them up."""
+        if state is not None:
+            k, v = torch.cat((state[0], k), dim=-2), torch.cat((state[1], v), dim=-2)
+        return softmax_attention(q, k, v, None, self.causal, self.scale), (k, v)
 
 
 IMPL = VariantImpl(build=SoftmaxAttentionLayer, ops=(SOFTMAX_OP,))

@@ -1,0 +1,166 @@
+"""``attnx.bench``: time exported models on every backend across sequence lengths."""
+
+from __future__ import annotations
+
+import re
+import secrets
+from collections.abc import Callable, Sequence
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from attnx.bench.backends import BENCH_BACKENDS, BenchBackend, ExportedModel
+from attnx.bench.cost import model_cost
+from attnx.bench.machine import available_memory, default_threads, machine_info
+from attnx.bench.report import BenchReport, Measurement
+from attnx.bench.timing import measure
+from attnx.bench.worker import request, run_isolated
+from attnx.errors import AttnxError, unknown_choice
+from attnx.exporter.manifest import package_versions
+
+DEFAULT_SEQ_LENS = (256, 1024, 4096)
+DEFAULT_WARMUP = 2
+DEFAULT_REPEAT = 10
+MEMORY_FRACTION = 0.8  # default limit: this share of the memory available when the run starts
+GiB = 1 << 30
+Progress = Callable[[int, int, str], None]  # (cases done, cases in all, the case starting)
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "kb": 10**3, "m": 1 << 20, "mib": 1 << 20, "mb": 10**6,
+          "g": GiB, "gib": GiB, "gb": 10**9, "t": 1 << 40, "tib": 1 << 40, "tb": 10**12}
+
+
+def parse_size(text: str) -> int:
+    """"8GiB", "512M", "2GB", "1e9" -> bytes (K/M/G and KiB/MiB/GiB binary, KB/MB/GB decimal)."""
+    match = re.fullmatch(r"\s*([0-9.eE+]+)\s*([A-Za-z]*)\s*", text)
+    unit = match.group(2).lower() if match else ""
+    try:
+        value = float(match.group(1)) if match else -1.0
+    except ValueError:
+        value = -1.0
+    if not match or unit not in _UNITS or value <= 0:
+        raise AttnxError(f"memory size '{text}' is not understood; write e.g. 8GiB, 512MiB or 2GB")
+    return int(value * _UNITS[unit])
+
+
+def default_memory_limit() -> int | None:
+    available = available_memory()
+    return None if available is None else int(MEMORY_FRACTION * available)
+
+
+def bench(
+    outs: str | Path | Sequence[str | Path],
+    *,
+    backends: Sequence[str] | None = None,
+    seq_lens: Sequence[int] | None = None,
+    batch: int = 1,
+    warmup: int = DEFAULT_WARMUP,
+    repeat: int = DEFAULT_REPEAT,
+    threads: int | None = None,
+    max_memory: int | None = None,
+    max_time: float | None = None,
+    isolate: bool = False,
+    seed: int | None = None,
+    progress: Progress | None = None,
+) -> BenchReport:
+    """Time each exported model (``attnx export`` OUT) on each backend at each length.
+
+    Args:
+        backends: names from :data:`BENCH_BACKENDS` (default: all); one that cannot run
+            here is reported as skipped with its reason.
+        threads: intra-op threads for torch and ONNX Runtime (default: the usable cores).
+        max_memory: bytes; a case whose estimated peak exceeds it is skipped with the
+            estimate: the :mod:`attnx.bench.cost` activation bound times the backend's
+            ``memory_factor`` (2 for ONNX backends), plus twice the weights file it loads.
+            Default: 80% of the memory available at the start.
+        max_time: seconds of timed runs after which a case stops (after at least 3 runs).
+        isolate: measure each case in a fresh process (exact memory peaks; slower).
+        seed: seed of the random inputs (default: fresh, recorded in the report).
+
+    Raises:
+        AttnxError: an OUT is not an attnx export, an unknown backend, or a bad number.
+    """
+    outs = [outs] if isinstance(outs, (str, Path)) else list(outs)
+    names = list(BENCH_BACKENDS) if backends is None else list(backends)
+    if not names:
+        raise AttnxError(f"no backend given; choose from {', '.join(BENCH_BACKENDS)}")
+    for name in names:
+        if name not in BENCH_BACKENDS:
+            raise unknown_choice("backend", name, BENCH_BACKENDS)
+    lengths = sorted(set(seq_lens or DEFAULT_SEQ_LENS))
+    threads = default_threads() if threads is None else threads
+    if not outs:
+        raise AttnxError("no OUT directory given; pass the output directory of an `attnx export`")
+    if min(lengths) < 1 or batch < 1 or repeat < 1 or warmup < 0 or threads < 1:
+        raise AttnxError("sequence lengths, batch, repeat and threads must be >= 1 and warmup >= 0")
+    models = [ExportedModel.open(out) for out in outs]
+    limit = default_memory_limit() if max_memory is None else max_memory
+    seed = secrets.randbits(31) if seed is None else seed
+    rng = np.random.default_rng(seed)
+    reasons = {(name, model.directory): BENCH_BACKENDS[name].unavailable(model.directory)
+               for name in names for model in models}
+
+    cases = [(model, name, n) for model in models for name in names for n in lengths]
+    measurements: list[Measurement] = []
+    for done, (model, name, n) in enumerate(cases):
+        if progress:
+            progress(done, len(cases), f"{model.label} {name} N={n}")
+        backend = BENCH_BACKENDS[name]
+        estimate, flops = _estimate(model, backend, batch, n)
+        reason = reasons[name, model.directory]
+        if not reason and estimate is not None and limit is not None and estimate > limit:
+            reason = (f"estimated peak {estimate / GiB:.1f} GiB exceeds the memory limit "
+                      f"{limit / GiB:.1f} GiB (--max-memory)")
+        if reason:
+            result = Measurement(model.label, str(model.directory), model.manifest.variant, name, batch, n,
+                                 status="skipped", reason=reason)
+        elif isolate:
+            args = request(model, name, batch=batch, seq_len=n, warmup=warmup, repeat=repeat, threads=threads,
+                           seed=int(rng.integers(2**31)), max_time=max_time)
+            result = run_isolated(model, args)
+        else:
+            result = measure(model, backend, batch=batch, seq_len=n, warmup=warmup, repeat=repeat,
+                             threads=threads, rng=rng, max_time=max_time)
+        result.estimated_bytes, result.flops = estimate, flops
+        measurements.append(result)
+    if progress:
+        progress(len(cases), len(cases), "done")
+
+    settings = {"backends": names, "seq_lens": lengths, "batch": batch, "warmup": warmup, "repeat": repeat,
+                "max_time_s": max_time, "threads": threads, "max_memory_bytes": limit, "isolate": isolate,
+                "seed": seed, "graph_optimization": "ORT_ENABLE_ALL", "dtype": "float32"}
+    return BenchReport(machine_info() | _providers(), versions(), settings, [_describe(m) for m in models],
+                       measurements)
+
+
+def _estimate(model: ExportedModel, backend: BenchBackend, batch: int, n: int) -> tuple[int | None, ...]:
+    """(estimated peak bytes, FLOPs) of one case; (None, None) for a model the cost model lacks."""
+    m = model.manifest
+    cost = model_cost(m.variant, m.variant_config, m.model, m.model_config, batch, n)
+    if cost is None:
+        return None, None
+    weights = model.weights_bytes() if backend.uses_weights_file else model.onnx_bytes()
+    return int(backend.memory_factor * cost.working_bytes) + 2 * weights, cost.flops
+
+
+def _describe(model: ExportedModel) -> dict[str, Any]:
+    m = model.manifest
+    return {"label": model.label, "out": str(model.directory), "variant": m.variant,
+            "variant_config": m.variant_config, "model": m.model, "model_config": m.model_config,
+            "lowering": m.lowering, "opset": m.opset, "weights_sha256": m.weights_sha256}
+
+
+def versions() -> dict[str, str | None]:
+    found = package_versions()
+    for name in ("numpy", "onnxruntime-gpu", "matplotlib"):
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            found[name] = None
+    return found
+
+
+def _providers() -> dict[str, Any]:
+    import onnxruntime
+
+    return {"onnxruntime_providers": onnxruntime.get_available_providers()}

@@ -1,0 +1,109 @@
+"""``attnx generate``: continue a prompt of token ids with a decode export (ONNX Runtime or torch)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import click
+
+from attnx.cli.common import echo_json, json_option, progress_printer
+from attnx.errors import AttnxError
+
+EPILOG = """\b
+Examples:
+  attnx export --recipe linear-lm --decode -o out
+  attnx generate out --prompt-ids 1,2,3 --max-new-tokens 64
+  attnx generate out --prompt-file prompt.txt --temperature 0.8 --top-k 20 --seed 7
+  attnx generate out --prompt-ids 5 --backend torch --greedy --json
+"""
+
+
+def parse_ids(text: str, what: str) -> list[int]:
+    """ "1, 2 3" -> [1, 2, 3] (commas and/or whitespace between ids)."""
+    parts = [part for part in re.split(r"[\s,]+", text.strip()) if part]
+    try:
+        return [int(part) for part in parts]
+    except ValueError:
+        bad = next(p for p in parts if not re.fullmatch(r"[+-]?\d+", p))
+        message = f"{what} must hold integer token ids, comma- or space-separated (got '{bad}')"
+        raise AttnxError(message) from None
+
+
+@click.command("generate", epilog=EPILOG)
+@click.argument("out", type=click.Path())
+@click.option("--prompt-ids", default=None, metavar="ID,ID,...", help="Prompt token ids, comma-separated.")
+@click.option(
+    "--prompt-file",
+    default=None,
+    type=click.Path(),
+    metavar="FILE",
+    help="Read the prompt ids from FILE (separated by whitespace or commas).",
+)
+@click.option("--max-new-tokens", "-n", default=32, show_default=True, type=int, help="Tokens to generate.")
+@click.option(
+    "--backend", default="ort", show_default=True, type=click.Choice(["ort", "torch"]), help="Runtime."
+)
+@click.option("--greedy", is_flag=True, help="Pick the likeliest token (default without --temperature).")
+@click.option("--temperature", default=None, type=float, help="Sample from softmax(logits / T).")
+@click.option("--top-k", default=0, show_default=True, type=int, help="Sample from the K likeliest.")
+@click.option("--seed", default=0, show_default=True, type=int, help="Seed of the sampler.")
+@click.option("--threads", default=None, type=int, help="ONNX Runtime intra-op threads (default: all cores).")
+@click.option("--quiet", "-q", is_flag=True, help="No progress messages.")
+@json_option
+def command(
+    out: str,
+    prompt_ids: str | None,
+    prompt_file: str | None,
+    max_new_tokens: int,
+    backend: str,
+    greedy: bool,
+    temperature: float | None,
+    top_k: int,
+    seed: int,
+    threads: int | None,
+    quiet: bool,
+    as_json: bool,
+) -> None:
+    """Generate token ids after a prompt with OUT's prefill.onnx and decode.onnx.
+
+    OUT is an `attnx export --decode` directory. Ids in, ids out (no tokenizer): the new
+    ids are printed on one line, then the speed. Progress goes to stderr.
+    """
+    if (prompt_ids is None) == (prompt_file is None):
+        raise AttnxError("give the prompt with exactly one of --prompt-ids or --prompt-file")
+    if greedy and (temperature is not None or top_k):
+        raise AttnxError("--greedy picks the argmax; drop it to sample with --temperature/--top-k")
+    if top_k and temperature is None:
+        temperature = 1.0
+    if prompt_file is not None:
+        path = Path(prompt_file)
+        if not path.is_file():
+            raise AttnxError(f"prompt file '{prompt_file}' does not exist")
+        ids = parse_ids(path.read_text(), f"prompt file '{prompt_file}'")
+    else:
+        ids = parse_ids(prompt_ids or "", "--prompt-ids")
+
+    from attnx.decode.generate import generate
+
+    result = generate(
+        out,
+        ids,
+        max_new_tokens,
+        backend=backend,
+        temperature=temperature,
+        top_k=top_k,
+        seed=seed,
+        threads=threads,
+        progress=progress_printer(quiet or as_json),
+    )
+    if as_json:
+        echo_json(result.to_dict())
+        return
+    click.echo(",".join(str(t) for t in result.tokens))
+    per_token = result.decode_ms_per_token
+    decode = f"; decode {per_token:.2f} ms/token" if per_token is not None else ""
+    click.echo(
+        f"{len(result.tokens)} tokens in {result.seconds:.3f} s: {result.tokens_per_second:.1f} tokens/s "
+        f"(prefill {len(result.prompt)} tokens {1000 * result.prefill_seconds:.1f} ms{decode}) on {backend}"
+    )

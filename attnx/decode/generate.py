@@ -1,0 +1,149 @@
+"""``attnx.generate``: token ids in, token ids out, through an export's prefill and decode graphs.
+
+No tokenizer: a prompt is a list of ids below the model's ``vocab_size``. The next token
+is the argmax of the last logits (greedy) or a draw from softmax(logits / temperature),
+optionally restricted to the ``top_k`` largest, with a numpy Generator seeded by ``seed``:
+given the same logits, the ONNX Runtime and torch backends pick the same ids.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from attnx.errors import AttnxError
+
+Progress = Callable[[str], None]
+
+
+@dataclasses.dataclass
+class Generation:
+    """The result of :func:`generate`; times in seconds (the first new token comes from prefill)."""
+
+    backend: str
+    prompt: list[int]
+    tokens: list[int]
+    prefill_seconds: float
+    decode_seconds: float
+
+    @property
+    def seconds(self) -> float:
+        return self.prefill_seconds + self.decode_seconds
+
+    @property
+    def tokens_per_second(self) -> float:
+        return len(self.tokens) / self.seconds if self.seconds > 0 else float("inf")
+
+    @property
+    def decode_ms_per_token(self) -> float | None:
+        steps = len(self.tokens) - 1
+        return 1000 * self.decode_seconds / steps if steps > 0 else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            **dataclasses.asdict(self),
+            "tokens_per_second": self.tokens_per_second,
+            "decode_ms_per_token": self.decode_ms_per_token,
+        }
+
+
+@dataclasses.dataclass(frozen=True)
+class Sampler:
+    """Greedy when ``temperature`` is None, else softmax(logits / temperature) over the ``top_k`` best."""
+
+    temperature: float | None = None
+    top_k: int = 0
+
+    def __post_init__(self) -> None:
+        if self.temperature is not None and not self.temperature > 0:
+            raise AttnxError(f"--temperature must be > 0 (got {self.temperature}); use --greedy for argmax")
+        if self.top_k < 0:
+            raise AttnxError(f"--top-k must be >= 0 (got {self.top_k}); 0 keeps every token")
+
+    def pick(self, logits: np.ndarray, rng: np.random.Generator) -> int:
+        """The next token from one row of logits (vocab,)."""
+        if self.temperature is None:
+            return int(np.argmax(logits))
+        scaled = logits.astype(np.float64) / self.temperature
+        if 0 < self.top_k < scaled.size:
+            scaled = np.where(scaled >= np.partition(scaled, -self.top_k)[-self.top_k], scaled, -np.inf)
+        weights = np.exp(scaled - scaled.max())
+        return int(rng.choice(scaled.size, p=weights / weights.sum()))
+
+
+def check_prompt(prompt_ids: Sequence[Any], vocab_size: int) -> list[int]:
+    """The prompt as ints in [0, vocab_size).
+
+    Raises:
+        AttnxError: an empty prompt, a non-integer or an out-of-range id.
+    """
+    ids = []
+    for value in prompt_ids:
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+            raise AttnxError(f"prompt ids must be integers (got {value!r})")
+        if not 0 <= value < vocab_size:
+            raise AttnxError(f"prompt id {value} is out of range: this model's ids are 0..{vocab_size - 1}")
+        ids.append(int(value))
+    if not ids:
+        raise AttnxError("the prompt is empty; give at least one token id")
+    return ids
+
+
+def generate(
+    out: str | Path,
+    prompt_ids: Sequence[int],
+    max_new_tokens: int = 32,
+    *,
+    backend: str = "ort",
+    temperature: float | None = None,
+    top_k: int = 0,
+    seed: int = 0,
+    threads: int | None = None,
+    progress: Progress | None = None,
+    on_token: Callable[[int], None] | None = None,
+) -> Generation:
+    """Continue ``prompt_ids`` by ``max_new_tokens`` tokens with the decode export in ``out``.
+
+    Args:
+        backend: "ort" (ONNX Runtime CPU on prefill.onnx/decode.onnx) or "torch" (the model
+            rebuilt from the manifest and weights, run step by step).
+        temperature: None for greedy decoding, else the sampling temperature (> 0).
+        top_k: sample among the ``top_k`` most likely tokens (0: all).
+        seed: seed of the sampler's numpy Generator.
+        on_token: called with each new token as soon as it is picked.
+
+    Raises:
+        AttnxError: not a decode export, a bad prompt or bad sampling settings.
+    """
+    from attnx.decode.runtime import open_stepper
+
+    report = progress or (lambda message: None)
+    sampler = Sampler(temperature, top_k)
+    if max_new_tokens < 1:
+        raise AttnxError(f"--max-new-tokens must be >= 1 (got {max_new_tokens})")
+    stepper, manifest = open_stepper(out, backend, threads)
+    prompt = check_prompt(prompt_ids, int(manifest.model_config["vocab_size"]))
+    rng = np.random.default_rng(seed)
+    max_len = manifest.variant_config.get("max_len")
+    if max_len and len(prompt) + max_new_tokens > max_len:
+        report(f"note: positions past max_len={max_len} (cosFormer's M) turn the re-weighting negative")
+    report(f"prefill: {len(prompt)} prompt tokens on {backend}")
+    start = time.perf_counter()
+    logits, state = stepper.prefill(np.asarray([prompt], dtype=np.int64))
+    tokens = [sampler.pick(logits[0, -1], rng)]
+    prefill_seconds = time.perf_counter() - start
+    if on_token:
+        on_token(tokens[-1])
+    report(f"decoding {max_new_tokens - 1} more tokens")
+    start = time.perf_counter()
+    while len(tokens) < max_new_tokens:
+        logits, state = stepper.decode(np.asarray([[tokens[-1]]], dtype=np.int64), state)
+        tokens.append(sampler.pick(logits[0, -1], rng))
+        if on_token:
+            on_token(tokens[-1])
+    return Generation(backend, prompt, tokens, prefill_seconds, time.perf_counter() - start)

@@ -1,0 +1,147 @@
+"""Run a decode export's two graphs on ONNX Runtime or torch, state in and state out.
+
+A :class:`Stepper` hides the backend: ``prefill(ids)`` and ``decode(ids, state)`` both
+return the logits and the next state, a dict keyed by the decode graph's input names
+(``past_length``, ``past.<layer>.<name>``), filled from the outputs the manifest's
+``decode.state`` pairs with them. Nothing here knows which variant it drives.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from attnx.decode.export import graph_specs, state_map
+from attnx.decode.model import LOGITS, TOKENS
+from attnx.errors import AttnxError, unknown_choice
+from attnx.exporter.manifest import WEIGHTS_FILE, Manifest, sha256_file
+
+State = dict[str, np.ndarray]
+BACKENDS = ("ort", "torch")
+
+
+def decode_entry(directory: Path, manifest: Manifest) -> dict[str, Any]:
+    """The manifest's decode description, once its files are checked.
+
+    Raises:
+        AttnxError: the export has no decode graphs, or one of them is missing.
+    """
+    entry = manifest.decode
+    if not entry:
+        raise AttnxError(
+            f"'{directory}' has no decode export (prefill.onnx + decode.onnx); "
+            "re-export with `attnx export --model lm --decode`"
+        )
+    for name in entry["files"].values():
+        if not (directory / name).is_file():
+            raise AttnxError(f"'{directory}' lacks {name}; re-export with `attnx export --decode`")
+    return entry
+
+
+class Stepper(abc.ABC):
+    """Prefill and decode calls of one export on one backend."""
+
+    name: str
+
+    def __init__(self, entry: dict[str, Any]) -> None:
+        self.feeds = state_map(entry)
+        self.prefill_inputs = [s.name for s in graph_specs(entry, "prefill", "inputs")]
+        self.decode_inputs = [s.name for s in graph_specs(entry, "decode", "inputs")]
+        self.prefill_outputs = [s.name for s in graph_specs(entry, "prefill", "outputs")]
+        self.decode_outputs = [s.name for s in graph_specs(entry, "decode", "outputs")]
+
+    def prefill(self, input_ids: np.ndarray) -> tuple[np.ndarray, State]:
+        """Logits (batch, n, vocab) of a prompt (batch, n) and the state after it."""
+        return self._split(self._run("prefill", {TOKENS: input_ids}))
+
+    def decode(self, input_ids: np.ndarray, state: State) -> tuple[np.ndarray, State]:
+        """Logits (batch, 1, vocab) of one more token per row (batch, 1) and the state after it."""
+        return self._split(self._run("decode", {TOKENS: input_ids, **state}))
+
+    def _split(self, outputs: dict[str, np.ndarray]) -> tuple[np.ndarray, State]:
+        return outputs[LOGITS], {self.feeds[k]: v for k, v in outputs.items() if k in self.feeds}
+
+    @abc.abstractmethod
+    def _run(self, graph: str, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Run graph "prefill" or "decode" on ``feed`` (input name -> array); outputs by name."""
+
+
+class OrtStepper(Stepper):
+    """ONNX Runtime sessions of ``prefill.onnx`` and ``decode.onnx``."""
+
+    def __init__(
+        self,
+        directory: Path,
+        entry: dict[str, Any],
+        providers: Sequence[str] = ("CPUExecutionProvider",),
+        threads: int | None = None,
+    ) -> None:
+        import onnxruntime
+
+        super().__init__(entry)
+        self.name = "ort"
+        options = onnxruntime.SessionOptions()
+        options.log_severity_level = 3
+        if threads:
+            options.intra_op_num_threads = threads
+        self.sessions = {
+            graph: onnxruntime.InferenceSession(str(directory / name), options, providers=list(providers))
+            for graph, name in entry["files"].items()
+        }
+
+    def _run(self, graph: str, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        session = self.sessions[graph]
+        names = [o.name for o in session.get_outputs()]
+        return dict(zip(names, session.run(names, feed), strict=True))
+
+
+class TorchStepper(Stepper):
+    """The same two computations in torch (:class:`attnx.decode.model.StepModel`) on CPU."""
+
+    def __init__(self, assembly: Any, entry: dict[str, Any]) -> None:
+        from attnx.decode.model import DecodeLayout, StepModel
+
+        super().__init__(entry)
+        self.name = "torch"
+        layout = DecodeLayout.of(assembly.module, entry["mode"])
+        self.models = {
+            "prefill": StepModel(assembly.module, layout, False),
+            "decode": StepModel(assembly.module, layout, True),
+        }
+
+    def _run(self, graph: str, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        import torch
+
+        inputs = self.prefill_inputs if graph == "prefill" else self.decode_inputs
+        outputs = self.prefill_outputs if graph == "prefill" else self.decode_outputs
+        args = [torch.from_numpy(np.ascontiguousarray(feed[name])) for name in inputs]
+        with torch.inference_mode():
+            results = self.models[graph](*args)
+        return {name: r.numpy() for name, r in zip(outputs, results, strict=True)}
+
+
+def open_stepper(
+    out: str | Path, backend: str = "ort", threads: int | None = None
+) -> tuple[Stepper, Manifest]:
+    """The stepper of export ``out`` on ``backend`` ("ort": ONNX Runtime CPU, "torch": the rebuilt model).
+
+    Raises:
+        AttnxError: not a decode export, changed weights, or an unknown backend.
+    """
+    if backend not in BACKENDS:
+        raise unknown_choice("backend", backend, BACKENDS)
+    directory = Path(out)
+    manifest = Manifest.read(directory)
+    entry = decode_entry(directory, manifest)
+    if backend == "ort":
+        return OrtStepper(directory, entry, threads=threads), manifest
+    from attnx.exporter.assemble import rebuild
+
+    weights = directory / WEIGHTS_FILE
+    if not weights.is_file() or sha256_file(weights) != manifest.weights_sha256:
+        raise AttnxError(f"{weights} is missing or does not match the manifest's weights hash; re-export")
+    return TorchStepper(rebuild(manifest, weights), entry), manifest

@@ -1,0 +1,56 @@
+"""What a decodable attention layer carries from one generation step to the next (no torch).
+
+A layer that decodes implements, next to its ``forward``:
+
+* ``decode_state() -> list[StateTensor]``: its state tensors, per layer;
+* ``attend_step(q, k, v, state, position) -> (out, next_state)``: per-head attention of
+  the new tokens (q, k, v are (batch, heads, n_new, d)) that continues from ``state``
+  (None: nothing before) at ``position`` (int64 (1,): how many tokens came before).
+
+Two kinds of state exist (:attr:`attnx.variant.Capabilities.decode`):
+
+* ``kv-cache`` (softmax): every earlier key and value; the axis named :data:`GROWING`
+  grows by one per token, so each step reads O(position) numbers;
+* ``recurrent`` (linear, cosFormer): fixed-size sums ("Transformers are RNNs" §3.4),
+  S = sum_j phi(k_j) v_j^T and Z = sum_j phi(k_j); a step costs the same at any position.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+GROWING = "past_seq"  # the axis of a kv-cache that holds one entry per earlier token
+
+
+@dataclasses.dataclass(frozen=True)
+class StateTensor:
+    """One state tensor of one layer.
+
+    Attributes:
+        name: per-layer name ("key", "kv_sum"); graph names are ``past.<layer>.<name>``
+            (decode input) and ``present.<layer>.<name>`` (prefill/decode output).
+        axes: per dimension an int or "batch" / :data:`GROWING`.
+        dtype: numpy dtype name.
+        doc: what it holds.
+    """
+
+    name: str
+    axes: tuple[str | int, ...]
+    dtype: str = "float32"
+    doc: str = ""
+
+    @property
+    def grows(self) -> bool:
+        return GROWING in self.axes
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def recurrent_state(heads: int, features: int, d_value: int, what: str) -> list[StateTensor]:
+    """The (S, Z) pair of kernelised linear attention with ``features`` = dim of phi."""
+    return [
+        StateTensor("kv_sum", ("batch", heads, features, d_value), doc=f"S = sum_j {what}(k_j) v_j^T"),
+        StateTensor("k_sum", ("batch", heads, features), doc=f"Z = sum_j {what}(k_j)"),
+    ]

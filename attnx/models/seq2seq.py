@@ -1,0 +1,68 @@
+"""The ``seq2seq`` model: the encoder-decoder of "Attention Is All You Need" (pre-LN)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn import functional
+
+from attnx.models import Seq2SeqConfig
+from attnx.models.blocks import TokenEmbedding
+from attnx.models.spec import TensorSpec
+from attnx.models.stack import AttentionFactory, Stack
+
+
+class Seq2Seq(nn.Module):
+    """Encoder self-attention; decoder causal self-attention + cross-attention to the encoder output.
+
+    One embedding matrix serves the source, the target and the output projection (paper
+    §3.4: shared source/target vocabulary). Both padding masks are inputs: the source
+    mask hides padded source tokens from the encoder and from cross-attention, the
+    target mask hides padded target tokens from decoder self-attention.
+    """
+
+    def __init__(self, config: Seq2SeqConfig, attention: AttentionFactory) -> None:
+        super().__init__()
+        self.config = config
+        self.embedding = TokenEmbedding(config.vocab_size, config.d_model)
+        self.encoder = Stack(config, attention, config.n_layers)
+        self.decoder = Stack(config, attention, config.decoder_layers, causal=True, cross=True)
+
+    def input_specs(self) -> list[TensorSpec]:
+        vocab = self.config.vocab_size
+        return [
+            TensorSpec("input_ids", "int64", ("batch", "src_seq"), high=vocab, doc="source token ids"),
+            TensorSpec("attention_mask", "bool", ("batch", "src_seq"), doc="True for real source tokens"),
+            TensorSpec(
+                "decoder_input_ids", "int64", ("batch", "tgt_seq"), high=vocab, doc="target token ids"
+            ),
+            TensorSpec(
+                "decoder_attention_mask", "bool", ("batch", "tgt_seq"), doc="True for real target tokens"
+            ),
+        ]
+
+    def output_specs(self) -> list[TensorSpec]:
+        return [
+            TensorSpec(
+                "logits",
+                "float32",
+                ("batch", "tgt_seq", self.config.vocab_size),
+                doc="next-token logits; target position i sees target tokens 0..i",
+            )
+        ]
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        decoder_input_ids: torch.Tensor,
+        decoder_attention_mask: torch.Tensor,
+    ) -> tuple[torch.Tensor]:
+        memory = self.encoder(self.embedding(input_ids), key_padding_mask=attention_mask)
+        hidden = self.decoder(
+            self.embedding(decoder_input_ids),
+            key_padding_mask=decoder_attention_mask,
+            memory=memory,
+            memory_mask=attention_mask,
+        )
+        return (functional.linear(hidden, self.embedding.weight),)

@@ -1,0 +1,188 @@
+"""Decode exports: prefill.onnx + decode.onnx on ONNX Runtime reproduce the torch full forward."""
+
+from __future__ import annotations
+
+import functools
+import json
+import shutil
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from onnx import numpy_helper
+
+from attnx.decode.runtime import OrtStepper
+from attnx.decode.verify import STEPS
+from attnx.exporter.assemble import rebuild
+from attnx.exporter.manifest import WEIGHTS_FILE, Manifest
+from tests.decode.conftest import DECODERS, EXPORT_SEQ_LENS, lm_options
+from tests.helpers import assert_one_line_error, run_cli
+
+
+def sessions(out):
+    return [
+        ort.InferenceSession(str(out / name), providers=["CPUExecutionProvider"])
+        for name in ("prefill.onnx", "decode.onnx")
+    ]
+
+
+def run(session, feed):
+    names = [o.name for o in session.get_outputs()]
+    return dict(zip(names, session.run(names, feed), strict=True))
+
+
+@pytest.mark.parametrize("variant", DECODERS)
+def test_export_writes_verified_prefill_and_decode(decode_export, variant):
+    out, result = decode_export(variant)
+    assert {"model.onnx", "prefill.onnx", "decode.onnx", "attnx.json"} <= {p.name for p in out.iterdir()}
+    manifest = Manifest.read(out)
+    assert manifest.decode["mode"] == ("kv-cache" if variant == "softmax" else "recurrent")
+    assert manifest.files["prefill"] == "prefill.onnx" and manifest.files["decode"] == "decode.onnx"
+    backends = {b.backend: b for b in result.parity.backends}
+    assert result.parity.passed
+    for name in ("torch decode", "ort-cpu decode"):
+        rows = backends[name].comparisons
+        assert len(rows) == len(EXPORT_SEQ_LENS) * (1 + STEPS) and all(r.passed for r in rows)
+    parity = json.loads((out / "parity.json").read_text())
+    assert any(b["backend"] == "ort-cpu decode" for b in parity["backends"])
+
+
+@pytest.mark.parametrize("variant", DECODERS)
+def test_ort_steps_match_the_torch_full_forward_at_every_position(decode_export, variant):
+    """Drives ORT directly from the manifest's state map; the reference is the torch model's full forward."""
+    out, result = decode_export(variant)
+    manifest = Manifest.read(out)
+    module = rebuild(manifest, out / WEIGHTS_FILE).module
+    feeds = {s["output"]: s["input"] for s in manifest.decode["state"]}
+    prefill, decode = sessions(out)
+    tol = manifest.tolerance
+    for batch, prompt, total in [(1, 1, 8), (2, 3, 9), (1, 9, 12)]:
+        ids = np.random.default_rng(prompt).integers(0, 50, size=(batch, total))
+        with torch.inference_mode():
+            expected = module(torch.from_numpy(ids))[0].numpy()
+        outputs = run(prefill, {"input_ids": ids[:, :prompt]})
+        np.testing.assert_allclose(
+            outputs["logits"], expected[:, :prompt], atol=tol["atol"], rtol=tol["rtol"]
+        )
+        for t in range(prompt, total):
+            state = {feeds[k]: v for k, v in outputs.items() if k in feeds}
+            outputs = run(decode, {"input_ids": ids[:, t : t + 1], **state})
+            np.testing.assert_allclose(
+                outputs["logits"][:, 0], expected[:, t], atol=tol["atol"], rtol=tol["rtol"]
+            )
+            assert outputs["present_length"].tolist() == [t + 1]
+
+
+def graph_shapes(values):
+    return {v.name: [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim] for v in values}
+
+
+@pytest.mark.parametrize("variant", ["linear", "cosformer"])
+def test_recurrent_state_is_static_except_batch(decode_export, variant):
+    out, _ = decode_export(variant)
+    graph = onnx.load(str(out / "decode.onnx")).graph
+    inputs, outputs = graph_shapes(graph.input), graph_shapes(graph.output)
+    d = lm_options(variant)["d_model"] // lm_options(variant)["n_heads"]
+    features = 2 * d if variant == "cosformer" else d
+    assert inputs["past.0.kv_sum"] == ["batch", 2, features, d]
+    assert inputs["past.0.k_sum"] == ["batch", 2, features]
+    for name, dims in inputs.items():
+        if name.startswith("past."):
+            assert dims[0] == "batch" and all(isinstance(x, int) and x > 0 for x in dims[1:]), (name, dims)
+            assert outputs[name.replace("past.", "present.")] == dims
+    assert inputs["past_length"] == [1] and inputs["input_ids"] == ["batch", 1]
+
+
+def test_kv_cache_grows_with_the_past(decode_export):
+    out, _ = decode_export("softmax")
+    graph = onnx.load(str(out / "decode.onnx")).graph
+    inputs, outputs = graph_shapes(graph.input), graph_shapes(graph.output)
+    assert inputs["past.0.key"] == ["batch", 2, "past_seq", 16]
+    assert outputs["present.0.value"] == ["batch", 2, "present_seq", 16]
+    prefill, decode = sessions(out)
+    state = run(prefill, {"input_ids": np.ones((1, 5), dtype=np.int64)})
+    assert state["present.0.key"].shape == (1, 2, 5, 16)
+
+
+@pytest.mark.parametrize("variant", DECODERS)
+def test_manifest_maps_every_output_to_the_next_input(decode_export, variant):
+    out, _ = decode_export(variant)
+    entry = Manifest.read(out).decode
+    decode_inputs = {s["name"] for s in entry["decode"]["inputs"]}
+    decode_outputs = {s["name"] for s in entry["decode"]["outputs"]}
+    pairs = {(s["output"], s["input"]) for s in entry["state"]}
+    assert {i for _, i in pairs} == decode_inputs - {"input_ids"}
+    assert {o for o, _ in pairs} == decode_outputs - {"logits"}
+    assert {o for o, _ in pairs} <= {s["name"] for s in entry["prefill"]["outputs"]}
+    graph = onnx.load(str(out / "decode.onnx")).graph
+    assert [v.name for v in graph.input] == [s["name"] for s in entry["decode"]["inputs"]]
+
+
+def test_verify_reruns_decode_parity_and_catches_a_broken_decode_graph(decode_export, tmp_path):
+    out, _ = decode_export("linear")
+    code, stdout, stderr = run_cli(["verify", str(out), "--seq-lens", "3", "--json", "--seed", "4"])
+    report = json.loads(stdout)
+    assert code == 0, stderr
+    assert {b["backend"]: b["status"] for b in report["backends"]}["ort-cpu decode"] == "passed"
+    broken = tmp_path / "broken"
+    shutil.copytree(out, broken)
+    model = onnx.load(str(broken / "decode.onnx"))
+    weight = max(model.graph.initializer, key=lambda t: int(np.prod(t.dims)))  # the embedding
+    weight.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(weight) * 1.01, weight.name))
+    onnx.save(model, str(broken / "decode.onnx"))
+    code, stdout, _ = run_cli(["verify", str(broken), "--seq-lens", "3", "--json", "--seed", "4"])
+    statuses = {b["backend"]: b["status"] for b in json.loads(stdout)["backends"]}
+    assert code == 1
+    assert statuses == {"ort-cpu": "passed", "torch decode": "passed", "ort-cpu decode": "failed"}
+
+
+@pytest.mark.parametrize(
+    ("args", "fragments"),
+    [
+        (["--variant", "reformer"], ["variant 'reformer' cannot decode", "cosformer, linear, softmax"]),
+        (["--variant", "fastformer"], ["variant 'fastformer' cannot decode", "cosformer, linear, softmax"]),
+        (["--variant", "linear", "--lowering", "plugin"], ["function or decomposed lowering"]),
+        (["--variant", "linear", "--model", "encoder"], ["--decode exports causal language models"]),
+    ],
+)
+def test_export_refuses_what_cannot_decode(tmp_path, args, fragments):
+    out = tmp_path / "out"
+    model = [] if "--model" in args else ["--model", "lm"]
+    code, _, stderr = run_cli(["export", *model, *args, "--decode", "-o", str(out), "--set", "d_model=32"])
+    assert_one_line_error(code, stderr, *fragments)
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    variant=st.sampled_from(DECODERS),
+    batch=st.integers(1, 3),
+    prompt=st.integers(1, 40),
+    steps=st.integers(1, 6),
+    seed=st.integers(0, 2**16),
+)
+def test_property_ort_decode_matches_the_full_forward(decode_export, variant, batch, prompt, steps, seed):
+    out, _ = decode_export(variant)
+    ids = np.random.default_rng(seed).integers(0, 50, size=(batch, prompt + steps))
+    stepper = OrtStepper(out, Manifest.read(out).decode)
+    logits, state = stepper.prefill(ids[:, :prompt])
+    rows = [logits]
+    for t in range(prompt, prompt + steps):
+        logits, state = stepper.decode(ids[:, t : t + 1], state)
+        rows.append(logits)
+    expected = full_forward(out, ids)
+    np.testing.assert_allclose(np.concatenate(rows, 1), expected, atol=1e-4, rtol=1e-3)
+
+
+@functools.cache
+def rebuilt(out):
+    return rebuild(Manifest.read(out), out / WEIGHTS_FILE).module
+
+
+def full_forward(out, ids):
+    with torch.inference_mode():
+        return rebuilt(out)(torch.from_numpy(ids))[0].numpy()

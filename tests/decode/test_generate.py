@@ -1,0 +1,108 @@
+"""``attnx generate`` and ``attnx.generate``: seeded, backend-independent, one-line errors."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+import attnx
+from attnx.decode.generate import Sampler, generate
+from attnx.exporter.assemble import rebuild
+from attnx.exporter.manifest import WEIGHTS_FILE, Manifest
+from tests.decode.conftest import DECODERS
+from tests.helpers import assert_one_line_error, run_cli
+
+
+def test_public_api_is_lazy_and_points_here():
+    assert attnx.generate is generate
+
+
+@pytest.mark.parametrize("variant", DECODERS)
+def test_greedy_ids_are_the_same_on_torch_and_ort_and_follow_the_full_forward(decode_export, variant):
+    out, _ = decode_export(variant)
+    ort_run = generate(out, [3, 1, 4, 1, 5], 12, backend="ort")
+    torch_run = generate(out, [3, 1, 4, 1, 5], 12, backend="torch")
+    assert ort_run.tokens == torch_run.tokens and len(ort_run.tokens) == 12
+    module = rebuild(Manifest.read(out), out / WEIGHTS_FILE).module
+    ids = ort_run.prompt + ort_run.tokens
+    with torch.inference_mode():
+        logits = module(torch.tensor([ids]))[0][0]
+    assert logits[len(ort_run.prompt) - 1 : -1].argmax(-1).tolist() == ort_run.tokens
+
+
+def test_sampling_is_reproducible_with_a_seed(decode_export):
+    out, _ = decode_export("linear")
+    runs = [generate(out, [7], 24, temperature=1.5, top_k=20, seed=seed) for seed in (5, 5, 6)]
+    assert runs[0].tokens == runs[1].tokens
+    assert runs[0].tokens != runs[2].tokens
+    torch_run = generate(out, [7], 24, temperature=1.5, top_k=20, seed=5, backend="torch")
+    assert torch_run.tokens == runs[0].tokens
+
+
+def test_sampler_draws_from_the_top_k_softmax():
+    logits = np.log(np.array([0.05, 0.4, 0.1, 0.3, 0.15]))
+    rng = np.random.default_rng(0)
+    draws = [Sampler(1.0, 2).pick(logits, rng) for _ in range(2000)]
+    counts = np.bincount(draws, minlength=5) / len(draws)
+    assert set(draws) == {1, 3}
+    np.testing.assert_allclose(counts[[1, 3]], [0.4 / 0.7, 0.3 / 0.7], atol=0.04)
+    cold = [Sampler(0.05).pick(logits, rng) for _ in range(50)]
+    assert set(cold) == {1}
+    assert Sampler().pick(logits, rng) == 1
+
+
+def test_cli_prints_ids_and_speed(decode_export, tmp_path):
+    out, _ = decode_export("cosformer")
+    code, stdout, stderr = run_cli(["generate", str(out), "--prompt-ids", "1,2,3", "--max-new-tokens", "9"])
+    assert code == 0, stderr
+    ids_line, speed_line = stdout.strip().splitlines()
+    assert len(ids_line.split(",")) == 9 and all(0 <= int(i) < 50 for i in ids_line.split(","))
+    assert "tokens/s" in speed_line and "ms/token" in speed_line
+    assert "prefill" in stderr  # progress goes to stderr
+    prompt = tmp_path / "prompt.txt"
+    prompt.write_text("1, 2\n3\n")
+    code, stdout, _ = run_cli(["generate", str(out), "--prompt-file", str(prompt), "-n", "9", "--json"])
+    data = json.loads(stdout)
+    assert code == 0 and data["prompt"] == [1, 2, 3] and ",".join(map(str, data["tokens"])) == ids_line
+
+
+@pytest.mark.parametrize(
+    ("args", "fragments"),
+    [
+        (["--prompt-ids", "1,x,3"], ["integer token ids", "'x'"]),
+        (["--prompt-ids", "1,2.5"], ["integer token ids"]),
+        (["--prompt-ids", "1,50"], ["prompt id 50 is out of range", "0..49"]),
+        (["--prompt-ids", "-1"], ["prompt id -1 is out of range"]),
+        (["--prompt-ids", " , "], ["the prompt is empty"]),
+        ([], ["exactly one of --prompt-ids or --prompt-file"]),
+        (["--prompt-ids", "1", "--max-new-tokens", "0"], ["--max-new-tokens must be >= 1"]),
+        (["--prompt-ids", "1", "--temperature", "0"], ["--temperature must be > 0"]),
+        (["--prompt-ids", "1", "--greedy", "--temperature", "0.7"], ["--greedy"]),
+        (["--prompt-ids", "1", "--prompt-file", "nowhere.txt"], ["exactly one of"]),
+        (["--prompt-file", "nowhere.txt"], ["prompt file 'nowhere.txt' does not exist"]),
+        (["--prompt-ids", "1", "--backend", "trt"], ["Invalid value for '--backend'"]),
+    ],
+)
+def test_cli_bad_input_is_one_line_exit_2_and_writes_nothing(decode_export, args, fragments):
+    out, _ = decode_export("linear")
+    before = sorted((p.name, p.stat().st_mtime_ns) for p in out.iterdir())
+    code, _, stderr = run_cli(["generate", str(out), *args])
+    assert_one_line_error(code, stderr, *fragments)
+    assert sorted((p.name, p.stat().st_mtime_ns) for p in out.iterdir()) == before
+
+
+def test_cli_refuses_an_export_without_decode_graphs(decode_export, tmp_path):
+    out, _ = decode_export("linear")
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    data = json.loads((out / "attnx.json").read_text())
+    data.pop("decode")
+    (plain / "attnx.json").write_text(json.dumps(data))
+    code, _, stderr = run_cli(["generate", str(plain), "--prompt-ids", "1"])
+    assert_one_line_error(code, stderr, "has no decode export", "--decode")
+    code, _, stderr = run_cli(["generate", str(tmp_path / "missing"), "--prompt-ids", "1"])
+    assert_one_line_error(code, stderr, "is not a directory")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plain"]

@@ -1,0 +1,270 @@
+"""The stateful step ops against explicit token-by-token recurrences written from the papers.
+
+linear ("Transformers are RNNs" eq. 18-20): S_i = S_{i-1} + phi(k_i) v_i^T, Z_i = Z_{i-1} + phi(k_i),
+out_i = phi(q_i)^T S_i / (phi(q_i)^T Z_i + eps), phi = elu + 1.
+cosFormer (eq. 9-11, causal): the same with two pairs, sin and cos of a_p = pi/2 · p/M at
+positions p = 1, 2, ..., and the denominator clamped at eps.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+import torch.nn.functional as F
+from onnx import TensorProto, helper
+
+from attnx.exporter.lowering import lower
+from attnx.plugins.cosformer.kernel import COSFORMER_STEP_OP, cosformer_attention, cosformer_attention_step
+from attnx.plugins.linear.kernel import LINEAR_OP, LINEAR_STEP_OP, linear_attention, linear_attention_step
+
+EPS = 1e-6
+
+# -- the references: explicit loops over tokens, float64 ---------------------------------------------------
+
+
+def naive_linear_rnn(q, k, v, S, Z, eps=EPS):
+    """One token at a time; S (b, h, d, dv), Z (b, h, d) are the sums of earlier tokens."""
+    q, k, v, S, Z = (t.double() for t in (q, k, v, S, Z))
+    outs = []
+    for i in range(q.shape[-2]):
+        fk, fq = F.elu(k[..., i, :]) + 1, F.elu(q[..., i, :]) + 1
+        S = S + fk[..., :, None] * v[..., i, None, :]
+        Z = Z + fk
+        num = (fq[..., :, None] * S).sum(-2)
+        den = (fq * Z).sum(-1, keepdim=True) + eps
+        outs.append(num / den)
+    return torch.stack(outs, -2), S, Z
+
+
+def naive_cosformer_rnn(q, k, v, position, sums, max_len, eps=EPS):
+    """``sums`` = (S_sin, S_cos, Z_sin, Z_cos) of earlier tokens; token i sits at position + i + 1."""
+    q, k, v = q.double(), k.double(), v.double()
+    s_sin, s_cos, z_sin, z_cos = (t.double() for t in sums)
+    outs = []
+    for i in range(q.shape[-2]):
+        angle = math.pi / 2 * (position + i + 1) / max_len
+        rk, rq = torch.relu(k[..., i, :]), torch.relu(q[..., i, :])
+        s_sin = s_sin + (rk * math.sin(angle))[..., :, None] * v[..., i, None, :]
+        s_cos = s_cos + (rk * math.cos(angle))[..., :, None] * v[..., i, None, :]
+        z_sin, z_cos = z_sin + rk * math.sin(angle), z_cos + rk * math.cos(angle)
+        qs, qc = rq * math.sin(angle), rq * math.cos(angle)
+        num = (qs[..., :, None] * s_sin).sum(-2) + (qc[..., :, None] * s_cos).sum(-2)
+        den = (qs * z_sin).sum(-1, keepdim=True) + (qc * z_cos).sum(-1, keepdim=True)
+        outs.append(num / den.clamp_min(eps))
+    return torch.stack(outs, -2), (s_sin, s_cos, z_sin, z_cos)
+
+
+def naive_cos_full(q, k, v, max_len, eps=EPS):
+    """Causal cosFormer as an explicit N x N matrix: relu(q_i)·relu(k_j) cos(pi/2 (i-j)/M), j <= i."""
+    q, k, v = q.double(), k.double(), v.double()
+    n = q.shape[-2]
+    i = torch.arange(n, dtype=torch.float64)
+    weights = torch.cos(math.pi / 2 * (i[:, None] - i[None, :]) / max_len) * (i[None, :] <= i[:, None])
+    scores = (torch.relu(q) @ torch.relu(k).transpose(-1, -2)) * weights
+    return (scores @ v) / scores.sum(-1, keepdim=True).clamp_min(eps)
+
+
+def random_inputs(batch, heads, n, d, seed):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(batch, heads, n, d, generator=g) for _ in range(3)]
+
+
+def split(n, pieces):
+    """Chunk boundaries: the listed chunk sizes, then single tokens to the end."""
+    bounds, start = [], 0
+    for size in pieces:
+        bounds.append((start, min(n, start + size)))
+        start = min(n, start + size)
+    bounds += [(t, t + 1) for t in range(start, n)]
+    return [(a, b) for a, b in bounds if b > a]
+
+
+# -- linear ---------------------------------------------------------------------------------------------
+
+CASES = [
+    # batch, heads, n, d, chunks (then one token at a time), chunk_size
+    (1, 1, 1, 4, [1], 64),  # a prompt of one token, nothing after
+    (2, 2, 9, 8, [1], 64),  # prompt 1, then 8 single steps
+    (1, 3, 13, 8, [7], 4),  # odd prompt, chunked in the op (chunk 4), then steps
+    (2, 2, 17, 16, [5, 3, 1], 2),  # several prompts in a row (chunked prefill)
+]
+
+
+@pytest.mark.parametrize(("batch", "heads", "n", "d", "pieces", "chunk"), CASES, ids=str)
+def test_linear_step_matches_the_recurrence_and_the_full_causal_op(batch, heads, n, d, pieces, chunk):
+    q, k, v = random_inputs(batch, heads, n, d, seed=n * 7 + d)
+    S, Z = torch.zeros(batch, heads, d, d), torch.zeros(batch, heads, d)
+    expected, expected_S, expected_Z = naive_linear_rnn(q, k, v, S, Z)
+    state, outs = (None, None), []
+    for a, b in split(n, pieces):
+        out, *state = linear_attention_step(
+            q[..., a:b, :], k[..., a:b, :], v[..., a:b, :], *state, EPS, chunk
+        )
+        outs.append(out)
+    steps = torch.cat(outs, -2)
+    torch.testing.assert_close(steps.double(), expected, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(state[0].double(), expected_S, atol=1e-4, rtol=1e-5)
+    torch.testing.assert_close(state[1].double(), expected_Z, atol=1e-4, rtol=1e-5)
+    torch.testing.assert_close(steps, linear_attention(q, k, v, None, True, EPS, chunk), atol=1e-6, rtol=1e-5)
+    assert state[0].dtype == state[1].dtype == torch.float32
+
+
+def test_linear_step_continues_any_given_state():
+    q, k, v = random_inputs(2, 2, 5, 8, seed=3)
+    g = torch.Generator().manual_seed(4)
+    S, Z = torch.rand(2, 2, 8, 8, generator=g) * 3, torch.rand(2, 2, 8, generator=g) * 3  # sums of phi > 0
+    out, grown_S, grown_Z = linear_attention_step(q, k, v, S, Z, EPS, 2)
+    expected, expected_S, expected_Z = naive_linear_rnn(q, k, v, S, Z)
+    torch.testing.assert_close(out.double(), expected, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(grown_S.double(), expected_S, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(grown_Z.double(), expected_Z, atol=1e-5, rtol=1e-5)
+
+
+# -- cosFormer ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("batch", "heads", "n", "d", "pieces", "chunk"), CASES, ids=str)
+@pytest.mark.parametrize("max_len", [16, 100])
+def test_cosformer_step_matches_the_recurrence_and_the_full_causal_op(
+    batch, heads, n, d, pieces, chunk, max_len
+):
+    q, k, v = random_inputs(batch, heads, n, d, seed=n * 5 + d + max_len)
+    zeros = [torch.zeros(batch, heads, d, d)] * 2 + [torch.zeros(batch, heads, d)] * 2
+    expected, (s_sin, s_cos, z_sin, z_cos) = naive_cosformer_rnn(q, k, v, 0, zeros, max_len)
+    state, outs = (None, None), []
+    for a, b in split(n, pieces):
+        position = torch.tensor([a])
+        chunk_qkv = (q[..., a:b, :], k[..., a:b, :], v[..., a:b, :])
+        out, *state = cosformer_attention_step(*chunk_qkv, position, *state, max_len, EPS, chunk)
+        outs.append(out)
+    steps = torch.cat(outs, -2)
+    torch.testing.assert_close(steps.double(), expected, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(steps.double(), naive_cos_full(q, k, v, max_len), atol=1e-5, rtol=1e-4)
+    full_op = cosformer_attention(q, k, v, None, True, max_len, EPS, chunk)
+    torch.testing.assert_close(steps, full_op, atol=1e-6, rtol=1e-5)
+    # the state stacks the sin pair over the cos pair along the feature axis
+    torch.testing.assert_close(state[0].double(), torch.cat((s_sin, s_cos), -2), atol=1e-4, rtol=1e-5)
+    torch.testing.assert_close(state[1].double(), torch.cat((z_sin, z_cos), -1), atol=1e-4, rtol=1e-5)
+
+
+def test_cosformer_position_places_new_tokens_after_the_state():
+    """cos(pi/2 (i-j)/M) is relative: alone, tokens give the same result at any position; after a
+    state, the position decides how far they are from the earlier tokens."""
+    q, k, v = random_inputs(1, 2, 8, 4, seed=11)
+    zeros = [torch.zeros(1, 2, 4, 4)] * 2 + [torch.zeros(1, 2, 4)] * 2
+    alone = [
+        cosformer_attention_step(q, k, v, torch.tensor([p]), None, None, 64, EPS, 64)[0] for p in (0, 40)
+    ]
+    torch.testing.assert_close(alone[0], alone[1], atol=1e-6, rtol=1e-5)
+    _, *state = cosformer_attention_step(
+        q[..., :5, :], k[..., :5, :], v[..., :5, :], torch.tensor([0]), None, None, 64, EPS, 64
+    )
+    tail = (q[..., 5:, :], k[..., 5:, :], v[..., 5:, :])
+    right = cosformer_attention_step(*tail, torch.tensor([5]), *state, 64, EPS, 64)[0]
+    wrong = cosformer_attention_step(*tail, torch.tensor([40]), *state, 64, EPS, 64)[0]
+    expected, _ = naive_cosformer_rnn(q, k, v, 0, zeros, 64)
+    torch.testing.assert_close(right.double(), expected[..., 5:, :], atol=1e-5, rtol=1e-4)
+    assert (wrong - right).abs().max() > 1e-2
+
+
+# -- ONNX: the bodies of both overloads, three outputs ---------------------------------------------------
+
+
+@functools.cache
+def step_session(op_name, with_state, lowering):
+    op = {"LinearAttentionStep": LINEAR_STEP_OP, "CosformerAttentionStep": COSFORMER_STEP_OP}[op_name]
+    cos = op is COSFORMER_STEP_OP
+    f = "f2" if cos else "f"
+    names = ["q", "k", "v"] + (["position"] if cos else []) + (["kv_sum", "k_sum"] if with_state else [])
+    shapes = {
+        "q": ["b", "h", "n", "d"],
+        "k": ["b", "h", "n", "d"],
+        "v": ["b", "h", "n", "e"],
+        "position": [1],
+        "kv_sum": ["b", "h", f, "e"],
+        "k_sum": ["b", "h", f],
+    }
+    inputs = [
+        helper.make_tensor_value_info(
+            n, TensorProto.INT64 if n == "position" else TensorProto.FLOAT, shapes[n]
+        )
+        for n in names
+    ]
+    attributes = {"eps": EPS, "chunk_size": 4, **({"max_len": 32} if cos else {})}
+    node = helper.make_node(op.name, names, ["out", "S", "Z"], domain="attnx", **attributes)
+    outputs = [
+        helper.make_tensor_value_info("out", TensorProto.FLOAT, ["b", "h", "n", "e"]),
+        helper.make_tensor_value_info("S", TensorProto.FLOAT, ["b", "h", f, "e"]),
+        helper.make_tensor_value_info("Z", TensorProto.FLOAT, ["b", "h", f]),
+    ]
+    graph = helper.make_graph([node], "step", inputs, outputs)
+    opsets = [helper.make_opsetid("", 18), helper.make_opsetid("attnx", 1)]
+    model = lower(helper.make_model(graph, opset_imports=opsets, ir_version=10), [op], lowering)
+    onnx.checker.check_model(model, full_check=True)
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+
+
+@pytest.mark.parametrize("lowering", ["function", "decomposed"])
+@pytest.mark.parametrize("variant", ["linear", "cosformer"])
+@pytest.mark.parametrize("n", [1, 6])
+def test_onnx_bodies_match_the_recurrence(lowering, variant, n):
+    d = 4
+    q, k, v = random_inputs(2, 2, n, d, seed=n + 17)
+    cos = variant == "cosformer"
+    first = step_session(LINEAR_STEP_OP.name if not cos else COSFORMER_STEP_OP.name, False, lowering)
+    then = step_session(LINEAR_STEP_OP.name if not cos else COSFORMER_STEP_OP.name, True, lowering)
+    feed = {"q": q.numpy(), "k": k.numpy(), "v": v.numpy()}
+    if cos:
+        feed["position"] = np.array([0], dtype=np.int64)
+    out, S, Z = first.run(None, feed)
+    later = [t * 0.5 for t in random_inputs(2, 2, 3, d, seed=n + 18)]
+    feed = {"q": later[0].numpy(), "k": later[1].numpy(), "v": later[2].numpy(), "kv_sum": S, "k_sum": Z}
+    if cos:
+        feed["position"] = np.array([n], dtype=np.int64)
+    out2, S2, Z2 = then.run(None, feed)
+    whole = [torch.cat((a, b), -2) for a, b in zip((q, k, v), later, strict=True)]
+    if cos:
+        zeros = [torch.zeros(2, 2, d, d)] * 2 + [torch.zeros(2, 2, d)] * 2
+        expected, sums = naive_cosformer_rnn(*whole, 0, zeros, 32)
+        expected_S, expected_Z = torch.cat(sums[:2], -2), torch.cat(sums[2:], -1)
+    else:
+        expected, expected_S, expected_Z = naive_linear_rnn(
+            *whole, torch.zeros(2, 2, d, d), torch.zeros(2, 2, d)
+        )
+    got = torch.cat((torch.from_numpy(out), torch.from_numpy(out2)), -2)
+    torch.testing.assert_close(got.double(), expected, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(torch.from_numpy(S2).double(), expected_S, atol=1e-4, rtol=1e-5)
+    torch.testing.assert_close(torch.from_numpy(Z2).double(), expected_Z, atol=1e-4, rtol=1e-5)
+
+
+# -- the op contract: several outputs derived from the torch op -------------------------------------------
+
+
+def test_schema_outputs_follow_the_torch_op_returns():
+    schema = LINEAR_STEP_OP.schema()
+    assert [o.name for o in schema.outputs] == ["output", "kv_sum", "k_sum"]
+    types = {c.type_param_str: list(c.allowed_type_strs) for c in schema.type_constraints}
+    assert types[schema.outputs[1].type_str] == ["tensor(float)"]  # the state is float32
+    assert [o.name for o in LINEAR_OP.schema().outputs] == ["output"]
+    assert [i.name for i in COSFORMER_STEP_OP.schema().inputs] == [
+        "q",
+        "k",
+        "v",
+        "position",
+        "kv_sum",
+        "k_sum",
+    ]
+
+
+def test_output_names_must_match_the_number_of_returns():
+    import dataclasses
+
+    wrong = dataclasses.replace(LINEAR_STEP_OP, output_names=("output", "kv_sum"))
+    with pytest.raises(TypeError, match="returns 3 tensors, 2 names"):
+        wrong.schema()

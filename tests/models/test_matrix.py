@@ -1,0 +1,98 @@
+"""Every registered variant x every model it supports: exports, verifies in ORT, rebuilds from its manifest.
+
+The default run uses the function lowering; the other lowerings are ``slow``.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from attnx.errors import AttnxError
+from attnx.exporter.assemble import assemble
+from attnx.exporter.verify import verify
+from attnx.models import PAPER_ARCHITECTURE
+from attnx.registry import get_registry
+from tests.models.cases import CASES, MODELS, REGISTERED, SUPPORTED, VARIANT_OPTIONS, capabilities, cross_for
+from tests.models.exports import tiny_export
+
+TINY = {"d_model": 32, "n_heads": 2, "n_layers": 1, "d_ff": 64, "vocab_size": 50}
+
+
+def test_every_registered_variant_has_a_table_entry():
+    missing = [v for v in REGISTERED if v not in SUPPORTED]
+    assert not missing, f"add {missing} to SUPPORTED in tests/models/cases.py"
+
+
+def test_every_registered_model_is_covered():
+    assert sorted(get_registry().models) == sorted(MODELS)
+
+
+@pytest.mark.parametrize("variant", REGISTERED)
+def test_table_agrees_with_capabilities(variant):
+    """A model needing causal self-attention (lm, seq2seq decoder) is listed iff the variant is causal."""
+    expected = {"encoder"} | ({"lm", "seq2seq"} if capabilities(variant).causal else set())
+    assert set(SUPPORTED.get(variant, ())) == expected
+
+
+UNSUPPORTED = [(v, m) for v in REGISTERED for m in MODELS if m not in SUPPORTED.get(v, ())]
+
+
+@pytest.mark.parametrize(
+    ("variant", "model"),
+    UNSUPPORTED
+    or [
+        pytest.param(
+            None, None, marks=pytest.mark.skip(reason="every registered variant supports every model")
+        )
+    ],
+)
+def test_unsupported_combination_fails_at_build_naming_model_and_need(variant, model):
+    with pytest.raises(AttnxError) as error:
+        assemble(variant, model, TINY)
+    message = str(error.value)
+    assert "\n" not in message
+    assert f"model '{model}' needs causal self-attention" in message and f"variant '{variant}'" in message
+
+
+@pytest.mark.parametrize(("variant", "model"), CASES, ids=[f"{v}-{m}" for v, m in CASES])
+def test_exports_and_verifies(variant, model):
+    result = tiny_export(variant, model)
+    worst = max(c.max_abs for b in result.parity.ran for c in b.comparisons)
+    assert result.parity.passed, f"max abs error {worst:.3g}"
+    manifest = result.manifest
+    assert (manifest.variant, manifest.model, manifest.recipe) == (variant, model, f"tiny-{model}")
+    for key, value in PAPER_ARCHITECTURE.get(variant, {}).items():
+        assert manifest.model_config[key] == value, f"{variant} architecture: {key}"
+    ops = {f"attnx::{op.name}" for op in get_registry().variant(variant).load().ops}
+    if model == "seq2seq":
+        cross = cross_for(variant)
+        assert manifest.cross_variant == cross
+        ops |= {f"attnx::{op.name}" for op in get_registry().variant(cross).load().ops}
+    else:
+        assert manifest.cross_variant is None
+    assert set(manifest.ops) == ops
+    rebuilt = verify(
+        result.out, seq_lens=[5], write=False
+    )  # rebuilt from attnx.json + weights, as `attnx verify`
+    assert rebuilt.passed
+
+
+LOWERINGS = [(v, m, lowering) for v, m in CASES for lowering in ("decomposed", "plugin")]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("variant", "model", "lowering"), LOWERINGS, ids=[f"{v}-{m}-{x}" for v, m, x in LOWERINGS]
+)
+def test_exports_and_verifies_with_other_lowerings(variant, model, lowering):
+    assert tiny_export(variant, model, lowering=lowering).parity.passed
+
+
+def test_cosformer_options_reach_cross_attention_too():
+    """A bare option goes to every attention config that has it (here both cosformer configs)."""
+    if "cosformer" not in REGISTERED:
+        pytest.xfail("cosformer variant is not registered")
+    assembly = assemble(
+        "cosformer", "seq2seq", {**TINY, **VARIANT_OPTIONS["cosformer"]}, cross_variant="cosformer"
+    )
+    assert assembly.variant_config.max_len == assembly.cross_variant_config.max_len == 256
