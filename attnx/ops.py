@@ -227,17 +227,17 @@ def function_protos(body: onnxscript.OnnxFunction) -> list[onnx.FunctionProto]:
 class VariantImpl:
     """The heavy half of a variant, loaded from :attr:`attnx.variant.Variant.impl`.
 
+    The TensorRT plugin of each op is generated from the op itself (``attnx.trt``), with
+    :attr:`AttentionOp.output_shape` as its shape rule; a variant writes no TensorRT code.
+
     Attributes:
         build: ``build(config, spec) -> torch.nn.Module``; the module's forward is
             ``forward(x, context=None, key_padding_mask=None) -> Tensor``.
         ops: the ``attnx::`` ops the module calls.
-        trt_plugins: TensorRT plugin registrations for ``ops`` (filled by the
-            TensorRT work; empty means "no TensorRT plugin yet").
         decode_ops: the ops the module's stateful decode step calls (``attnx.decode``),
             exported only into ``prefill.onnx``/``decode.onnx``.
     """
 
     build: Callable[[Any, AttentionSpec], torch.nn.Module]
     ops: Sequence[AttentionOp]
-    trt_plugins: Sequence[Any] = ()
     decode_ops: Sequence[AttentionOp] = ()

@@ -68,7 +68,7 @@ def command(as_json: bool) -> None:
 
     console = Console(soft_wrap=True)
     table = Table(title="attention variants")
-    for column in ("variant", "causal", "cross", "pad mask", "decode", "summary", "paper"):
+    for column in ("variant", "causal", "cross", "pad mask", "decode", "paper"):
         table.add_column(column)
     yes = {True: "yes", False: "-"}
     for v in data["variants"]:
@@ -79,8 +79,7 @@ def command(as_json: bool) -> None:
             yes[caps["cross"]],
             yes[caps["key_padding_mask"]],
             caps["decode"] or "-",
-            v["summary"],
-            v["paper"],
+            v["paper"].split(" (")[0],
         )
     console.print(table)
     models = Table(title="models")
