@@ -138,7 +138,8 @@ class AttentionOp:
             if arg.name in self.input_types:
                 type_str = f"T_{arg.name}"
                 constraints[type_str] = [self.input_types[arg.name]]
-            inputs.append(param(arg.name, type_str, param_option=option.Optional if arg.optional else option.Single))
+            kind = option.Optional if arg.optional else option.Single
+            inputs.append(param(arg.name, type_str, param_option=kind))
         outputs = []
         for name in self.outputs:
             type_str = "T"
@@ -174,7 +175,7 @@ class AttentionOp:
         args = self.arguments
 
         def translate(*values: Any, **kwargs: Any) -> Any:
-            bound = dict(zip([a.name for a in args], values))
+            bound = dict(zip([a.name for a in args], values, strict=False))
             bound.update(kwargs)
             inputs = [bound.get(a.name) for a in args if a.is_tensor]
             while inputs and inputs[-1] is None:

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """attnx's standard benchmark: the performance targets, measured side by side in one run.
 
-    python benchmarks/run.py                  # full run (about 15 min on 2 cores)
+    python benchmarks/run.py                  # full run (about 10 min on 2 quiet cores)
     python benchmarks/run.py --quick          # smoke run: small models and lengths (about 2 min)
     python benchmarks/run.py --variants softmax,linear --json out.json --plot out.png
 
@@ -16,7 +16,8 @@ P5      achieved FLOP rate of the model (attnx.bench.cost) / fp32 GEMM rate (a 2
         torch matmul measured in the same run, before and after; the higher rate is used)
 P6      wall time of ``attnx export --variant softmax -o DIR --no-verify`` (default encoder)
 P7      peak RSS of a fresh process running the linear encoder in ORT at N=32768
-decode  per-token latency vs position: needs the decode export (not available yet)
+decode  per-token latency vs position (attnx.decode.bench: a causal LM per decoding
+        variant, prefill then timed decode steps in ORT), reported, no target
 
 With ``--profile`` (default) ORT's profiler gives each variant's op-type breakdown at
 P1's long length, to explain a missed target.
@@ -47,7 +48,7 @@ from attnx.bench.report import BenchReport, Measurement, print_report, progress_
 from attnx.bench.worker import request, run_isolated
 
 GiB = 1 << 30
-DECODE_SKIP = "decode export not available yet (per-token latency needs OUT/prefill.onnx + OUT/decode.onnx)"
+DECODE_SKIP = "decode export not available yet (attnx.decode.bench is missing)"
 LINEAR_TIME = ("linear", "cosformer", "fastformer", "reformer")
 
 
@@ -61,6 +62,9 @@ class Plan:
     p1_batch: tuple[int, int]  # (batch, N)
     p2: tuple[int, int]
     p7: int
+    decode: tuple[int, ...]  # positions
+    decode_steps: int
+    decode_model: dict[str, int] | None  # None: attnx.decode.bench's default LM
     gemm: int
     warmup: int
     repeat: int
@@ -69,13 +73,16 @@ class Plan:
 
 FULL = Plan(
     model={"d_model": 512, "n_heads": 8, "n_layers": 6, "d_ff": 2048},
-    sweep=(256, 1024, 4096, 16384), p1_long=4096, p1_batch=(8, 512), p2=(1024, 16384), p7=32768, gemm=2048,
-    warmup=1, repeat=5, max_time=20.0,
+    sweep=(256, 1024, 4096, 16384), p1_long=4096, p1_batch=(8, 512), p2=(1024, 16384), p7=32768,
+    decode=(16, 256, 1024, 4096), decode_steps=32, decode_model=None,
+    gemm=2048, warmup=1, repeat=5, max_time=20.0,
 )
 QUICK = Plan(
     model={"d_model": 64, "n_heads": 2, "n_layers": 2, "d_ff": 128, "vocab_size": 1000},
-    sweep=(64, 256, 1024), p1_long=1024, p1_batch=(8, 64), p2=(256, 1024), p7=4096, gemm=512,
-    warmup=1, repeat=3, max_time=2.0,
+    sweep=(64, 256, 1024), p1_long=1024, p1_batch=(8, 64), p2=(256, 1024), p7=4096,
+    decode=(16, 256), decode_steps=8,
+    decode_model={"vocab_size": 1000, "d_model": 64, "n_heads": 2, "n_layers": 2, "d_ff": 128},
+    gemm=512, warmup=1, repeat=3, max_time=2.0,
 )
 
 
@@ -142,12 +149,22 @@ def profile(out: Path, plan: Plan, threads: int) -> list[dict[str, Any]]:
     return [dataclasses.asdict(t) for t in ops]
 
 
-def decode_latency(outs: list[Path]) -> dict[str, Any]:
-    """Hook for per-token decode latency vs position, to fill in once exports write
-    OUT/prefill.onnx + OUT/decode.onnx (DESIGN.md); until then a labelled skip."""
-    ready = [out.name for out in outs if (out / "decode.onnx").is_file()]
-    found = f"decode timing not written yet ({', '.join(ready)} have decode.onnx)"
-    return {"status": "skipped", "reason": found if ready else DECODE_SKIP}
+def decode_latency(plan: Plan, variants: list[str], console: Console) -> dict[str, Any]:
+    """Per-token decode latency vs position from ``attnx.decode.bench`` (the decode work owns
+    the measurement); a labelled skip where it is missing, a one-line reason where it fails."""
+    try:
+        from attnx.decode.bench import decode_latency as measure_decode
+        from attnx.decode.export import decoders
+    except ImportError:
+        return {"status": "skipped", "reason": DECODE_SKIP, "timings": []}
+    chosen = [v for v in decoders() if v in variants]
+    try:
+        timings = measure_decode(chosen, positions=plan.decode, steps=plan.decode_steps,
+                                 model=plan.decode_model,
+                                 progress=lambda message: console.print(f"· {message}", style="dim"))
+    except Exception as exc:
+        return {"status": "failed", "reason": f"decode benchmark failed: {one_line(exc)}", "timings": []}
+    return {"status": "ok", "reason": "", "timings": [dataclasses.asdict(t) for t in timings]}
 
 
 def _median(report: BenchReport, variant: str, backend: str, n: int, batch: int = 1) -> Measurement | None:
@@ -181,7 +198,8 @@ def targets(sweep: BenchReport, batched: BenchReport, plan: Plan, gemm: float, p
                 ratio = ort.median_s / eager.median_s
                 stretch = " (stretch met)" if limit == 0.8 and ratio <= 0.6 else ""
                 row(label, variant, ratio, goal, ratio <= limit,
-                    f"ORT {ort.median_s * 1e3:.0f} ms / torch {eager.median_s * 1e3:.0f} ms{stretch}")
+                    f"ORT {ort.median_s * 1e3:.0f} ms / torch {eager.median_s * 1e3:.0f} ms{stretch}; "
+                    f"ratio of minima {ort.min_s / eager.min_s:.2f}")
             else:
                 missing = "ort-cpu" if not ort else "torch"
                 row(label, variant, None, goal, None, _why(report, variant, missing, n, b))
@@ -192,7 +210,8 @@ def targets(sweep: BenchReport, batched: BenchReport, plan: Plan, gemm: float, p
         if first and last:
             ratio = last.median_s / first.median_s
             row(label, variant, ratio, goal, ratio <= 18 if linear_time else None,
-                f"{last.median_s * 1e3:.0f} ms / {first.median_s * 1e3:.0f} ms")
+                f"{last.median_s * 1e3:.0f} ms / {first.median_s * 1e3:.0f} ms; "
+                f"ratio of minima {last.min_s / first.min_s:.2f}")
         else:
             row(label, variant, None, goal, None, _why(sweep, variant, "ort-cpu", long if first else short))
         for backend in ("ort-cpu", "torch"):
@@ -219,7 +238,16 @@ def targets(sweep: BenchReport, batched: BenchReport, plan: Plan, gemm: float, p
     else:
         row(f"P7 ORT peak RSS N={plan.p7} (GiB)", "linear", None, "≤ 2 GiB", None,
             "linear not exported" if p7 is None else f"{p7.status}: {p7.reason}")
-    row("decode per-token latency", "-", None, "-", None, decode["reason"])
+    by_variant: dict[str, list[dict[str, Any]]] = {}
+    for t in decode["timings"]:
+        by_variant.setdefault(t["variant"], []).append(t)
+    for variant, points in by_variant.items():
+        first, last = min(points, key=lambda t: t["position"]), max(points, key=lambda t: t["position"])
+        row(f"decode ms/token P={last['position']} / P={first['position']}", variant,
+            last["ms_per_token"] / first["ms_per_token"], "reported", None,
+            " · ".join(f"P={t['position']}: {t['ms_per_token']:.3f} ms" for t in points))
+    if not by_variant:
+        row("decode per-token latency", "-", None, "reported", None, decode["reason"])
     return rows
 
 
@@ -271,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
         console.print(f"· timing `attnx export` (P6) and the N={plan.p7} peak RSS (P7)", style="dim")
         p6 = export_wall_time(work)
         p7 = peak_rss(work / "linear", plan.p7, args.threads) if "linear" in exported else None
-        decode = decode_latency(outs)
+        decode = decode_latency(plan, variants, console)
         profiles = {} if args.no_profile else {v: profile(work / v, plan, args.threads) for v in exported}
 
     print_report(sweep, console)

@@ -71,7 +71,8 @@ def bench(
         threads: intra-op threads for torch and ONNX Runtime (default: the usable cores).
         max_memory: bytes; a case whose estimated peak exceeds it is skipped with the
             estimate: the :mod:`attnx.bench.cost` activation bound times the backend's
-            ``memory_factor`` (2 for ONNX backends), plus twice the weights file it loads.
+            ``memory_factor`` (2 for ONNX backends), plus ``weight_copies`` (2 for torch, 3 for
+            ONNX backends) of the weights file it loads.
             Default: 80% of the memory available at the start.
         max_time: seconds of timed runs after which a case stops (after at least 3 runs).
         isolate: measure each case in a fresh process (exact memory peaks; slower).
@@ -100,7 +101,9 @@ def bench(
     reasons = {(name, model.directory): BENCH_BACKENDS[name].unavailable(model.directory)
                for name in names for model in models}
 
-    cases = [(model, name, n) for model in models for name in names for n in lengths]
+    # Backends are adjacent in time for each length, so a load change on a shared machine
+    # hits both sides of a comparison (e.g. ORT/torch) alike.
+    cases = [(model, name, n) for model in models for n in lengths for name in names]
     measurements: list[Measurement] = []
     for done, (model, name, n) in enumerate(cases):
         if progress:
@@ -140,7 +143,7 @@ def _estimate(model: ExportedModel, backend: BenchBackend, batch: int, n: int) -
     if cost is None:
         return None, None
     weights = model.weights_bytes() if backend.uses_weights_file else model.onnx_bytes()
-    return int(backend.memory_factor * cost.working_bytes) + 2 * weights, cost.flops
+    return int(backend.memory_factor * cost.working_bytes) + backend.weight_copies * weights, cost.flops
 
 
 def _describe(model: ExportedModel) -> dict[str, Any]:

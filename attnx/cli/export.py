@@ -147,6 +147,12 @@ def command(
             f"{result.manifest.variant} attention, {result.manifest.lowering} lowering, "
             f"{result.attnx_nodes} attnx nodes, opset {result.manifest.opset})"
         )
+        if result.manifest.decode:
+            entry = result.manifest.decode
+            click.echo(
+                f"wrote {result.out}/prefill.onnx and {result.out}/decode.onnx ({entry['mode']} state, "
+                f"{len(entry['state'])} tensors; run `attnx generate {result.out} --prompt-ids 1,2,3`)"
+            )
         if save_checkpoint:
             click.echo(f"saved weights to {save_checkpoint}")
         if result.parity:

@@ -16,6 +16,7 @@ Examples:
   attnx generate out --prompt-ids 1,2,3 --max-new-tokens 64
   attnx generate out --prompt-file prompt.txt --temperature 0.8 --top-k 20 --seed 7
   attnx generate out --prompt-ids 5 --backend torch --greedy --json
+  attnx generate s2s-out --source-ids 4,8,15,16,23,42 --prompt-ids 0 -n 20
 """
 
 
@@ -40,6 +41,9 @@ def parse_ids(text: str, what: str) -> list[int]:
     metavar="FILE",
     help="Read the prompt ids from FILE (separated by whitespace or commas).",
 )
+@click.option(
+    "--source-ids", default=None, metavar="ID,ID,...", help="seq2seq exports: the source token ids."
+)
 @click.option("--max-new-tokens", "-n", default=32, show_default=True, type=int, help="Tokens to generate.")
 @click.option(
     "--backend", default="ort", show_default=True, type=click.Choice(["ort", "torch"]), help="Runtime."
@@ -55,6 +59,7 @@ def command(
     out: str,
     prompt_ids: str | None,
     prompt_file: str | None,
+    source_ids: str | None,
     max_new_tokens: int,
     backend: str,
     greedy: bool,
@@ -68,7 +73,8 @@ def command(
     """Generate token ids after a prompt with OUT's prefill.onnx and decode.onnx.
 
     OUT is an `attnx export --decode` directory. Ids in, ids out (no tokenizer): the new
-    ids are printed on one line, then the speed. Progress goes to stderr.
+    ids are printed on one line, then the speed. Progress goes to stderr. A seq2seq
+    export also needs the source (--source-ids); the prompt then starts the target.
     """
     if (prompt_ids is None) == (prompt_file is None):
         raise AttnxError("give the prompt with exactly one of --prompt-ids or --prompt-file")
@@ -90,6 +96,7 @@ def command(
         out,
         ids,
         max_new_tokens,
+        source_ids=None if source_ids is None else parse_ids(source_ids, "--source-ids"),
         backend=backend,
         temperature=temperature,
         top_k=top_k,

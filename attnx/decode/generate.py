@@ -76,8 +76,8 @@ class Sampler:
         return int(rng.choice(scaled.size, p=weights / weights.sum()))
 
 
-def check_prompt(prompt_ids: Sequence[Any], vocab_size: int) -> list[int]:
-    """The prompt as ints in [0, vocab_size).
+def check_prompt(prompt_ids: Sequence[Any], vocab_size: int, what: str = "prompt") -> list[int]:
+    """The prompt (or source) as ints in [0, vocab_size).
 
     Raises:
         AttnxError: an empty prompt, a non-integer or an out-of-range id.
@@ -85,12 +85,12 @@ def check_prompt(prompt_ids: Sequence[Any], vocab_size: int) -> list[int]:
     ids = []
     for value in prompt_ids:
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-            raise AttnxError(f"prompt ids must be integers (got {value!r})")
+            raise AttnxError(f"{what} ids must be integers (got {value!r})")
         if not 0 <= value < vocab_size:
-            raise AttnxError(f"prompt id {value} is out of range: this model's ids are 0..{vocab_size - 1}")
+            raise AttnxError(f"{what} id {value} is out of range: this model's ids are 0..{vocab_size - 1}")
         ids.append(int(value))
     if not ids:
-        raise AttnxError("the prompt is empty; give at least one token id")
+        raise AttnxError(f"the {what} is empty; give at least one token id")
     return ids
 
 
@@ -99,6 +99,7 @@ def generate(
     prompt_ids: Sequence[int],
     max_new_tokens: int = 32,
     *,
+    source_ids: Sequence[int] | None = None,
     backend: str = "ort",
     temperature: float | None = None,
     top_k: int = 0,
@@ -110,6 +111,8 @@ def generate(
     """Continue ``prompt_ids`` by ``max_new_tokens`` tokens with the decode export in ``out``.
 
     Args:
+        prompt_ids: the first tokens (of the target, for a seq2seq export: e.g. its start token).
+        source_ids: the source sequence of a seq2seq export (required there, refused for an lm).
         backend: "ort" (ONNX Runtime CPU on prefill.onnx/decode.onnx) or "torch" (the model
             rebuilt from the manifest and weights, run step by step).
         temperature: None for greedy decoding, else the sampling temperature (> 0).
@@ -127,14 +130,25 @@ def generate(
     if max_new_tokens < 1:
         raise AttnxError(f"--max-new-tokens must be >= 1 (got {max_new_tokens})")
     stepper, manifest = open_stepper(out, backend, threads)
-    prompt = check_prompt(prompt_ids, int(manifest.model_config["vocab_size"]))
+    vocab = int(manifest.model_config["vocab_size"])
+    prompt = check_prompt(prompt_ids, vocab)
+    source = None
+    if manifest.model == "seq2seq":
+        if source_ids is None:
+            raise AttnxError(
+                "a seq2seq export translates a source: give it with --source-ids (or source_ids=)"
+            )
+        ids = np.asarray([check_prompt(source_ids, vocab, "source")], dtype=np.int64)
+        source = {"input_ids": ids, "attention_mask": np.ones(ids.shape, dtype=bool)}
+    elif source_ids is not None:
+        raise AttnxError(f"--source-ids is for seq2seq exports; this one is a '{manifest.model}' model")
     rng = np.random.default_rng(seed)
     max_len = manifest.variant_config.get("max_len")
     if max_len and len(prompt) + max_new_tokens > max_len:
         report(f"note: positions past max_len={max_len} (cosFormer's M) turn the re-weighting negative")
     report(f"prefill: {len(prompt)} prompt tokens on {backend}")
     start = time.perf_counter()
-    logits, state = stepper.prefill(np.asarray([prompt], dtype=np.int64))
+    logits, state = stepper.prefill(np.asarray([prompt], dtype=np.int64), source)
     tokens = [sampler.pick(logits[0, -1], rng)]
     prefill_seconds = time.perf_counter() - start
     if on_token:

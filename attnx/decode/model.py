@@ -1,14 +1,20 @@
-"""The two stateful graphs of a decode export, as torch modules around a causal LM.
+"""The two stateful graphs of a decode export, as torch modules around a causal LM or a seq2seq decoder.
 
-* prefill: ``input_ids (batch, seq)`` -> ``logits (batch, seq, vocab)``, ``present_length``
-  and every layer's ``present.<layer>.<name>`` state after the prompt;
-* decode: ``input_ids (batch, 1)``, ``past_length`` and every ``past.<layer>.<name>`` ->
-  the logits of that one token, ``present_length`` and the next state.
+* prefill: the prompt -> ``logits`` (batch, seq, vocab), ``present_length`` and every
+  layer's ``present.<layer>.<name>`` state after the prompt;
+* decode: one token per row (batch, 1), ``past_length`` and every ``past.<layer>.<name>``
+  -> the logits of that token, ``present_length`` and the next state.
 
-Both run the LM's own forward (embedding, layers, tied projection) with two hooks: the
-sinusoidal positions start at ``past_length``, and each layer's self-attention is the
-variant's ``attend_step`` (:mod:`attnx.decode.state`) instead of ``attend``. So a decode
-export computes the same function as the full forward, one token at a time.
+``lm``: the prompt is ``input_ids``. ``seq2seq``: prefill takes the source (``input_ids``,
+``attention_mask``) and the decoder prompt ``decoder_input_ids``, and also returns the
+encoder output ``encoder_hidden_states``; decode takes it and ``attention_mask`` back at
+every step as *context* (inputs that do not change; cross-attention re-projects them).
+
+Both graphs run the model's own forward (embedding, layers, tied projection) with two
+hooks: the sinusoidal positions start at ``past_length``, and each (decoder) layer's
+self-attention is the variant's ``attend_step`` (:mod:`attnx.decode.state`) instead of
+``attend``. So a decode export computes the same function as the full forward, one token
+at a time.
 """
 
 from __future__ import annotations
@@ -30,7 +36,8 @@ from attnx.nn import merge_heads, split_heads
 PAST_LENGTH, PRESENT_LENGTH = "past_length", "present_length"
 PRESENT_SEQ = "present_seq"  # = past_seq + 1 in the decode graph
 TOKENS, LOGITS = "input_ids", "logits"
-DECODE_MODELS = ("lm",)
+DECODER_TOKENS, SOURCE_MASK, MEMORY = "decoder_input_ids", "attention_mask", "encoder_hidden_states"
+DECODE_MODELS = ("lm", "seq2seq")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,10 +67,15 @@ POSITION = StateTensor(
 )
 
 
-def self_attention_layers(model: nn.Module) -> list[nn.Module]:
+def causal_stack(model: nn.Module) -> nn.Module:
+    """The stack of causal layers that decodes: the ``lm`` itself, or the ``seq2seq`` decoder."""
+    return model.decoder if model.config.kind == "seq2seq" else model
+
+
+def self_attention_layers(stack: nn.Module) -> list[nn.Module]:
     """The self-attention module of each layer, in order (layer 0's for all when ``share_layers``)."""
-    blocks = model.blocks
-    return [(blocks[0] if model.share_layers else block).attention for block in blocks]
+    blocks = stack.blocks
+    return [(blocks[0] if stack.share_layers else block).attention for block in blocks]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,42 +83,67 @@ class DecodeLayout:
     """The state slots of a model and the input/output specs of its prefill and decode graphs."""
 
     mode: str
+    model: str  # "lm" or "seq2seq"
     vocab_size: int
+    d_model: int
     slots: tuple[StateSlot, ...]
 
     @classmethod
     def of(cls, model: nn.Module, mode: str) -> DecodeLayout:
         slots = [StateSlot(None, POSITION)]
-        for i, layer in enumerate(self_attention_layers(model)):
+        for i, layer in enumerate(self_attention_layers(causal_stack(model))):
             if not (hasattr(layer, "decode_state") and hasattr(layer, "attend_step")):
                 raise AttnxError(
                     f"attention layer {type(layer).__name__} declares decode={mode!r} but lacks "
                     "decode_state()/attend_step() (see docs/decoding.md)"
                 )
             slots += [StateSlot(i, tensor) for tensor in layer.decode_state()]
-        return cls(mode, model.config.vocab_size, tuple(slots))
+        config = model.config
+        return cls(mode, config.kind, config.vocab_size, config.d_model, tuple(slots))
 
     @property
     def layer_slots(self) -> tuple[StateSlot, ...]:
         return tuple(s for s in self.slots if s.layer is not None)
 
+    @property
+    def tokens(self) -> str:
+        """The name of the token input of both graphs."""
+        return DECODER_TOKENS if self.model == "seq2seq" else TOKENS
+
+    def source(self) -> list[TensorSpec]:
+        """seq2seq prefill's source inputs (none for an lm)."""
+        if self.model != "seq2seq":
+            return []
+        return [
+            TensorSpec(TOKENS, "int64", ("batch", "src_seq"), high=self.vocab_size, doc="source token ids"),
+            TensorSpec(SOURCE_MASK, "bool", ("batch", "src_seq"), doc="True for real source tokens"),
+        ]
+
+    def context(self) -> list[TensorSpec]:
+        """Decode inputs that stay as prefill made or took them (seq2seq: encoder output and source mask)."""
+        if self.model != "seq2seq":
+            return []
+        memory = TensorSpec(MEMORY, "float32", ("batch", "src_seq", self.d_model), doc="encoder output")
+        return [memory, self.source()[1]]
+
     def inputs(self, with_past: bool) -> list[TensorSpec]:
-        tokens = TensorSpec(
-            TOKENS, "int64", ("batch", 1 if with_past else "seq"), high=self.vocab_size, doc="token ids"
-        )
+        length = 1 if with_past else "seq"
+        tokens = TensorSpec(self.tokens, "int64", ("batch", length), high=self.vocab_size, doc="token ids")
         if not with_past:
-            return [tokens]
-        return [tokens, *(s.spec("input", GROWING) for s in self.slots)]
+            return [*self.source(), tokens]
+        return [tokens, *self.context(), *(s.spec("input", GROWING) for s in self.slots)]
 
     def outputs(self, with_past: bool) -> list[TensorSpec]:
         length = 1 if with_past else "seq"
         logits = TensorSpec(LOGITS, "float32", ("batch", length, self.vocab_size), doc="next-token logits")
-        return [logits, *(s.spec("output", PRESENT_SEQ if with_past else "seq") for s in self.slots)]
+        memory = self.context()[:1] if not with_past else []
+        return [logits, *memory, *(s.spec("output", PRESENT_SEQ if with_past else "seq") for s in self.slots)]
 
     def describe(self) -> dict[str, Any]:
         """The manifest's ``decode`` entry: everything a runtime needs to drive the loop."""
         return {
             "mode": self.mode,
+            "tokens": self.tokens,
             "prefill": {
                 "inputs": [s.to_dict() for s in self.inputs(False)],
                 "outputs": [s.to_dict() for s in self.outputs(False)],
@@ -119,13 +156,17 @@ class DecodeLayout:
                 {"input": s.input, "output": s.output, "layer": s.layer, **s.tensor.to_dict()}
                 for s in self.slots
             ],
+            "context": [
+                {"input": c.name, "from": "prefill output" if c.name == MEMORY else "prefill input"}
+                for c in self.context()
+            ],
             "dynamic_state_axes": sorted(
                 {a for s in self.slots for a in s.tensor.axes if isinstance(a, str)}
             ),
             "loop": (
                 "run prefill on the prompt; pick the next token from logits[:, -1]; run decode with "
-                f"{TOKENS} = that token (batch, 1) and each state input = the previous call's output "
-                "named next to it in 'state'; repeat"
+                f"{self.tokens} = that token (batch, 1), each 'context' input as prefill took or made it, "
+                "and each state input = the previous call's output named next to it in 'state'; repeat"
             ),
         }
 
@@ -148,44 +189,59 @@ class StepModel(nn.Module):
 
     def __init__(self, model: nn.Module, layout: DecodeLayout, with_past: bool) -> None:
         super().__init__()
-        self.model, self.with_past = model, with_past
-        self.sizes = [sum(s.layer == i for s in layout.layer_slots) for i in range(len(model.blocks))]
+        self.model, self.layout, self.with_past = model, layout, with_past
+        self.names = [s.name for s in layout.inputs(with_past)]
+        self.layers = len(causal_stack(model).blocks)
         # torch.export matches dynamic shapes to forward's parameters: give it one per graph input.
-        count = len(layout.inputs(with_past))
         self.forward = functools.partial(self.step)
         self.forward.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
-            [inspect.Parameter(f"input_{i}", inspect.Parameter.POSITIONAL_ONLY) for i in range(count)]
+            [
+                inspect.Parameter(f"input_{i}", inspect.Parameter.POSITIONAL_ONLY)
+                for i in range(len(self.names))
+            ]
         )
 
-    def step(self, input_ids: torch.Tensor, *state: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def step(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        given = dict(zip(self.names, inputs, strict=True))
+        tokens = given[self.layout.tokens]
+        past: list[Any] = [None] * self.layers
         if self.with_past:
-            position, flat = state[0], list(state[1:])
-            past: list[Any] = [
-                tuple(flat[sum(self.sizes[:i]) : sum(self.sizes[: i + 1])]) for i in range(len(self.sizes))
-            ]
+            position = given[PAST_LENGTH]
+            for i in range(self.layers):
+                past[i] = tuple(given[s.input] for s in self.layout.layer_slots if s.layer == i)
         else:
-            position = torch.zeros(1, dtype=torch.int64, device=input_ids.device)
-            past = [None] * len(self.sizes)
+            position = torch.zeros(1, dtype=torch.int64, device=tokens.device)
         present: dict[int, tuple[torch.Tensor, ...]] = {}
 
         def attend(i: int, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
             out, present[i] = attention_step(layer, x, past[i], position)
             return out
 
-        (logits,) = self.model(input_ids, offset=position, self_attention=attend)
-        tensors = [t for i in range(len(self.sizes)) for t in present[i]]
-        return (logits, position + input_ids.shape[-1], *tensors)
+        hooks = {"offset": position, "self_attention": attend}
+        made: list[torch.Tensor] = []
+        if self.layout.model == "seq2seq":
+            if self.with_past:
+                memory = given[MEMORY]
+            else:
+                memory = self.model.encode(given[TOKENS], given[SOURCE_MASK])
+                made.append(memory)
+            logits = self.model.decode(tokens, memory, given[SOURCE_MASK], **hooks)
+        else:
+            (logits,) = self.model(tokens, **hooks)
+        tensors = [t for i in range(self.layers) for t in present[i]]
+        return (logits, *made, position + tokens.shape[-1], *tensors)
 
 
 def check_decodable(model_name: str, variant: Any, decoders: Sequence[str]) -> None:
     """Refuse a decode export the model or variant cannot serve, naming what can.
 
     Raises:
-        AttnxError: a model other than ``lm``, or a variant without a decode capability.
+        AttnxError: a model without a causal stack to decode, or a (self-attention)
+            variant without a decode capability.
     """
     if model_name not in DECODE_MODELS:
         raise AttnxError(
-            f"--decode exports causal language models (--model {', '.join(DECODE_MODELS)}), "
+            f"--decode exports models that generate token by token (--model {', '.join(DECODE_MODELS)}), "
             f"not '{model_name}'"
         )
     if variant.capabilities.decode is None:

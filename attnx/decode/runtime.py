@@ -1,9 +1,11 @@
 """Run a decode export's two graphs on ONNX Runtime or torch, state in and state out.
 
-A :class:`Stepper` hides the backend: ``prefill(ids)`` and ``decode(ids, state)`` both
-return the logits and the next state, a dict keyed by the decode graph's input names
+A :class:`Stepper` hides the backend: ``prefill(ids[, source])`` and ``decode(ids, state)``
+both return the logits and the next state, a dict keyed by the decode graph's input names
 (``past_length``, ``past.<layer>.<name>``), filled from the outputs the manifest's
-``decode.state`` pairs with them. Nothing here knows which variant it drives.
+``decode.state`` pairs with them, plus the ``decode.context`` inputs (seq2seq: the encoder
+output and the source mask), which stay as prefill made or took them. Nothing here knows
+which variant or model it drives.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from attnx.decode.export import graph_specs, state_map
-from attnx.decode.model import LOGITS, TOKENS
+from attnx.decode.model import LOGITS
 from attnx.errors import AttnxError, unknown_choice
 from attnx.exporter.manifest import WEIGHTS_FILE, Manifest, sha256_file
 
@@ -45,25 +47,35 @@ def decode_entry(directory: Path, manifest: Manifest) -> dict[str, Any]:
 class Stepper(abc.ABC):
     """Prefill and decode calls of one export on one backend."""
 
-    name: str
-
     def __init__(self, entry: dict[str, Any]) -> None:
         self.feeds = state_map(entry)
+        self.tokens = entry["tokens"]
+        self.context = [c["input"] for c in entry["context"]]
         self.prefill_inputs = [s.name for s in graph_specs(entry, "prefill", "inputs")]
         self.decode_inputs = [s.name for s in graph_specs(entry, "decode", "inputs")]
         self.prefill_outputs = [s.name for s in graph_specs(entry, "prefill", "outputs")]
         self.decode_outputs = [s.name for s in graph_specs(entry, "decode", "outputs")]
 
-    def prefill(self, input_ids: np.ndarray) -> tuple[np.ndarray, State]:
-        """Logits (batch, n, vocab) of a prompt (batch, n) and the state after it."""
-        return self._split(self._run("prefill", {TOKENS: input_ids}))
+    def prefill(self, input_ids: np.ndarray, source: State | None = None) -> tuple[np.ndarray, State]:
+        """Logits (batch, n, vocab) of a prompt (batch, n) and the state after it.
+
+        ``source``: a seq2seq model's ``input_ids`` and ``attention_mask`` (batch, src_seq).
+        """
+        feed = {self.tokens: input_ids, **(source or {})}
+        outputs = self._run("prefill", feed)
+        context = {name: outputs[name] if name in outputs else feed[name] for name in self.context}
+        return self._split(outputs, context)
 
     def decode(self, input_ids: np.ndarray, state: State) -> tuple[np.ndarray, State]:
         """Logits (batch, 1, vocab) of one more token per row (batch, 1) and the state after it."""
-        return self._split(self._run("decode", {TOKENS: input_ids, **state}))
+        outputs = self._run("decode", {self.tokens: input_ids, **state})
+        return self._split(outputs, {name: state[name] for name in self.context})
 
-    def _split(self, outputs: dict[str, np.ndarray]) -> tuple[np.ndarray, State]:
-        return outputs[LOGITS], {self.feeds[k]: v for k, v in outputs.items() if k in self.feeds}
+    def _split(self, outputs: dict[str, np.ndarray], context: State) -> tuple[np.ndarray, State]:
+        return outputs[LOGITS], {
+            **context,
+            **{self.feeds[k]: v for k, v in outputs.items() if k in self.feeds},
+        }
 
     @abc.abstractmethod
     def _run(self, graph: str, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -83,7 +95,6 @@ class OrtStepper(Stepper):
         import onnxruntime
 
         super().__init__(entry)
-        self.name = "ort"
         options = onnxruntime.SessionOptions()
         options.log_severity_level = 3
         if threads:
@@ -106,7 +117,6 @@ class TorchStepper(Stepper):
         from attnx.decode.model import DecodeLayout, StepModel
 
         super().__init__(entry)
-        self.name = "torch"
         layout = DecodeLayout.of(assembly.module, entry["mode"])
         self.models = {
             "prefill": StepModel(assembly.module, layout, False),

@@ -1,7 +1,8 @@
 """Decode parity: prefill + one-token steps reproduce the full forward at every position.
 
 For each prompt length n (the verify ``seq_lens``), random ids of length n + :data:`STEPS`
-go through the torch model's full forward once; each backend then runs prefill on the
+(after a random source of n + 2 tokens with a random padding mask, for seq2seq) go through
+the torch model's full forward once; each backend then runs prefill on the
 first n ids and decodes the remaining ones token by token. Every position is compared
 with the full forward's logits at that position: one row for the prompt ("prefill
 logits") and one per decoded token ("logits @ p", p counted from 0), with the same
@@ -19,7 +20,9 @@ from typing import Any
 
 import numpy as np
 
+from attnx.decode.export import graph_specs
 from attnx.decode.runtime import OrtStepper, Stepper, TorchStepper, decode_entry
+from attnx.exporter.inputs import random_feed
 
 STEPS = 4
 ORT_PROVIDERS = {"ort-cpu": "CPUExecutionProvider", "ort-cuda": "CUDAExecutionProvider"}
@@ -45,12 +48,17 @@ def decode_parity(
     entry = decode_entry(Path(directory), manifest)
     rng = np.random.default_rng(seed + 1)
     vocab = int(manifest.model_config["vocab_size"])
+    source_specs = graph_specs(entry, "prefill", "inputs")[:-1]  # seq2seq: source ids and mask
     cases = []
     for n in seq_lens:
         ids = rng.integers(0, vocab, size=(batch, n + STEPS))
+        source = random_feed(source_specs, {"batch": batch, "src_seq": n + 2}, rng)
+        args = [torch.from_numpy(a) for a in source.values()] + [torch.from_numpy(ids)]
+        if source:
+            args.append(torch.ones(ids.shape, dtype=torch.bool))  # every target token is real
         with torch.inference_mode():
-            (full,) = assembly.module(torch.from_numpy(ids))
-        cases.append((n, ids, full.float().numpy()))
+            (full,) = assembly.module(*args)
+        cases.append((n, ids, source, full.float().numpy()))
     steppers: list[tuple[str, Stepper | str]] = [("torch decode", TorchStepper(assembly, entry))]
     for name in backends:
         if name not in ORT_PROVIDERS:
@@ -66,19 +74,23 @@ def decode_parity(
         if isinstance(stepper, str):
             results.append(BackendParity(label, "skipped", stepper))
             continue
-        comparisons = [
-            c for n, ids, full in cases for c in _compare_positions(stepper, n, ids, full, atol, rtol)
-        ]
+        comparisons = [c for case in cases for c in _compare_positions(stepper, *case, atol, rtol)]
         status = "passed" if all(c.passed for c in comparisons) else "failed"
         results.append(BackendParity(label, status, comparisons=comparisons))
     return results
 
 
 def _compare_positions(
-    stepper: Stepper, n: int, ids: np.ndarray, full: np.ndarray, atol: float, rtol: float
+    stepper: Stepper,
+    n: int,
+    ids: np.ndarray,
+    source: dict[str, np.ndarray],
+    full: np.ndarray,
+    atol: float,
+    rtol: float,
 ) -> list[Any]:
-    """Prefill on ids[:, :n], then decode the rest; compare every position with ``full``."""
-    logits, state = stepper.prefill(ids[:, :n])
+    """Prefill on ids[:, :n] (after ``source``), then decode the rest; compare each position with ``full``."""
+    logits, state = stepper.prefill(ids[:, :n], source)
     rows = [_comparison(n, "prefill logits", logits, full[:, :n], atol, rtol)]
     for position in range(n, ids.shape[1]):
         logits, state = stepper.decode(ids[:, position : position + 1], state)

@@ -9,7 +9,7 @@ from torch.nn import functional
 from attnx.models import Seq2SeqConfig
 from attnx.models.blocks import TokenEmbedding
 from attnx.models.spec import TensorSpec
-from attnx.models.stack import AttentionFactory, Stack
+from attnx.models.stack import AttentionFactory, SelfAttentionHook, Stack
 
 
 class Seq2Seq(nn.Module):
@@ -58,11 +58,28 @@ class Seq2Seq(nn.Module):
         decoder_input_ids: torch.Tensor,
         decoder_attention_mask: torch.Tensor,
     ) -> tuple[torch.Tensor]:
-        memory = self.encoder(self.embedding(input_ids), key_padding_mask=attention_mask)
+        memory = self.encode(input_ids, attention_mask)
+        return (self.decode(decoder_input_ids, memory, attention_mask, decoder_attention_mask),)
+
+    def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """The encoder output (batch, src_seq, d_model) that cross-attention reads."""
+        return self.encoder(self.embedding(input_ids), key_padding_mask=attention_mask)
+
+    def decode(
+        self,
+        decoder_input_ids: torch.Tensor,
+        memory: torch.Tensor,
+        attention_mask: torch.Tensor,
+        decoder_attention_mask: torch.Tensor | None = None,
+        offset: torch.Tensor | None = None,
+        self_attention: SelfAttentionHook | None = None,
+    ) -> torch.Tensor:
+        """Decoder logits; ``offset`` and ``self_attention`` serve stateful decoding (:mod:`attnx.decode`)."""
         hidden = self.decoder(
-            self.embedding(decoder_input_ids),
+            self.embedding(decoder_input_ids, offset),
             key_padding_mask=decoder_attention_mask,
             memory=memory,
             memory_mask=attention_mask,
+            self_attention=self_attention,
         )
-        return (functional.linear(hidden, self.embedding.weight),)
+        return functional.linear(hidden, self.embedding.weight)

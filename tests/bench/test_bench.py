@@ -26,7 +26,7 @@ def report(tiny_out: Path):
 
 def test_every_case_is_reported_in_order(report) -> None:
     cases = [(m.backend, m.seq_len) for m in report.measurements]
-    assert cases == [(b, n) for b in ("torch", "ort-cpu", "ort-cuda", "trt") for n in LENGTHS]
+    assert cases == [(b, n) for n in LENGTHS for b in ("torch", "ort-cpu", "ort-cuda", "trt")]
 
 
 def test_measured_cases_carry_raw_timings_and_consistent_statistics(report) -> None:
@@ -82,7 +82,8 @@ def test_progress_reports_each_case_then_done(tiny_out: Path) -> None:
     attnx.bench(tiny_out, backends=["ort-cpu", "trt"], seq_lens=[4, 8], repeat=1, warmup=0,
                 progress=lambda done, total, case: calls.append((done, total, case)))
     assert [c[:2] for c in calls] == [(0, 4), (1, 4), (2, 4), (3, 4), (4, 4)]
-    assert calls[0][2] == "softmax-tiny ort-cpu N=4" and calls[-1][2] == "done"
+    cases = [f"softmax-tiny {backend} N={n}" for n in (4, 8) for backend in ("ort-cpu", "trt")]
+    assert [c[2] for c in calls] == [*cases, "done"]
 
 
 def test_a_case_over_the_memory_limit_is_skipped_with_the_estimate(tiny_out: Path) -> None:

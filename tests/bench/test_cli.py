@@ -20,10 +20,10 @@ def test_bench_prints_the_table_and_writes_json_and_plot(tiny_out: Path, tmp_pat
     result = CliRunner().invoke(cli, args)
     assert result.exit_code == 0, result.output
     assert "median ms" in result.output and "slope" in result.output
-    assert "skipped softmax-tiny trt batch 1 N=8,16:" in result.output
+    assert "skipped softmax-tiny trt batch 1 N=8,16:" in result.output  # grouped, with the reason
     data = json.loads(json_path.read_text())
     assert [(m["backend"], m["seq_len"], m["status"]) for m in data["measurements"]][:4] == [
-        ("torch", 8, "ok"), ("torch", 16, "ok"), ("ort-cpu", 8, "ok"), ("ort-cpu", 16, "ok")]
+        ("torch", 8, "ok"), ("ort-cpu", 8, "ok"), ("trt", 8, "skipped"), ("torch", 16, "ok")]
     assert plot_path.read_bytes().startswith(b"\x89PNG")
 
 

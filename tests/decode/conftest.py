@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import TINY
+from tests.helpers import run_cli
 
 DECODERS = ("softmax", "linear", "cosformer")
 VARIANT_OPTIONS = {"cosformer": {"max_len": 64}}
@@ -20,25 +21,30 @@ def lm_options(variant: str, **overrides: Any) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="session")
-def decode_export(tmp_path_factory) -> Callable[[str], tuple[Path, Any]]:
-    """``decode_export(variant)`` -> (OUT, ExportResult) of a verified tiny ``lm --decode`` export."""
-    from attnx.exporter.export import export
+def decode_export(tmp_path_factory) -> Callable[..., tuple[Path, str]]:
+    """``decode_export(variant, model="lm")`` -> (OUT, stdout) of a verified tiny decode export."""
+    made: dict[tuple[str, str], tuple[Path, str]] = {}
 
-    made: dict[str, tuple[Path, Any]] = {}
-
-    def get(variant: str) -> tuple[Path, Any]:
-        if variant not in made:
-            out = tmp_path_factory.mktemp(f"decode-{variant}") / "out"
-            result = export(
+    def get(variant: str, model: str = "lm") -> tuple[Path, str]:
+        if (variant, model) not in made:
+            out = tmp_path_factory.mktemp(f"decode-{model}-{variant}") / "out"
+            options = [arg for k, v in lm_options(variant).items() for arg in ("--set", f"{k}={v}")]
+            seq_lens = ",".join(map(str, EXPORT_SEQ_LENS))
+            args = [
+                "export",
+                "--model",
+                model,
+                "--variant",
                 variant,
-                out,
-                model="lm",
-                decode=True,
-                options=lm_options(variant),
-                seq_lens=EXPORT_SEQ_LENS,
-                seed=1,
-            )
-            made[variant] = (out, result)
-        return made[variant]
+                "--decode",
+                "-o",
+                str(out),
+                "--seed",
+                "1",
+            ]
+            code, stdout, stderr = run_cli([*args, "--seq-lens", seq_lens, *options])
+            assert code == 0, stderr
+            made[(variant, model)] = (out, stdout)
+        return made[(variant, model)]
 
     return get

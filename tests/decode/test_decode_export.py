@@ -37,24 +37,27 @@ def run(session, feed):
 
 @pytest.mark.parametrize("variant", DECODERS)
 def test_export_writes_verified_prefill_and_decode(decode_export, variant):
-    out, result = decode_export(variant)
+    out, stdout = decode_export(variant)
     assert {"model.onnx", "prefill.onnx", "decode.onnx", "attnx.json"} <= {p.name for p in out.iterdir()}
+    mode = "kv-cache" if variant == "softmax" else "recurrent"
+    assert f"wrote {out}/prefill.onnx and {out}/decode.onnx ({mode} state, 3 tensors" in stdout
+    assert "parity: PASSED on ort-cpu, torch decode, ort-cpu decode" in stdout
     manifest = Manifest.read(out)
-    assert manifest.decode["mode"] == ("kv-cache" if variant == "softmax" else "recurrent")
+    assert manifest.decode["mode"] == mode
     assert manifest.files["prefill"] == "prefill.onnx" and manifest.files["decode"] == "decode.onnx"
-    backends = {b.backend: b for b in result.parity.backends}
-    assert result.parity.passed
-    for name in ("torch decode", "ort-cpu decode"):
-        rows = backends[name].comparisons
-        assert len(rows) == len(EXPORT_SEQ_LENS) * (1 + STEPS) and all(r.passed for r in rows)
     parity = json.loads((out / "parity.json").read_text())
-    assert any(b["backend"] == "ort-cpu decode" for b in parity["backends"])
+    backends = {b["backend"]: b for b in parity["backends"]}
+    assert parity["passed"]
+    for name in ("torch decode", "ort-cpu decode"):
+        rows = backends[name]["comparisons"]
+        assert len(rows) == len(EXPORT_SEQ_LENS) * (1 + STEPS) and all(r["passed"] for r in rows)
+        assert [r["output"] for r in rows[:2]] == ["prefill logits", f"logits @ {EXPORT_SEQ_LENS[0]}"]
 
 
 @pytest.mark.parametrize("variant", DECODERS)
 def test_ort_steps_match_the_torch_full_forward_at_every_position(decode_export, variant):
     """Drives ORT directly from the manifest's state map; the reference is the torch model's full forward."""
-    out, result = decode_export(variant)
+    out, _ = decode_export(variant)
     manifest = Manifest.read(out)
     module = rebuild(manifest, out / WEIGHTS_FILE).module
     feeds = {s["output"]: s["input"] for s in manifest.decode["state"]}
@@ -146,7 +149,10 @@ def test_verify_reruns_decode_parity_and_catches_a_broken_decode_graph(decode_ex
         (["--variant", "reformer"], ["variant 'reformer' cannot decode", "cosformer, linear, softmax"]),
         (["--variant", "fastformer"], ["variant 'fastformer' cannot decode", "cosformer, linear, softmax"]),
         (["--variant", "linear", "--lowering", "plugin"], ["function or decomposed lowering"]),
-        (["--variant", "linear", "--model", "encoder"], ["--decode exports causal language models"]),
+        (
+            ["--variant", "linear", "--model", "encoder"],
+            ["--decode exports models that generate", "lm, seq2seq"],
+        ),
     ],
 )
 def test_export_refuses_what_cannot_decode(tmp_path, args, fragments):
@@ -186,3 +192,29 @@ def rebuilt(out):
 def full_forward(out, ids):
     with torch.inference_mode():
         return rebuilt(out)(torch.from_numpy(ids))[0].numpy()
+
+
+def test_seq2seq_decode_export_carries_the_encoder_output_as_context(decode_export):
+    out, stdout = decode_export("cosformer", "seq2seq")
+    assert "parity: PASSED on ort-cpu, torch decode, ort-cpu decode" in stdout
+    entry = Manifest.read(out).decode
+    assert entry["tokens"] == "decoder_input_ids"
+    assert entry["context"] == [
+        {"input": "encoder_hidden_states", "from": "prefill output"},
+        {"input": "attention_mask", "from": "prefill input"},
+    ]
+    module = rebuild(Manifest.read(out), out / WEIGHTS_FILE).module
+    prefill, decode = sessions(out)
+    rng = np.random.default_rng(0)
+    source, mask = rng.integers(0, 50, size=(2, 7)), np.arange(7) < np.array([[7], [3]])
+    target = rng.integers(0, 50, size=(2, 6))
+    with torch.inference_mode():
+        args = [torch.from_numpy(a) for a in (source, mask, target, np.ones(target.shape, dtype=bool))]
+        expected = module(*args)[0].numpy()
+    outputs = run(prefill, {"input_ids": source, "attention_mask": mask, "decoder_input_ids": target[:, :2]})
+    context = {"encoder_hidden_states": outputs["encoder_hidden_states"], "attention_mask": mask}
+    feeds = {s["output"]: s["input"] for s in entry["state"]}
+    for t in range(2, 6):
+        state = {feeds[k]: v for k, v in outputs.items() if k in feeds}
+        outputs = run(decode, {"decoder_input_ids": target[:, t : t + 1], **context, **state})
+        np.testing.assert_allclose(outputs["logits"][:, 0], expected[:, t], atol=1e-4, rtol=1e-3)

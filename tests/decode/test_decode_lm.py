@@ -11,22 +11,25 @@ from attnx.exporter.assemble import assemble
 from tests.decode.conftest import DECODERS, lm_options
 
 
-def step_logits(assembly, ids, prompt):
-    """Logits of ``ids`` from prefill on ids[:, :prompt] then one decode call per later token."""
+def step_logits(assembly, ids, prompt, source=()):
+    """Logits of ``ids`` from prefill on ids[:, :prompt] (after a seq2seq ``source``: ids, mask), then
+    one decode call per later token."""
     layout = DecodeLayout.of(assembly.module, assembly.variant.capabilities.decode)
     prefill, decode = StepModel(assembly.module, layout, False), StepModel(assembly.module, layout, True)
     with torch.inference_mode():
-        logits, *state = prefill(ids[:, :prompt])
+        logits, *state = prefill(*source, ids[:, :prompt])
+        context = [state.pop(0), source[1]] if source else []  # the encoder output and the source mask
         rows = [logits]
         for t in range(prompt, ids.shape[1]):
-            logits, *state = decode(ids[:, t : t + 1], *state)
+            logits, *state = decode(ids[:, t : t + 1], *context, *state)
             rows.append(logits)
     return torch.cat(rows, 1), state
 
 
-def full_logits(assembly, ids):
+def full_logits(assembly, ids, source=()):
+    target_mask = [torch.ones(ids.shape, dtype=torch.bool)] if source else []
     with torch.inference_mode():
-        return assembly.module(ids)[0]
+        return assembly.module(*source, ids, *target_mask)[0]
 
 
 @pytest.mark.parametrize("variant", DECODERS)
@@ -80,3 +83,17 @@ def test_a_layer_without_the_decode_methods_is_refused_by_name():
     assembly.module.blocks[0].attention = torch.nn.Identity()
     with pytest.raises(AttnxError, match="Identity declares decode='kv-cache' but lacks decode_state"):
         DecodeLayout.of(assembly.module, "kv-cache")
+
+
+@pytest.mark.parametrize("variant", DECODERS)
+@pytest.mark.parametrize("cross", ["softmax", "linear"])
+def test_seq2seq_decoder_steps_reproduce_the_full_forward(variant, cross):
+    """The decoder decodes with the encoder output and a padded source mask as fixed context."""
+    options = lm_options(variant, n_layers=2, n_decoder_layers=2)
+    assembly = assemble(variant, "seq2seq", options, seed=3, cross_variant=cross)
+    g = torch.Generator().manual_seed(7)
+    source = (torch.randint(0, 50, (2, 9), generator=g), torch.arange(9) < torch.tensor([[9], [4]]))
+    ids = torch.randint(0, 50, (2, 8), generator=g)
+    stepped, state = step_logits(assembly, ids, 3, source)
+    torch.testing.assert_close(stepped, full_logits(assembly, ids, source), atol=1e-5, rtol=1e-4)
+    assert state[0].tolist() == [8]

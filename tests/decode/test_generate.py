@@ -106,3 +106,20 @@ def test_cli_refuses_an_export_without_decode_graphs(decode_export, tmp_path):
     code, _, stderr = run_cli(["generate", str(tmp_path / "missing"), "--prompt-ids", "1"])
     assert_one_line_error(code, stderr, "is not a directory")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["plain"]
+
+
+def test_seq2seq_generation_needs_a_source(decode_export):
+    out, _ = decode_export("cosformer", "seq2seq")
+    code, stdout, stderr = run_cli(
+        ["generate", str(out), "--source-ids", "4,8,15,16", "--prompt-ids", "0", "-n", "6"]
+    )
+    assert code == 0, stderr
+    ids = [int(i) for i in stdout.splitlines()[0].split(",")]
+    assert generate(out, [0], 6, source_ids=[4, 8, 15, 16], backend="torch").tokens == ids
+    code, _, stderr = run_cli(["generate", str(out), "--prompt-ids", "0"])
+    assert_one_line_error(code, stderr, "give it with --source-ids")
+    code, _, stderr = run_cli(["generate", str(out), "--prompt-ids", "0", "--source-ids", "1,99"])
+    assert_one_line_error(code, stderr, "source id 99 is out of range")
+    lm, _ = decode_export("linear")
+    code, _, stderr = run_cli(["generate", str(lm), "--prompt-ids", "0", "--source-ids", "1"])
+    assert_one_line_error(code, stderr, "--source-ids is for seq2seq exports")
