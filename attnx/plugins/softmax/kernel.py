@@ -39,7 +39,8 @@ def softmax_attention(
         bias = bias.masked_fill(~key_padding_mask[:, None, None, :], MASKED_SCORE)
     if causal:
         bias = bias.masked_fill(~causal_keep(q.shape[-2], k.shape[-2], q.device), float("-inf"))
-    return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale)
+    # contiguous, as the fake kernel promises (torch.compile checks the strides)
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale).contiguous()
 
 
 @softmax_attention.register_fake
