@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
@@ -12,16 +11,15 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper
-from safetensors.torch import load_model
 
 from attnx.errors import AttnxError
-from attnx.exporter.assemble import assemble
 from attnx.exporter.export import export
 from attnx.exporter.lowering import attach_functions
-from attnx.exporter.manifest import MODEL_FILE, WEIGHTS_FILE
+from attnx.exporter.manifest import MODEL_FILE
 from attnx.plugins.fastformer import VARIANT, FastformerConfig
 from attnx.plugins.fastformer.kernel import FASTFORMER_OP, fastformer_attention
 from attnx.variant import AttentionSpec
+from tests.plugins.encoder_parity import assert_encoder_matches_ort, export_encoder
 
 SHAPES = [(1, 1, 1, 4), (2, 3, 7, 8), (3, 2, 16, 5), (2, 4, 33, 16)]  # (batch, heads, N, d_head)
 MASKS = ["none", "prefix", "scattered"]
@@ -260,21 +258,10 @@ def exported(tmp_path_factory) -> tuple[torch.nn.Module, ort.InferenceSession]:
     """One small dynamic-shape export (function lowering), with the torch model rebuilt from its weights."""
     out = tmp_path_factory.mktemp("fastformer") / "out"
     options = {**TINY, "n_layers": 1}
-    export("fastformer", out, options=options, lowering="function", verify=False, seed=3)
-    module = assemble("fastformer", "encoder", options, seed=0).module
-    load_model(module, str(out / WEIGHTS_FILE), strict=True)
-    return module.eval(), ort.InferenceSession(str(out / MODEL_FILE), providers=["CPUExecutionProvider"])
+    return export_encoder("fastformer", out, options)
 
 
 @settings(max_examples=15, deadline=None)
 @given(batch=st.integers(1, 3), n=st.integers(1, 48), seed=st.integers(0, 2**16))
 def test_property_torch_matches_onnxruntime(exported, batch, n, seed):
-    module, session = exported
-    rng = np.random.default_rng(seed)
-    input_ids = rng.integers(0, TINY["vocab_size"], size=(batch, n))
-    mask = rng.random((batch, n)) > 0.3
-    with torch.no_grad():
-        (expected,) = module(torch.from_numpy(input_ids), torch.from_numpy(mask))
-    (actual,) = session.run(None, {"input_ids": input_ids, "attention_mask": mask})
-    tolerance = VARIANT.tolerance
-    np.testing.assert_allclose(actual, expected.numpy(), atol=tolerance.atol, rtol=tolerance.rtol)
+    assert_encoder_matches_ort(exported, batch, n, seed, TINY["vocab_size"], VARIANT.tolerance)

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import functools
-from pathlib import Path
 
-import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
@@ -14,16 +12,15 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper
-from safetensors.torch import load_model
 
 from attnx.errors import AttnxError
-from attnx.exporter.assemble import assemble
 from attnx.exporter.export import export
 from attnx.exporter.lowering import lower
-from attnx.exporter.manifest import MODEL_FILE, WEIGHTS_FILE
+from attnx.exporter.manifest import MODEL_FILE
 from attnx.plugins.linear import VARIANT, LinearConfig
 from attnx.plugins.linear.kernel import LINEAR_OP, linear_attention
 from attnx.variant import AttentionSpec
+from tests.plugins.encoder_parity import assert_encoder_matches_ort, export_encoder
 
 EPS = 1e-6
 TINY = {"d_model": 32, "n_heads": 2, "n_layers": 1, "d_ff": 64, "vocab_size": 50}
@@ -289,22 +286,12 @@ def test_export_verifies_in_every_lowering(tmp_path, lowering):
 def exported(tmp_path_factory):
     """One dynamic-shape export (function lowering) and the torch model rebuilt from its weights."""
     out = tmp_path_factory.mktemp("linear") / "out"
-    export("linear", out, options=TINY, lowering="function", verify=False, seed=3)
-    module = assemble("linear", "encoder", TINY, seed=0).module
-    load_model(module, str(Path(out) / WEIGHTS_FILE), strict=True)
-    return module.eval(), ort.InferenceSession(str(out / MODEL_FILE), providers=["CPUExecutionProvider"])
+    return export_encoder("linear", out, TINY)
 
 
 @settings(max_examples=15, deadline=None)
 @given(batch=st.integers(1, 3), n=st.integers(1, 100), seed=st.integers(0, 2**16))
 def test_property_torch_matches_onnxruntime(exported, batch, n, seed):
-    module, session = exported
-    rng = np.random.default_rng(seed)
-    input_ids = rng.integers(0, TINY["vocab_size"], size=(batch, n))
-    mask = rng.random((batch, n)) > 0.3
-    mask[:, 0] = True
-    with torch.no_grad():
-        (expected,) = module(torch.from_numpy(input_ids), torch.from_numpy(mask))
-    (actual,) = session.run(None, {"input_ids": input_ids, "attention_mask": mask})
-    tolerance = VARIANT.tolerance
-    np.testing.assert_allclose(actual, expected.numpy(), atol=tolerance.atol, rtol=tolerance.rtol)
+    assert_encoder_matches_ort(
+        exported, batch, n, seed, TINY["vocab_size"], VARIANT.tolerance, keep_first_token=True
+    )

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-from pathlib import Path
 
 import numpy as np
 import onnx
@@ -13,16 +12,16 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
-from safetensors.torch import load_model
 
 from attnx.errors import AttnxError
 from attnx.exporter.assemble import assemble
 from attnx.exporter.export import export
 from attnx.exporter.lowering import lower
-from attnx.exporter.manifest import MODEL_FILE, WEIGHTS_FILE
+from attnx.exporter.manifest import MODEL_FILE
 from attnx.plugins.reformer import VARIANT, ReformerConfig
 from attnx.plugins.reformer.kernel import REFORMER_OP, reformer_attention
 from attnx.variant import AttentionSpec
+from tests.plugins.encoder_parity import assert_encoder_matches_ort, export_encoder
 
 SELF_SCORE = -65504.0  # a token's score for itself: it wins only when nothing else is visible
 NORM_EPS = 1e-6
@@ -392,21 +391,10 @@ def exported(tmp_path_factory):
     """One dynamic-shape export (function lowering); a torch model loads its weights, rotations included."""
     out = tmp_path_factory.mktemp("reformer") / "out"
     options = {**TINY, "n_hashes": 3, "chunk_size": 4}
-    export("reformer", out, options=options, lowering="function", verify=False, seed=3)
-    module = assemble("reformer", "encoder", options, seed=0).module
-    load_model(module, str(Path(out) / WEIGHTS_FILE), strict=True)
-    return module.eval(), ort.InferenceSession(str(out / MODEL_FILE), providers=["CPUExecutionProvider"])
+    return export_encoder("reformer", out, options)
 
 
 @settings(max_examples=15, deadline=None)
 @given(batch=st.integers(1, 3), n=st.integers(1, 100), seed=st.integers(0, 2**16))
 def test_property_torch_matches_onnxruntime(exported, batch, n, seed):
-    module, session = exported
-    rng = np.random.default_rng(seed)
-    input_ids = rng.integers(0, TINY["vocab_size"], size=(batch, n))
-    mask = rng.random((batch, n)) > 0.3
-    with torch.no_grad():
-        (expected,) = module(torch.from_numpy(input_ids), torch.from_numpy(mask))
-    (actual,) = session.run(None, {"input_ids": input_ids, "attention_mask": mask})
-    tolerance = VARIANT.tolerance
-    np.testing.assert_allclose(actual, expected.numpy(), atol=tolerance.atol, rtol=tolerance.rtol)
+    assert_encoder_matches_ort(exported, batch, n, seed, TINY["vocab_size"], VARIANT.tolerance)
