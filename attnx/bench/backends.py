@@ -131,16 +131,9 @@ class TorchSession:
 
 def rebuild_torch(model: ExportedModel) -> Any:
     """The torch module with the exported weights (the same rebuild as ``attnx verify``)."""
-    from safetensors.torch import load_model
+    from attnx.exporter.assemble import rebuild
 
-    from attnx.exporter.assemble import assemble
-
-    m = model.manifest
-    options = {**{f"model.{k}": v for k, v in m.model_config.items()},
-               **{f"variant.{k}": v for k, v in m.variant_config.items()}}
-    module = assemble(m.variant, m.model, options, m.seed).module
-    load_model(module, str(model.directory / WEIGHTS_FILE), strict=True)
-    return module.eval()
+    return rebuild(model.manifest, model.directory / WEIGHTS_FILE).module.eval()
 
 
 def _input_names(model: ExportedModel) -> list[str]:
