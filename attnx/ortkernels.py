@@ -14,7 +14,11 @@ re-encoded copy of each node (:func:`kernel_view`), never a different computatio
   naming as the function lowering's overloads) registered with exactly those inputs;
 * INTS/FLOATS attributes travel as JSON strings and are decoded before the call.
 
-Kernels run on the CPU execution provider with float32 activations (the exported dtype).
+* PyOps have no float16 type, so in an fp16 model each node's float inputs are cast to
+  float32 before the kernel and its output back to float16 after it (the op computed at
+  higher precision, as a TensorRT plugin may also choose).
+
+Kernels run on the CPU execution provider.
 """
 
 from __future__ import annotations
@@ -25,10 +29,9 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import onnx
-from onnx import AttributeProto, helper
+from onnx import AttributeProto, TensorProto, helper
 
 from attnx.errors import AttnxError
-from attnx.exporter.lowering import attnx_nodes
 from attnx.ops import DOMAIN, AttentionOp
 from attnx.trt.spec import FLOAT_INPUT, PluginSpec, describe
 
@@ -66,14 +69,19 @@ def kernel_view(model: onnx.ModelProto, ops: Sequence[AttentionOp]) -> onnx.Mode
     register_all(specs.values())
     view = onnx.ModelProto()
     view.CopyFrom(model)
-    for node in attnx_nodes(view):
+    half = _activation_type(view) == TensorProto.FLOAT16
+    nodes: list[onnx.NodeProto] = []
+    for node in view.graph.node:
+        if node.domain != DOMAIN:
+            nodes.append(node)
+            continue
         spec = specs.get(node.op_type)
         if spec is None:
             raise AttnxError(f"no attnx op named '{node.op_type}' is registered by the model's variants")
         if len(node.input) > len(spec.inputs):
             raise AttnxError(f"node {node.name}: attnx::{spec.name} takes at most {len(spec.inputs)} inputs")
-        given = [(i.name, value) for i, value in zip(spec.inputs, node.input, strict=False) if value]
-        present = [name for name, _ in given]
+        given = [(i, value) for i, value in zip(spec.inputs, node.input, strict=False) if value]
+        present = [i.name for i, _ in given]
         absent = [i.name for i in spec.inputs if not i.optional and i.name not in present]
         if absent:
             raise AttnxError(f"node {node.name}: attnx::{spec.name} lacks input(s) {', '.join(absent)}")
@@ -84,7 +92,30 @@ def kernel_view(model: onnx.ModelProto, ops: Sequence[AttentionOp]) -> onnx.Mode
             if attribute.type in _LISTS:
                 text = json.dumps(list(helper.get_attribute_value(attribute)))
                 attribute.CopyFrom(helper.make_attribute(attribute.name, text))
+        floats = [k for k, (i, _) in enumerate(given) if i.onnx_type == FLOAT_INPUT]
+        nodes += _in_float32(node, floats) if half else [node]
+    del view.graph.node[:]
+    view.graph.node.extend(nodes)
     return view
+
+
+def _in_float32(node: onnx.NodeProto, floats: Sequence[int]) -> list[onnx.NodeProto]:
+    """``node`` between Casts: float inputs (positions ``floats``) to float32, its output back to float16."""
+    casts = []
+    for index in floats:
+        wide = f"{node.input[index]}__fp32__{node.name}"
+        casts.append(helper.make_node("Cast", [node.input[index]], [wide], to=TensorProto.FLOAT))
+        node.input[index] = wide
+    out = node.output[0]
+    node.output[0] = f"{out}__fp32"
+    return [*casts, node, helper.make_node("Cast", [node.output[0]], [out], to=TensorProto.FLOAT16)]
+
+
+def _activation_type(model: onnx.ModelProto) -> int:
+    """The element type of the model's first floating-point output (its activations' type)."""
+    floats = (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.DOUBLE)
+    types = [v.type.tensor_type.elem_type for v in model.graph.output]
+    return next((t for t in types if t in floats), TensorProto.FLOAT)
 
 
 def register_all(extra: Any = ()) -> None:

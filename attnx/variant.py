@@ -23,20 +23,32 @@ DecodeMode = Literal["kv-cache", "recurrent"]
 
 @dataclasses.dataclass(frozen=True)
 class Capabilities:
-    """What a variant's module supports; attnx refuses other uses before building."""
+    """What a variant's module supports; attnx refuses other uses before building.
+
+    ``fp16``: the variant exports in half precision with parity against torch in fp16. A
+    variant whose output is a discontinuous function of its inputs (reformer's LSH buckets)
+    cannot promise that: fp16 rounding differences between backends change its decisions.
+    """
 
     causal: bool = False
     cross: bool = False
     key_padding_mask: bool = True
     decode: DecodeMode | None = None
+    fp16: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
 class Tolerance:
-    """Parity tolerances (element-wise: |a-b| <= atol + rtol*|b|)."""
+    """Parity tolerances: an element passes when |a-b| <= atol or |a-b| <= rtol*|b| (b: torch's
+    value; Polygraphy's element-wise check)."""
 
     atol: float
     rtol: float
+
+
+# fp16 carries 11 significant bits: a model's outputs of magnitude ~8 are 1 ulp = 0.0078 apart, and
+# torch and ONNX Runtime round each layer's GEMMs and norms separately.
+FP16_TOLERANCE = Tolerance(atol=2e-2, rtol=1e-2)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,6 +78,7 @@ class Variant:
         tolerance: default fp32 parity tolerance ORT vs torch.
         impl: "module:attribute" of the :class:`attnx.ops.VariantImpl` (torch module
             builder, ONNX ops, TensorRT plugins), imported on first use.
+        fp16_tolerance: default parity tolerance of an fp16 export (ORT fp16 vs torch fp16).
     """
 
     name: str
@@ -75,6 +88,11 @@ class Variant:
     capabilities: Capabilities
     tolerance: Tolerance
     impl: str
+    fp16_tolerance: Tolerance = FP16_TOLERANCE
+
+    def tolerance_for(self, dtype: str) -> Tolerance:
+        """The parity tolerance of an export in ``dtype`` ("fp32" or "fp16")."""
+        return self.fp16_tolerance if dtype == "fp16" else self.tolerance
 
     def make_config(self, options: dict[str, Any] | None = None) -> Config:
         return make_config(self.config, options, what=f"{self.name} option")
@@ -102,6 +120,7 @@ def describe(caps: Capabilities) -> str:
         parts.append("key padding mask")
     if caps.decode:
         parts.append(f"decode ({caps.decode})")
+    parts.append("fp16" if caps.fp16 else "fp32 only")
     return "supports: " + ", ".join(parts)
 
 

@@ -131,7 +131,7 @@ def bench(
 
     settings = {"backends": names, "seq_lens": lengths, "batch": batch, "warmup": warmup, "repeat": repeat,
                 "max_time_s": max_time, "threads": threads, "max_memory_bytes": limit, "isolate": isolate,
-                "seed": seed, "graph_optimization": "ORT_ENABLE_ALL", "dtype": "float32"}
+                "seed": seed, "graph_optimization": "ORT_ENABLE_ALL"}
     return BenchReport(machine_info() | _providers(), versions(), settings, [_describe(m) for m in models],
                        measurements)
 
@@ -150,7 +150,7 @@ def _describe(model: ExportedModel) -> dict[str, Any]:
     m = model.manifest
     return {"label": model.label, "out": str(model.directory), "variant": m.variant,
             "variant_config": m.variant_config, "model": m.model, "model_config": m.model_config,
-            "lowering": m.lowering, "opset": m.opset, "weights_sha256": m.weights_sha256}
+            "lowering": m.lowering, "opset": m.opset, "dtype": m.dtype, "weights_sha256": m.weights_sha256}
 
 
 def versions() -> dict[str, str | None]:

@@ -35,7 +35,11 @@ def _range_options(name: str, default: tuple[int, int, int]) -> Callable[[F], F]
 
 @click.command("build", epilog=EPILOG)
 @click.argument("out", type=click.Path())
-@click.option("--fp16", is_flag=True, help="Allow FP16 kernels (the attnx plugins support FP32 and FP16).")
+@click.option(
+    "--fp16",
+    is_flag=True,
+    help="Allow FP16 kernels (the attnx plugins support FP32 and FP16); always on for an fp16 export.",
+)
 @click.option("--workspace", default=None, metavar="SIZE", help="Workspace memory limit, e.g. 4G or 512M.")
 @_range_options("seq", DEFAULT_SEQ)
 @_range_options("batch", DEFAULT_BATCH)
@@ -63,4 +67,4 @@ def command(out: str, fp16: bool, workspace: str | None, min_seq: int, opt_seq: 
         echo_json({"engine": str(result.engine), **result.record})
     else:
         click.echo(f"wrote {result.engine} (TensorRT {result.record['tensorrt']}, "
-                   f"{'fp16' if settings.fp16 else 'fp32'}, {result.record['device']})")
+                   f"{'fp16' if result.record['fp16'] else 'fp32'}, {result.record['device']})")

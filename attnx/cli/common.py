@@ -80,6 +80,12 @@ def print_parity(report: Any) -> None:
                 "pass" if c.passed else "FAIL",
             )
     Console(soft_wrap=True).print(table)
+    if report.fp32_drift:
+        worst = max(report.fp32_drift, key=lambda d: d.max_abs)
+        click.echo(
+            f"{report.dtype} vs float32 torch on the same weights (informational): max abs "
+            f"{worst.max_abs:.3g} ({worst.output}, seq len {worst.seq_len})"
+        )
     for backend in report.backends:
         if backend.status == "skipped":
             click.echo(f"skipped {backend.backend}: {backend.reason}")

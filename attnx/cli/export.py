@@ -26,6 +26,7 @@ Examples:
   attnx export --recipe tiny-seq2seq --cross-variant linear --set export.opset=19 -o s2s
   attnx export --recipe tiny-lm --checkpoint lm.safetensors --save-checkpoint copy.pt -o lm
   attnx export --recipe linear-lm --decode -o lm-decode
+  attnx export --variant linear --model lm --dtype fp16 -o lm-fp16
 """
 
 
@@ -55,6 +56,11 @@ Examples:
     "export./verify./bench. for recipe settings.",
 )
 @click.option("--opset", default=None, type=int, help="ONNX opset (18-21).  [default: 18]")
+@click.option(
+    "--dtype",
+    default=None,
+    help="fp32 | fp16: weights and activations; fp16 is checked against torch in fp16.  [default: fp32]",
+)
 @click.option(
     "--seed", default=None, type=int, help="Seed of the deterministic initialisation.  [default: 0]"
 )
@@ -91,6 +97,7 @@ def command(
     lowering: str | None,
     assignments: tuple[str, ...],
     opset: int | None,
+    dtype: str | None,
     seed: int | None,
     checkpoint: str | None,
     save_checkpoint: str | None,
@@ -121,6 +128,7 @@ def command(
         options=parse_assignments(assignments),
         seed=seed,
         opset=opset,
+        dtype=dtype,
         verify=verify,
         force=force,
         seq_lens=parse_int_list(seq_lens, "--seq-lens"),
@@ -144,8 +152,8 @@ def command(
         source = f"recipe {result.manifest.recipe}, " if result.manifest.recipe else ""
         click.echo(
             f"wrote {result.out}/model.onnx ({source}{result.manifest.model} with "
-            f"{result.manifest.variant} attention, {result.manifest.lowering} lowering, "
-            f"{result.attnx_nodes} attnx nodes, opset {result.manifest.opset})"
+            f"{result.manifest.variant} attention, {result.manifest.dtype}, {result.manifest.lowering} "
+            f"lowering, {result.attnx_nodes} attnx nodes, opset {result.manifest.opset})"
         )
         if result.manifest.decode:
             entry = result.manifest.decode

@@ -28,6 +28,7 @@ def listing_data() -> dict:
             "capabilities": dataclasses.asdict(v.capabilities),
             "options": {f.name: f.default for f in dataclasses.fields(v.config)},
             "tolerance": dataclasses.asdict(v.tolerance),
+            "fp16_tolerance": dataclasses.asdict(v.fp16_tolerance),
         }
         for v in sorted(registry.variants.values(), key=lambda v: v.name)
     ]
@@ -68,7 +69,7 @@ def command(as_json: bool) -> None:
 
     console = Console(soft_wrap=True)
     table = Table(title="attention variants")
-    for column in ("variant", "causal", "cross", "pad mask", "decode", "paper"):
+    for column in ("variant", "causal", "cross", "pad mask", "decode", "fp16", "paper"):
         table.add_column(column)
     yes = {True: "yes", False: "-"}
     for v in data["variants"]:
@@ -79,6 +80,7 @@ def command(as_json: bool) -> None:
             yes[caps["cross"]],
             yes[caps["key_padding_mask"]],
             caps["decode"] or "-",
+            yes[caps["fp16"]],
             v["paper"].split(" (")[0],
         )
     console.print(table)

@@ -55,11 +55,12 @@ class StateSlot:
     def output(self) -> str:
         return PRESENT_LENGTH if self.layer is None else f"present.{self.layer}.{self.tensor.name}"
 
-    def spec(self, side: str, growing: str) -> TensorSpec:
-        """The graph tensor: ``side`` "input" (past) or "output" (present), GROWING renamed ``growing``."""
+    def spec(self, side: str, growing: str, activation: str) -> TensorSpec:
+        """The graph tensor: ``side`` "input" (past) or "output" (present), GROWING renamed ``growing``,
+        in ``activation`` dtype unless the state tensor fixes its own."""
         axes = tuple(growing if a == GROWING else a for a in self.tensor.axes)
         name = self.input if side == "input" else self.output
-        return TensorSpec(name, self.tensor.dtype, axes, doc=self.tensor.doc)
+        return TensorSpec(name, self.tensor.dtype or activation, axes, doc=self.tensor.doc)
 
 
 POSITION = StateTensor(
@@ -87,6 +88,7 @@ class DecodeLayout:
     vocab_size: int
     d_model: int
     slots: tuple[StateSlot, ...]
+    activation: str = "float32"  # numpy dtype of the model's activations (float16 in an fp16 export)
 
     @classmethod
     def of(cls, model: nn.Module, mode: str) -> DecodeLayout:
@@ -99,7 +101,8 @@ class DecodeLayout:
                 )
             slots += [StateSlot(i, tensor) for tensor in layer.decode_state()]
         config = model.config
-        return cls(mode, config.kind, config.vocab_size, config.d_model, tuple(slots))
+        activation = str(next(model.parameters()).dtype).removeprefix("torch.")
+        return cls(mode, config.kind, config.vocab_size, config.d_model, tuple(slots), activation)
 
     @property
     def layer_slots(self) -> tuple[StateSlot, ...]:
@@ -123,7 +126,7 @@ class DecodeLayout:
         """Decode inputs that stay as prefill made or took them (seq2seq: encoder output and source mask)."""
         if self.model != "seq2seq":
             return []
-        memory = TensorSpec(MEMORY, "float32", ("batch", "src_seq", self.d_model), doc="encoder output")
+        memory = TensorSpec(MEMORY, self.activation, ("batch", "src_seq", self.d_model), doc="encoder output")
         return [memory, self.source()[1]]
 
     def inputs(self, with_past: bool) -> list[TensorSpec]:
@@ -131,13 +134,15 @@ class DecodeLayout:
         tokens = TensorSpec(self.tokens, "int64", ("batch", length), high=self.vocab_size, doc="token ids")
         if not with_past:
             return [*self.source(), tokens]
-        return [tokens, *self.context(), *(s.spec("input", GROWING) for s in self.slots)]
+        return [tokens, *self.context(), *(s.spec("input", GROWING, self.activation) for s in self.slots)]
 
     def outputs(self, with_past: bool) -> list[TensorSpec]:
         length = 1 if with_past else "seq"
-        logits = TensorSpec(LOGITS, "float32", ("batch", length, self.vocab_size), doc="next-token logits")
+        shape = ("batch", length, self.vocab_size)
+        logits = TensorSpec(LOGITS, self.activation, shape, doc="next-token logits")
         memory = self.context()[:1] if not with_past else []
-        return [logits, *memory, *(s.spec("output", PRESENT_SEQ if with_past else "seq") for s in self.slots)]
+        growing = PRESENT_SEQ if with_past else "seq"
+        return [logits, *memory, *(s.spec("output", growing, self.activation) for s in self.slots)]
 
     def describe(self) -> dict[str, Any]:
         """The manifest's ``decode`` entry: everything a runtime needs to drive the loop."""
@@ -153,7 +158,13 @@ class DecodeLayout:
                 "outputs": [s.to_dict() for s in self.outputs(True)],
             },
             "state": [
-                {"input": s.input, "output": s.output, "layer": s.layer, **s.tensor.to_dict()}
+                {
+                    "input": s.input,
+                    "output": s.output,
+                    "layer": s.layer,
+                    **s.tensor.to_dict(),
+                    "dtype": s.tensor.dtype or self.activation,
+                }
                 for s in self.slots
             ],
             "context": [

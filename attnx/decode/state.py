@@ -31,13 +31,14 @@ class StateTensor:
         name: per-layer name ("key", "kv_sum"); graph names are ``past.<layer>.<name>``
             (decode input) and ``present.<layer>.<name>`` (prefill/decode output).
         axes: per dimension an int or "batch" / :data:`GROWING`.
-        dtype: numpy dtype name.
+        dtype: numpy dtype name, or None for the activations' dtype (float32, or float16 in
+            an fp16 export), as a kv-cache has.
         doc: what it holds.
     """
 
     name: str
     axes: tuple[str | int, ...]
-    dtype: str = "float32"
+    dtype: str | None = None
     doc: str = ""
 
     @property
@@ -49,8 +50,11 @@ class StateTensor:
 
 
 def recurrent_state(heads: int, features: int, d_value: int, what: str) -> list[StateTensor]:
-    """The (S, Z) pair of kernelised linear attention with ``features`` = dim of phi."""
+    """The (S, Z) pair of kernelised linear attention with ``features`` = dim of phi; float32 in
+    any export (the step ops accumulate in float32, so an fp16 model's sums cannot overflow)."""
     return [
-        StateTensor("kv_sum", ("batch", heads, features, d_value), doc=f"S = sum_j {what}(k_j) v_j^T"),
-        StateTensor("k_sum", ("batch", heads, features), doc=f"Z = sum_j {what}(k_j)"),
+        StateTensor(
+            "kv_sum", ("batch", heads, features, d_value), "float32", doc=f"S = sum_j {what}(k_j) v_j^T"
+        ),
+        StateTensor("k_sum", ("batch", heads, features), "float32", doc=f"Z = sum_j {what}(k_j)"),
     ]

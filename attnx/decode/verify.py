@@ -102,10 +102,8 @@ def _compare_positions(
 def _comparison(
     n: int, label: str, actual: np.ndarray, expected: np.ndarray, atol: float, rtol: float
 ) -> Any:
-    from attnx.exporter.verify import Comparison
+    from attnx.exporter.verify import Comparison, max_errors
 
     diff = np.abs(actual.astype(np.float64) - expected)
-    scale = np.abs(expected.astype(np.float64))
-    passed = bool(np.all(diff <= atol + rtol * scale)) and actual.shape == expected.shape
-    relative = diff / np.maximum(scale, np.finfo(np.float32).tiny)
-    return Comparison(n, label, float(diff.max()), float(relative.max()), passed)
+    passed = bool(np.all(diff <= atol + rtol * np.abs(expected))) and actual.shape == expected.shape
+    return Comparison(n, label, *max_errors(actual, expected), passed)

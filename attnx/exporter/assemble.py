@@ -12,22 +12,26 @@ import torch
 from torch import nn
 
 from attnx.config import Config
-from attnx.errors import AttnxError
+from attnx.errors import AttnxError, unknown_choice
 from attnx.models import PAPER_ARCHITECTURE
-from attnx.models.spec import ModelSpec, TensorSpec
+from attnx.models.spec import ModelSpec, TensorSpec, in_dtype
 from attnx.ops import AttentionOp, VariantImpl
 from attnx.registry import Registry, get_registry
-from attnx.variant import AttentionSpec, Variant
+from attnx.variant import AttentionSpec, Variant, describe
 
 if TYPE_CHECKING:
     from attnx.exporter.manifest import Manifest
 
 SCOPES = ("model", "variant", "cross")
+TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16}
 
 
 @dataclasses.dataclass
 class Assembly:
-    """A built model and everything that describes it (``cross_*`` only for cross-attention models)."""
+    """A built model and everything that describes it (``cross_*`` only for cross-attention models).
+
+    ``dtype`` ("fp32"/"fp16") is the dtype of the module's weights and activations.
+    """
 
     module: nn.Module
     model: ModelSpec
@@ -38,6 +42,7 @@ class Assembly:
     seed: int
     cross_variant: Variant | None = None
     cross_variant_config: Config | None = None
+    dtype: str = "fp32"
 
     @property
     def ops(self) -> list[AttentionOp]:
@@ -49,11 +54,11 @@ class Assembly:
 
     @property
     def inputs(self) -> list[TensorSpec]:
-        return self.module.input_specs()
+        return in_dtype(self.module.input_specs(), self.dtype)
 
     @property
     def outputs(self) -> list[TensorSpec]:
-        return self.module.output_specs()
+        return in_dtype(self.module.output_specs(), self.dtype)
 
 
 def split_options(
@@ -117,6 +122,7 @@ def assemble(
     registry: Registry | None = None,
     *,
     cross_variant: str | None = None,
+    dtype: str = "fp32",
 ) -> Assembly:
     """Build ``model`` with ``variant`` attention; the same arguments give the same weights.
 
@@ -124,11 +130,14 @@ def assemble(
         options: model and variant options, see :func:`split_options`.
         cross_variant: variant of the cross-attention layers (models with cross-attention
             only; default softmax).
+        dtype: "fp32", or "fp16": the fp32 initialisation rounded to half precision.
 
     Raises:
         AttnxError: unknown names or options, or a variant that cannot serve the model
             (e.g. a causal ``lm`` around a bidirectional-only variant).
     """
+    if dtype not in TORCH_DTYPES:
+        raise unknown_choice("dtype", dtype, TORCH_DTYPES)
     registry = registry or get_registry()
     model_spec = registry.model(model)
     variant_spec = registry.variant(variant)
@@ -148,6 +157,7 @@ def assemble(
     if cross_spec is not None:
         roles["cross"] = (cross_spec, cross_spec.make_config(cross_options))
     _check_padding_masks(model_spec.name, model_config, roles.values())
+    _check_dtype(dtype, roles.values())
     impls = {spec.name: spec.load() for spec, _ in roles.values()}
 
     def attention(spec: AttentionSpec, role: str = "self") -> nn.Module:
@@ -161,7 +171,7 @@ def assemble(
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         module = model_spec.build(model_config, attention)
-    module.eval()
+    module.to(TORCH_DTYPES[dtype]).eval()
     cross_variant_spec, cross_config = roles.get("cross", (None, None))
     return Assembly(
         module,
@@ -173,6 +183,7 @@ def assemble(
         seed,
         cross_variant_spec,
         cross_config,
+        dtype,
     )
 
 
@@ -187,7 +198,12 @@ def rebuild(manifest: Manifest, weights: str | Path | None = None) -> Assembly:
     }
     options = {f"{scope}.{key}": value for scope, config in configs.items() for key, value in config.items()}
     assembly = assemble(
-        manifest.variant, manifest.model, options, manifest.seed, cross_variant=manifest.cross_variant
+        manifest.variant,
+        manifest.model,
+        options,
+        manifest.seed,
+        cross_variant=manifest.cross_variant,
+        dtype=manifest.dtype,
     )
     if weights is not None:
         load_model(assembly.module, str(weights), strict=True)
@@ -198,6 +214,15 @@ def _describe_need(spec: AttentionSpec) -> str:
     if spec.cross:
         return "cross-attention"
     return "causal self-attention" if spec.causal else "bidirectional self-attention"
+
+
+def _check_dtype(dtype: str, roles: Any) -> None:
+    for variant, _ in roles:
+        if dtype == "fp16" and not variant.capabilities.fp16:
+            raise AttnxError(
+                f"variant '{variant.name}' cannot be exported in fp16 ({describe(variant.capabilities)}); "
+                "export it in fp32 (dtype=fp32)"
+            )
 
 
 def _check_padding_masks(model: str, config: Config, roles: Any) -> None:

@@ -115,10 +115,6 @@ def export(
         raise AttnxError(
             f"opset {settings.opset} is not supported (choose {SUPPORTED_OPSETS[0]}..{SUPPORTED_OPSETS[-1]})"
         )
-    if settings.dtype != "fp32":
-        raise AttnxError(
-            f"dtype {settings.dtype} is not supported yet: attnx exports fp32 models only (dtype=fp32)"
-        )
     if decode:
         from attnx.decode.export import check as check_decode
 
@@ -127,12 +123,17 @@ def export(
     if save_checkpoint is not None and Path(save_checkpoint).exists() and not force:
         raise AttnxError(f"checkpoint file '{save_checkpoint}' already exists; pass --force to replace it")
     assembly = assemble(
-        plan.variant, plan.model, plan.options, settings.seed, cross_variant=plan.cross_variant
+        plan.variant,
+        plan.model,
+        plan.options,
+        settings.seed,
+        cross_variant=plan.cross_variant,
+        dtype=settings.dtype,
     )
     parameters = sum(p.numel() for p in assembly.module.parameters())
     report(
         f"built {plan.model} with {plan.variant} attention ({parameters / 1e6:.2f}M parameters, "
-        f"seed {settings.seed})"
+        f"{settings.dtype}, seed {settings.seed})"
     )
     if checkpoint is not None:
         load_checkpoint(assembly.module, checkpoint)
@@ -170,6 +171,7 @@ def export(
             cross_variant_config=assembly.cross_variant_config.to_dict() if cross else None,
             recipe=plan.name or None,
             decode=decode_entry,
+            dtype=assembly.dtype,
         )
         if decode_entry:
             manifest.files.update(decode_entry["files"])
@@ -235,9 +237,10 @@ def export_shapes(
 
 
 def tolerance(assembly: Assembly) -> dict[str, float]:
-    """Parity tolerance of the model: the loosest of its variants' (self and cross attention)."""
+    """Parity tolerance of the model in its dtype: the loosest of its variants' (self and cross attention)."""
     variants = [v for v in (assembly.variant, assembly.cross_variant) if v is not None]
-    return {"atol": max(v.tolerance.atol for v in variants), "rtol": max(v.tolerance.rtol for v in variants)}
+    tolerances = [v.tolerance_for(assembly.dtype) for v in variants]
+    return {"atol": max(t.atol for t in tolerances), "rtol": max(t.rtol for t in tolerances)}
 
 
 def _has_dynamic_length(specs: Sequence[TensorSpec]) -> bool:
@@ -289,8 +292,29 @@ def to_onnx(
             verbose=False,
         )
     proto = program.model_proto
+    _check_dtypes(proto, specs + outputs)
     _name_dynamic_axes(proto, specs + outputs)
     return proto
+
+
+def _check_dtypes(proto: onnx.ModelProto, specs: Sequence[TensorSpec]) -> None:
+    """The graph's inputs and outputs have the dtypes the manifest will declare.
+
+    Raises:
+        AttnxError: a model whose forward returns another dtype than its specs declare
+            (e.g. float32 logits from an fp16 model, after an explicit upcast).
+    """
+    by_name = {s.name: s for s in specs}
+    for value in [*proto.graph.input, *proto.graph.output]:
+        spec = by_name.get(value.name)
+        if spec is None:
+            continue
+        actual = onnx.helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type)
+        if actual != np.dtype(spec.dtype):
+            raise AttnxError(
+                f"graph tensor '{value.name}' is {actual} but the model declares {spec.dtype}; "
+                "a model computes in its export dtype and declares activations as float32 (TensorSpec)"
+            )
 
 
 def _name_dynamic_axes(proto: onnx.ModelProto, specs: Sequence[TensorSpec]) -> None:

@@ -67,6 +67,7 @@ class Manifest:
     cross_variant_config: dict[str, Any] | None = None
     recipe: str | None = None  # the recipe exported, if any (attnx.recipes)
     decode: dict[str, Any] | None = None  # prefill.onnx + decode.onnx and their state (attnx.decode)
+    dtype: str = "fp32"  # weights and activations: "fp32" or "fp16" (recipe [export] dtype)
 
     def to_json(self) -> str:
         data = dataclasses.asdict(self)

@@ -30,6 +30,20 @@ class Comparison:
 
 
 @dataclasses.dataclass
+class Drift:
+    """fp16 exports: how far the torch model in fp16 is from the same weights run in float32.
+
+    Informational (no pass/fail): it shows what half precision itself changes, which the
+    parity check (ONNX fp16 vs torch fp16) cannot see.
+    """
+
+    seq_len: int
+    output: str
+    max_abs: float
+    max_rel: float
+
+
+@dataclasses.dataclass
 class BackendParity:
     backend: str
     status: str  # "passed" | "failed" | "skipped"
@@ -45,6 +59,8 @@ class ParityReport:
     seq_lens: list[int]
     seed: int
     backends: list[BackendParity]
+    dtype: str = "fp32"
+    fp32_drift: list[Drift] = dataclasses.field(default_factory=list)
 
     @property
     def ran(self) -> list[BackendParity]:
@@ -116,7 +132,11 @@ def verify_assembly(
     seed: int | None = None,
 ) -> ParityReport:
     """Compare ``assembly.module`` with ``directory/model.onnx`` on each backend (and, for a decode
-    export, its prefill + one-token steps with the full forward: :mod:`attnx.decode.verify`)."""
+    export, its prefill + one-token steps with the full forward: :mod:`attnx.decode.verify`).
+
+    An fp16 export is compared with the torch model in fp16 (the computation it exports);
+    the report's ``fp32_drift`` also shows how far that is from float32.
+    """
     from polygraphy.comparator import Comparator, CompareFunc
     from polygraphy.logger import G_LOGGER
 
@@ -160,7 +180,47 @@ def verify_assembly(
         from attnx.decode.verify import decode_parity
 
         results += decode_parity(directory, manifest, assembly, backends, seq_lens, batch, atol, rtol, seed)
-    return ParityReport(atol, rtol, batch, seq_lens, seed, results)
+    drift = []
+    if assembly.dtype != "fp32":
+        drift = fp32_drift(assembly, specs, manifest.output_specs(), feeds, seq_lens)
+    return ParityReport(atol, rtol, batch, seq_lens, seed, results, assembly.dtype, drift)
+
+
+def fp32_drift(
+    assembly: Any,
+    specs: Sequence[Any],
+    outputs: Sequence[Any],
+    feeds: Sequence[dict[str, np.ndarray]],
+    seq_lens: Sequence[int],
+) -> list[Drift]:
+    """The torch model against itself in float32 (same weights, upcast exactly) on ``feeds``.
+
+    The module is upcast in place and cast back afterwards: fp16 -> fp32 -> fp16 is lossless,
+    and a copy would need every layer to be deep-copyable.
+    """
+    from attnx.exporter.runners import TorchRunner
+
+    runner = TorchRunner(assembly.module, specs, outputs)
+    dtype = next(assembly.module.parameters()).dtype
+    with runner:
+        low = [runner.infer(feed) for feed in feeds]
+        try:
+            assembly.module.float()
+            high = [runner.infer(feed) for feed in feeds]
+        finally:
+            assembly.module.to(dtype)
+    return [
+        Drift(n, name, *max_errors(a[name], expected))
+        for n, a, b in zip(seq_lens, low, high, strict=True)
+        for name, expected in b.items()
+    ]
+
+
+def max_errors(actual: np.ndarray, expected: np.ndarray) -> tuple[float, float]:
+    """Largest |actual - expected| and largest |actual - expected| / |expected|, in float64."""
+    diff = np.abs(actual.astype(np.float64) - expected.astype(np.float64))
+    relative = diff / np.maximum(np.abs(expected.astype(np.float64)), np.finfo(np.float32).tiny)
+    return float(diff.max(initial=0.0)), float(relative.max(initial=0.0))
 
 
 def _sizes(specs: Sequence[Any], batch: int, length: int) -> dict[str, int]:

@@ -11,19 +11,20 @@ from torch import nn
 class SinusoidalPositions(nn.Module):
     """PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(...) ("Attention Is All You Need").
 
-    Computed from the positions at run time, so any sequence length exports.
+    Computed from the positions at run time, so any sequence length exports. The angles
+    are float32 whatever the model's dtype (an fp16 frequency would misplace position
+    4096 by radians); the encoding is returned in ``dtype``.
     """
 
     def __init__(self, d_model: int) -> None:
         super().__init__()
-        inv_freq = torch.exp(
-            torch.arange(0, d_model, 2, dtype=torch.float32) * (-math.log(10000.0) / d_model)
-        )
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.d_model = d_model
 
-    def forward(self, positions: torch.Tensor) -> torch.Tensor:
-        angles = positions.to(torch.float32)[..., None] * self.inv_freq
-        return torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2)
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        exponents = torch.arange(0, self.d_model, 2, dtype=torch.float32, device=positions.device)
+        inv_freq = torch.exp(exponents * (-math.log(10000.0) / self.d_model))
+        angles = positions.to(torch.float32)[..., None] * inv_freq
+        return torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2).to(dtype)
 
 
 class TokenEmbedding(nn.Module):
@@ -50,7 +51,7 @@ class TokenEmbedding(nn.Module):
         positions = torch.arange(input_ids.shape[-1], device=input_ids.device)
         if offset is not None:
             positions = positions + offset
-        return self.embed(input_ids) * self.scale + self.positions(positions)
+        return self.embed(input_ids) * self.scale + self.positions(positions, self.weight.dtype)
 
 
 class FeedForward(nn.Module):

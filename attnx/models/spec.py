@@ -18,7 +18,9 @@ class TensorSpec:
 
     Attributes:
         name: ONNX graph name.
-        dtype: numpy dtype name ("int64", "bool", "float32").
+        dtype: numpy dtype name ("int64", "bool", "float32"). A model declares its float
+            tensors (activations) as "float32"; an fp16 export makes them "float16"
+            (:func:`in_dtype`).
         axes: per dimension, a symbolic name (dynamic, e.g. "batch") or a fixed int.
         high: for integer inputs, values are drawn from [0, high).
         doc: what the tensor means, for the manifest.
@@ -32,6 +34,16 @@ class TensorSpec:
 
     def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in dataclasses.asdict(self).items() if v is not None and v != ""}
+
+
+# export dtype (recipe ``[export] dtype``) -> numpy name of the model's activations
+ACTIVATION_DTYPES = {"fp32": "float32", "fp16": "float16"}
+
+
+def in_dtype(specs: list[TensorSpec], dtype: str) -> list[TensorSpec]:
+    """``specs`` of a model exported in ``dtype`` ("fp32"/"fp16"): its float32 tensors take that dtype."""
+    activation = ACTIVATION_DTYPES[dtype]
+    return [dataclasses.replace(s, dtype=activation) if s.dtype == "float32" else s for s in specs]
 
 
 @dataclasses.dataclass(frozen=True)

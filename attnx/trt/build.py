@@ -153,8 +153,9 @@ def build(out: str | Path, settings: BuildSettings = BuildSettings(),
     for name, point in shapes.items():
         profile.add(name, point["min"], point["opt"], point["max"])
     limits = {trt.MemoryPoolType.WORKSPACE: settings.workspace} if settings.workspace else None
-    config = CreateConfig(fp16=settings.fp16, profiles=[profile], memory_pool_limits=limits)
-    report(f"building a TensorRT {trt.__version__} engine ({'fp16' if settings.fp16 else 'fp32'}, "
+    fp16 = settings.fp16 or manifest.dtype == "fp16"  # an fp16 export's layers run in fp16
+    config = CreateConfig(fp16=fp16, profiles=[profile], memory_pool_limits=limits)
+    report(f"building a TensorRT {trt.__version__} engine ({'fp16' if fp16 else 'fp32'}, "
            f"{manifest.lowering} lowering)")
     from polygraphy.exception import PolygraphyException
 
@@ -172,7 +173,7 @@ def build(out: str | Path, settings: BuildSettings = BuildSettings(),
         "model_sha256": sha256_file(model_path),
         "tensorrt": trt.__version__,
         "device": torch.cuda.get_device_name(),
-        "fp16": settings.fp16,
+        "fp16": fp16,
         "workspace": settings.workspace,
         "profiles": [shapes],
         "plugins": plugins,

@@ -58,7 +58,11 @@ def test_list_shows_variants_models_lowerings():
         "cross": True,
         "key_padding_mask": True,
         "decode": "kv-cache",
+        "fp16": True,
     }
+    reformer = next(v for v in data["variants"] if v["name"] == "reformer")
+    assert reformer["capabilities"]["fp16"] is False
+    assert softmax["fp16_tolerance"] == {"atol": 2e-2, "rtol": 1e-2}
     assert "encoder" in [m["name"] for m in data["models"]]
     assert set(data["lowerings"]) == {"function", "decomposed", "plugin"}
     code, stdout, _ = run_cli(["list"])

@@ -12,6 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
 
 from attnx.errors import AttnxError
 from attnx.exporter.assemble import assemble
@@ -124,35 +125,54 @@ def random_mask(kind, batch, n, g):
     return mask
 
 
-@functools.cache
-def op_session(causal, masked, chunk_size, lowering="function"):
+def op_model(causal, masked, chunk_size, lowering="function", fp16=False):
+    dtype = TensorProto.FLOAT16 if fp16 else TensorProto.FLOAT
     names = ["qk", "v", "rotations"] + (["key_padding_mask"] if masked else [])
     inputs = [
-        helper.make_tensor_value_info("qk", TensorProto.FLOAT, ["b", "h", "n", "d"]),
-        helper.make_tensor_value_info("v", TensorProto.FLOAT, ["b", "h", "n", "e"]),
-        helper.make_tensor_value_info("rotations", TensorProto.FLOAT, ["h", "d", "r", "k"]),
+        helper.make_tensor_value_info("qk", dtype, ["b", "h", "n", "d"]),
+        helper.make_tensor_value_info("v", dtype, ["b", "h", "n", "e"]),
+        helper.make_tensor_value_info("rotations", dtype, ["h", "d", "r", "k"]),
     ]
     if masked:
         inputs.append(helper.make_tensor_value_info("key_padding_mask", TensorProto.BOOL, ["b", "n"]))
     node = helper.make_node(
         REFORMER_OP.name, names, ["out"], domain="attnx", causal=int(causal), chunk_size=chunk_size
     )
-    output = helper.make_tensor_value_info("out", TensorProto.FLOAT, ["b", "h", "n", "e"])
+    output = helper.make_tensor_value_info("out", dtype, ["b", "h", "n", "e"])
     graph = helper.make_graph([node], "reformer_op", inputs, [output])
     opsets = [helper.make_opsetid("", 18), helper.make_opsetid("attnx", 1)]
     model = lower(helper.make_model(graph, opset_imports=opsets, ir_version=10), [REFORMER_OP], lowering)
     onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+@functools.cache
+def op_session(causal, masked, chunk_size, lowering="function", fp16=False):
     options = ort.SessionOptions()
     options.log_severity_level = 3
+    model = op_model(causal, masked, chunk_size, lowering, fp16)
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
-def run_ort(qk, v, rotations, mask, causal, chunk_size, lowering="function"):
-    session = op_session(causal, mask is not None, chunk_size, lowering)
+def op_feed(qk, v, rotations, mask):
     feed = {"qk": qk.numpy(), "v": v.numpy(), "rotations": rotations.numpy()}
     if mask is not None:
         feed["key_padding_mask"] = mask.numpy()
-    return torch.from_numpy(session.run(None, feed)[0])
+    return feed
+
+
+def run_ort(qk, v, rotations, mask, causal, chunk_size, lowering="function"):
+    session = op_session(causal, mask is not None, chunk_size, lowering, qk.dtype == torch.float16)
+    return torch.from_numpy(session.run(None, op_feed(qk, v, rotations, mask))[0])
+
+
+def run_native_fp16(qk, v, rotations, mask, causal, chunk_size):
+    """The function body in onnx's reference evaluator: every op in numpy float16, rounding as a native-fp16
+    backend (CUDA, TensorRT) does. ORT's CPU provider runs the fp16 ops it has no fp16 kernel for in float32
+    (Cast nodes around them), so it alone would not see an fp16 overflow in the body."""
+    model = onnx.inliner.inline_local_functions(op_model(causal, mask is not None, chunk_size, fp16=True))
+    with np.errstate(over="ignore", invalid="ignore"):  # fp16 overflows: the checks see what comes out
+        return torch.from_numpy(ReferenceEvaluator(model).run(None, op_feed(qk, v, rotations, mask))[0])
 
 
 # -- the op ----------------------------------------------------------------------------------------------
@@ -189,6 +209,54 @@ def test_op_matches_reference_in_torch_and_onnx(
     ]
     for result in results:
         torch.testing.assert_close(result, expected, atol=1e-5, rtol=1e-4)
+
+
+FP16_CASES = [
+    # batch, heads, n, n_hashes, n_buckets, chunk_size, causal, mask; head dim 64
+    (1, 1, 1, 2, 8, 4, False, "none"),  # N = 1
+    (2, 2, 1, 2, 4, 4, True, "empty-row"),  # N = 1, causal, batch row 0 padded
+    (2, 2, 7, 1, 4, 4, False, "prefix"),  # odd N
+    (2, 3, 13, 3, 8, 4, True, "scattered"),
+    (2, 2, 33, 2, 8, 8, False, "empty-row"),  # the row with no real token: each token sees only itself
+    (1, 2, 41, 2, 2, 4, True, "prefix"),
+]
+OVERFLOW = pytest.mark.xfail(
+    strict=True,
+    reason="keys = qk / sqrt(sum qk^2 + eps) squares in fp16: |qk| > 256 overflows to inf and zeroes the key",
+)
+
+
+@pytest.mark.parametrize(
+    ("batch", "heads", "n", "n_hashes", "n_buckets", "chunk", "causal", "mask_kind", "magnitude"),
+    [(*case, magnitude) for case in FP16_CASES for magnitude in (1.0, 4.0)]
+    + [pytest.param(2, 2, 33, 2, 8, 8, True, "prefix", 40.0, marks=OVERFLOW)],
+    ids=str,
+)
+def test_fp16_op_is_finite_and_accurate(
+    batch, heads, n, n_hashes, n_buckets, chunk, causal, mask_kind, magnitude
+):
+    """qk ~ magnitude * randn, d = 64, all inputs fp16: torch, ORT (function body) and native fp16 arithmetic.
+
+    At magnitude 4, |qk| ~ 32 and the scores q.k/|k| reach ~30, where fp16 keeps 5 fractional bits. Buckets
+    are hashed in float32 (naive_buckets asserts no near-tie), so fp16 moves only scores and sums. Tolerance:
+    fp16's unit roundoff u = 2**-11 ~ 4.9e-4 on the output (u |o|) and on the scores (u |s| <= 0.015, moving
+    the output by at most that times max |v_i - v_j|). Measured: torch and native <= 2.0e-3 max|ref|, ORT
+    (float32 inside) <= 0.9e-3 max|ref|; the bound 5e-3 max|ref| + 2e-3 (~10 u) leaves ~3x room, while a
+    wrong bucket, window or mask moves outputs by O(max |v|) ~ 3.
+    """
+    seed = 10 * n + int(magnitude)
+    qk, v, rotations, g = random_inputs(batch, heads, n, 64, n_hashes, n_buckets, seed)
+    qk, v, rotations = (magnitude * qk).half(), v.half(), rotations.half()
+    mask = random_mask(mask_kind, batch, n, g)
+    expected = naive_lsh(qk, v, rotations, mask, causal, chunk)
+    for result in (
+        reformer_attention(qk, v, rotations, mask, causal, chunk),
+        run_ort(qk, v, rotations, mask, causal, chunk),
+        run_native_fp16(qk, v, rotations, mask, causal, chunk),
+    ):
+        assert result.dtype == torch.float16 and torch.isfinite(result).all()
+        error = (result.double() - expected).abs().max()
+        assert error <= 5e-3 * expected.abs().max() + 2e-3, f"max |error| {error:.3g}"
 
 
 def test_padding_is_invisible_to_real_tokens():
@@ -355,7 +423,7 @@ def test_declaration_and_config():
 def test_cross_attention_is_refused_at_build_time():
     with pytest.raises(AttnxError, match="does not support cross attention") as error:
         VARIANT.check_spec(AttentionSpec(32, 2, cross=True))
-    assert "supports: bidirectional, causal, key padding mask" in str(error.value)
+    assert "supports: bidirectional, causal, key padding mask, fp32 only" in str(error.value)
     VARIANT.check_spec(AttentionSpec(32, 2, causal=True))
 
 

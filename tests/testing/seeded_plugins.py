@@ -7,7 +7,8 @@ for one flaw each:
 * ``seeded_fake``: ``register_fake`` doubles the last dimension;
 * ``seeded_scale``: the ONNX body forgets the ``scale`` attribute;
 * ``seeded_leak``: causal mode lets query i see key i + 1 (in torch and ONNX alike);
-* ``seeded_clash``: an unprefixed ONNX library function named like the softmax variant's.
+* ``seeded_clash``: an unprefixed ONNX library function named like the softmax variant's;
+* ``seeded_upcast``: the ONNX body returns float32 whatever its inputs (fine in fp32 only).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from attnx.config import Config
 from attnx.nn import MultiHeadAttention
 from attnx.ops import LIBRARY, OPSET, AttentionOp, VariantImpl
 
-FLAWS = ("sound", "fake", "scale", "leak", "clash")
+FLAWS = ("sound", "fake", "scale", "leak", "clash", "upcast")
 NEG_INF = float("-inf")
 
 
@@ -86,12 +87,18 @@ def SeededAttentionClashing(q: FLOAT, k: FLOAT, v: FLOAT, causal: int, scale: fl
     return SoftmaxMix(q, k, v, scale=scale, causal=causal)
 
 
+@onnxscript.script(OPSET, default_opset=op)
+def SeededAttentionUpcast(q: FLOAT, k: FLOAT, v: FLOAT, causal: int, scale: float) -> FLOAT:
+    return op.Cast(SeededMix(q, k, v, scale=scale, causal=causal, diagonal=0), to=FLOAT.dtype)
+
+
 BODIES = {
     "sound": SeededAttention,
     "fake": SeededAttention,
     "scale": SeededAttentionWithoutScale,
     "leak": SeededAttentionLeaky,
     "clash": SeededAttentionClashing,
+    "upcast": SeededAttentionUpcast,
 }
 OPS = {
     flaw: AttentionOp(
@@ -120,7 +127,7 @@ def _impl(flaw: str) -> VariantImpl:
     return VariantImpl(build=lambda config, spec: SeededLayer(flaw, spec), ops=(OPS[flaw],))
 
 
-IMPL_SOUND, IMPL_FAKE, IMPL_SCALE, IMPL_LEAK, IMPL_CLASH = (_impl(flaw) for flaw in FLAWS)
+IMPL_SOUND, IMPL_FAKE, IMPL_SCALE, IMPL_LEAK, IMPL_CLASH, IMPL_UPCAST = (_impl(flaw) for flaw in FLAWS)
 VARIANTS = {
     flaw: attnx.Variant(
         name=f"seeded_{flaw}",

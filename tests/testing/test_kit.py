@@ -50,6 +50,14 @@ def test_a_body_that_forgets_the_scale_is_named(registry):
     assert "causal=True" in message
 
 
+def test_a_body_that_computes_in_float32_passes_in_fp32_and_is_named_in_fp16(registry):
+    report = check_variant("seeded_upcast", registry=registry, checks=[*LIGHT, "export-fp16"])
+    assert set(failures(report)) == {"export-fp16"}, str(report)
+    assert "export with the function lowering in fp16 failed" in failures(report)["export-fp16"]
+    control = check_variant("seeded_sound", registry=registry, checks=["export-fp16"])
+    assert control.passed, str(control)
+
+
 def test_a_causal_mode_that_leaks_future_tokens_is_named(registry):
     report = check_variant("seeded_leak", registry=registry, heavy=False)
     assert set(failures(report)) == {"causality"}, str(report)

@@ -39,7 +39,10 @@ VARIANT = Variant(
     summary="shared-QK LSH attention: hash, sort, attend within chunks, O(N log N)",
     paper="Reformer: The Efficient Transformer (arXiv 2001.04451)",
     config=ReformerConfig,
-    capabilities=Capabilities(causal=True, cross=False, key_padding_mask=True, decode=None),
+    # fp32 only: a token whose hash projections nearly tie changes bucket under fp16 rounding, and
+    # torch and ONNX Runtime round differently; at d_model 256, 4 layers, 2-3% of tokens then differ
+    # by up to 0.3 (docs/variants/reformer.md).
+    capabilities=Capabilities(causal=True, cross=False, key_padding_mask=True, decode=None, fp16=False),
     tolerance=Tolerance(atol=1e-4, rtol=1e-3),
     impl="attnx.plugins.reformer.kernel:IMPL",
 )

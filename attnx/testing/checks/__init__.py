@@ -90,4 +90,11 @@ CHECKS: tuple[Check, ...] = (
         export_check("plugin"),
         heavy=True,
     ),
+    Check(
+        "export-fp16",
+        "unless the variant declares fp32 only, the model exports in fp16 (function lowering) and "
+        "matches torch in fp16 in ORT at the variant's fp16 tolerance",
+        export_check("function", "fp16"),
+        heavy=True,
+    ),
 )

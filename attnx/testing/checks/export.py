@@ -1,4 +1,5 @@
-"""``export-*``: a tiny encoder exported with each lowering, its graph inspected, parity checked."""
+"""``export-*``: a tiny encoder exported with each lowering (and in fp16), its graph inspected, parity
+checked."""
 
 from __future__ import annotations
 
@@ -8,18 +9,20 @@ from pathlib import Path
 from typing import Any
 
 from attnx.ops import DOMAIN
-from attnx.testing.checks.common import first_line
+from attnx.testing.checks.common import Skip, first_line
 from attnx.testing.subject import Subject
 
 EXPORT_SEQ_LENS = (1, 7, 19)
 EXPORT_MODEL_OPTIONS = {"d_model": 32, "n_heads": 2, "n_layers": 1, "d_ff": 64, "vocab_size": 50}
 
 
-def export_check(lowering: str) -> Callable[[Subject], list[str]]:
+def export_check(lowering: str, dtype: str = "fp32") -> Callable[[Subject], list[str]]:
     def check(subject: Subject) -> list[str]:
         from attnx.exporter.export import export
         from attnx.exporter.verify import verify
 
+        if dtype == "fp16" and not subject.variant.capabilities.fp16:
+            raise Skip("the variant exports in fp32 only (Capabilities.fp16=False)")
         options = {
             **{f"model.{k}": v for k, v in EXPORT_MODEL_OPTIONS.items()},
             "model.attention_mask": subject.variant.capabilities.key_padding_mask,
@@ -27,6 +30,7 @@ def export_check(lowering: str) -> Callable[[Subject], list[str]]:
         }
         with tempfile.TemporaryDirectory(prefix="attnx-conformance-") as tmp, subject.installed():
             out = Path(tmp) / lowering
+            what = f"the {lowering} lowering" + (f" in {dtype}" if dtype != "fp32" else "")
             try:
                 result = export(
                     subject.variant.name,
@@ -34,14 +38,13 @@ def export_check(lowering: str) -> Callable[[Subject], list[str]]:
                     lowering=lowering,
                     options=options,
                     seed=subject.seed,
+                    dtype=dtype,
                     seq_lens=EXPORT_SEQ_LENS,
                 )
             except Exception as exc:
-                return [
-                    f"export with the {lowering} lowering failed: {type(exc).__name__}: {first_line(exc)}"
-                ]
+                return [f"export with {what} failed: {type(exc).__name__}: {first_line(exc)}"]
             problems = _graph_problems(out / "model.onnx", lowering, subject)
-            problems += _parity_problems(result.parity, f"the {lowering}-lowered model")
+            problems += _parity_problems(result.parity, f"the model exported with {what}")
             if lowering == "function":  # a fresh rebuild from attnx.json + weights, as `attnx verify` does
                 problems += _parity_problems(
                     verify(out, seq_lens=EXPORT_SEQ_LENS, write=False),
@@ -50,7 +53,7 @@ def export_check(lowering: str) -> Callable[[Subject], list[str]]:
         return problems
 
     check.__doc__ = (
-        f"Export a tiny encoder with the {lowering} lowering and compare it with torch in ORT (CPU)."
+        f"Export a tiny {dtype} encoder with the {lowering} lowering and compare it with torch in ORT (CPU)."
     )
     return check
 
