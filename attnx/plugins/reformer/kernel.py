@@ -183,7 +183,9 @@ def ReformerLSH(
 
     perm, rank = ReformerSort(buckets)
 
-    keys = op.Div(qk, op.Sqrt(op.Add(op.ReduceSumSquare(qk, [-1], keepdims=1), op.CastLike(NORM_EPS, qk))))
+    wide = op.Cast(qk, to=FLOAT.dtype)  # the squared norm of |qk| > 256 overflows fp16
+    norm = op.Sqrt(op.Add(op.ReduceSumSquare(wide, [-1], keepdims=1), op.Constant(value_float=NORM_EPS)))
+    keys = op.CastLike(op.Div(wide, norm), qk)
     q_sorted = ReformerChunk(ReformerGatherSorted(qk, perm), chunk_size=chunk_size)
     k_window = ReformerLookBack(ReformerChunk(ReformerGatherSorted(keys, perm), chunk_size=chunk_size))
     v_window = ReformerLookBack(ReformerChunk(ReformerGatherSorted(v, perm), chunk_size=chunk_size))

@@ -146,7 +146,8 @@ def lsh_attention(
     buckets = torch.where(real, hash_buckets(qk, rotations), n_buckets)
     perm, rank = sort_by_bucket(buckets)
 
-    keys = qk / torch.sqrt(qk.square().sum(-1, keepdim=True) + NORM_EPS)
+    wide = qk.float()  # the squared norm of |qk| > 256 overflows fp16
+    keys = (wide / torch.sqrt(wide.square().sum(-1, keepdim=True) + NORM_EPS)).to(qk.dtype)
     q_sorted = chunked(gather_sorted(qk, perm), chunk_size)
     k_window = look_back(chunked(gather_sorted(keys, perm), chunk_size))
     v_window = look_back(chunked(gather_sorted(v, perm), chunk_size))

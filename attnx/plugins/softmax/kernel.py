@@ -66,7 +66,10 @@ def CausalFuture(scores: FLOAT, causal: int) -> BOOL:
 
 @onnxscript.script(LIBRARY, default_opset=op)
 def SoftmaxMix(scores: FLOAT, bias: FLOAT, v: FLOAT) -> FLOAT:
-    return op.MatMul(op.Softmax(op.Add(scores, bias), axis=-1), v)
+    """softmax(scores + bias) v, the sum and the softmax in float32 (``bias`` is float32): in fp16,
+    MASKED_SCORE plus a score below -16 overflows to -inf, and a fully padded row becomes NaN."""
+    weights = op.Softmax(op.Add(op.Cast(scores, to=FLOAT.dtype), bias), axis=-1)
+    return op.MatMul(op.CastLike(weights, v), v)
 
 
 @onnxscript.script(OPSET, default_opset=op)
@@ -75,16 +78,16 @@ def SoftmaxAttention(
 ) -> FLOAT:
     scores = SoftmaxScores(q, k, scale=scale)
     keep = op.Unsqueeze(key_padding_mask, [1, 2])
-    pad = op.Where(keep, op.CastLike(0.0, q), op.CastLike(MASKED_SCORE, q))
-    bias = op.Where(CausalFuture(scores, causal=causal), op.CastLike(NEG_INF, q), pad)
+    pad = op.Where(keep, op.Constant(value_float=0.0), op.Constant(value_float=MASKED_SCORE))
+    bias = op.Where(CausalFuture(scores, causal=causal), op.Constant(value_float=NEG_INF), pad)
     return SoftmaxMix(scores, bias, v)
 
 
 @onnxscript.script(OPSET, default_opset=op)
 def SoftmaxAttentionNoMask(q: FLOAT, k: FLOAT, v: FLOAT, causal: int, scale: float) -> FLOAT:
     scores = SoftmaxScores(q, k, scale=scale)
-    zero = op.CastLike(0.0, q)
-    bias = op.Where(CausalFuture(scores, causal=causal), op.CastLike(NEG_INF, q), zero)
+    future = CausalFuture(scores, causal=causal)
+    bias = op.Where(future, op.Constant(value_float=NEG_INF), op.Constant(value_float=0.0))
     return SoftmaxMix(scores, bias, v)
 
 
