@@ -23,6 +23,7 @@ __all__ = [
     "Tolerance",
     "Variant",
     "__version__",
+    "bench",
     "export",
     "generate",
     "get_registry",

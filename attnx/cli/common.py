@@ -70,9 +70,11 @@ def print_parity(report: Any) -> None:
     for column in ("backend", "seq len", "output", "max abs err", "max rel err", "result"):
         table.add_column(column, justify="right" if "err" in column or column == "seq len" else "left")
     for backend in report.ran:
+        own = backend.tolerance
+        label = backend.backend + (f" (atol={own['atol']:g}, rtol={own['rtol']:g})" if own else "")
         for c in backend.comparisons:
             table.add_row(
-                backend.backend,
+                label,
                 str(c.seq_len),
                 c.output,
                 f"{c.max_abs:.3g}",

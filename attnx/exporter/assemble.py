@@ -52,6 +52,13 @@ class Assembly:
                 seen.setdefault(op.name, op)
         return list(seen.values())
 
+    def tolerance(self, dtype: str | None = None) -> dict[str, float]:
+        """Parity tolerance in ``dtype`` (default: the model's): the loosest of its variants' (self and
+        cross attention)."""
+        variants = [v for v in (self.variant, self.cross_variant) if v is not None]
+        tolerances = [v.tolerance_for(dtype or self.dtype) for v in variants]
+        return {"atol": max(t.atol for t in tolerances), "rtol": max(t.rtol for t in tolerances)}
+
     @property
     def inputs(self) -> list[TensorSpec]:
         return in_dtype(self.module.input_specs(), self.dtype)

@@ -166,7 +166,7 @@ def export(
             outputs=[s.to_dict() for s in outputs],
             ops=[f"{lowering_mod.DOMAIN}::{op.name}" for op in assembly.ops],
             weights_sha256=sha256_file(staging / WEIGHTS_FILE),
-            tolerance=tolerance(assembly),
+            tolerance=assembly.tolerance(),
             cross_variant=cross.name if cross else None,
             cross_variant_config=assembly.cross_variant_config.to_dict() if cross else None,
             recipe=plan.name or None,
@@ -234,13 +234,6 @@ def export_shapes(
         return dataclasses.replace(spec, axes=fixed)
 
     return [fix(s) for s in inputs], [fix(s) for s in outputs], sizes
-
-
-def tolerance(assembly: Assembly) -> dict[str, float]:
-    """Parity tolerance of the model in its dtype: the loosest of its variants' (self and cross attention)."""
-    variants = [v for v in (assembly.variant, assembly.cross_variant) if v is not None]
-    tolerances = [v.tolerance_for(assembly.dtype) for v in variants]
-    return {"atol": max(t.atol for t in tolerances), "rtol": max(t.rtol for t in tolerances)}
 
 
 def _has_dynamic_length(specs: Sequence[TensorSpec]) -> bool:

@@ -49,6 +49,7 @@ class BackendParity:
     status: str  # "passed" | "failed" | "skipped"
     reason: str = ""
     comparisons: list[Comparison] = dataclasses.field(default_factory=list)
+    tolerance: dict[str, float] | None = None  # when not the report's (an fp16 TensorRT engine)
 
 
 @dataclasses.dataclass
@@ -148,6 +149,7 @@ def verify_assembly(
     seq_lens = list(seq_lens or DEFAULT_SEQ_LENS)
     if any(n < 1 for n in seq_lens) or batch < 1:
         raise AttnxError("sequence lengths and batch must be >= 1")
+    given = atol is not None or rtol is not None
     atol = manifest.tolerance["atol"] if atol is None else atol
     rtol = manifest.tolerance["rtol"] if rtol is None else rtol
     seed = secrets.randbits(31) if seed is None else seed
@@ -166,7 +168,9 @@ def verify_assembly(
         torch_runner = TorchRunner(assembly.module, specs, manifest.output_specs())
         onnx_runner = backend.runner(directory / MODEL_FILE, manifest.lowering, assembly.ops)
         run = Comparator.run([torch_runner, onnx_runner], data_loader=feeds)
-        accuracy = Comparator.compare_accuracy(run, compare_func=CompareFunc.simple(atol=atol, rtol=rtol))
+        own = engine_tolerance(manifest, assembly) if name == "trt" and not given else None
+        limits = own or {"atol": atol, "rtol": rtol}
+        accuracy = Comparator.compare_accuracy(run, compare_func=CompareFunc.simple(**limits))
         comparisons = [
             Comparison(n, output, float(result.max_absdiff), float(result.max_reldiff), bool(result))
             for accuracy_result in accuracy
@@ -175,7 +179,7 @@ def verify_assembly(
             for output, result in iteration.items()
         ]
         status = "passed" if comparisons and all(c.passed for c in comparisons) else "failed"
-        results.append(BackendParity(name, status, comparisons=comparisons))
+        results.append(BackendParity(name, status, comparisons=comparisons, tolerance=own))
     if manifest.decode:
         from attnx.decode.verify import decode_parity
 
@@ -184,6 +188,15 @@ def verify_assembly(
     if assembly.dtype != "fp32":
         drift = fp32_drift(assembly, specs, manifest.output_specs(), feeds, seq_lens)
     return ParityReport(atol, rtol, batch, seq_lens, seed, results, assembly.dtype, drift)
+
+
+def engine_tolerance(manifest: Any, assembly: Any) -> dict[str, float] | None:
+    """The tolerance of an fp32 export's TensorRT engine built with fp16 kernels (``attnx build
+    --fp16``): the variants' fp16 tolerance; None when the manifest's own tolerance applies."""
+    engine = manifest.engine or {}
+    if not engine.get("fp16") or manifest.dtype == "fp16":
+        return None
+    return assembly.tolerance("fp16")
 
 
 def fp32_drift(

@@ -193,3 +193,18 @@ def test_every_variant_declares_an_fp16_tolerance_no_tighter_than_fp32():
     for variant in get_registry().variants.values():
         assert variant.tolerance_for("fp16").atol >= variant.tolerance_for("fp32").atol
         assert variant.tolerance_for("fp32") == variant.tolerance
+
+
+def test_an_fp16_engine_of_an_fp32_export_is_judged_at_the_fp16_tolerance():
+    """`attnx build --fp16` on an fp32 export: the trt backend gets the fp16 tolerance, nothing else."""
+    from types import SimpleNamespace
+
+    from attnx.exporter.verify import engine_tolerance
+
+    assembly = assemble("linear", "seq2seq", TINY, cross_variant="softmax")
+    fp16_engine = SimpleNamespace(engine={"fp16": True}, dtype="fp32")
+    expected = {"atol": FP16_TOLERANCE.atol, "rtol": FP16_TOLERANCE.rtol}
+    assert engine_tolerance(fp16_engine, assembly) == expected
+    assert engine_tolerance(SimpleNamespace(engine={"fp16": False}, dtype="fp32"), assembly) is None
+    assert engine_tolerance(SimpleNamespace(engine=None, dtype="fp32"), assembly) is None
+    assert engine_tolerance(SimpleNamespace(engine={"fp16": True}, dtype="fp16"), assembly) is None
