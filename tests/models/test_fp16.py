@@ -98,7 +98,7 @@ def test_fp16_plugin_lowering_runs_through_the_cpu_kernels(variant, model):
     """PyOps have no float16: the kernel view casts each attnx node's float inputs up and its output back."""
     result = tiny_export(variant, model, lowering="plugin", **FP16)
     assert result.parity.passed
-    view = kernel_view(onnx.load(str(result.out / "model.onnx")), assemble(variant, model, TINY).ops)
+    view = kernel_view(onnx.load(str(result.out / "model.onnx")), get_registry().variant(variant).load().ops)
     nodes = list(view.graph.node)
     attnx = [i for i, n in enumerate(nodes) if n.domain == "attnx"]
     assert attnx
