@@ -224,6 +224,7 @@ def _describe_need(spec: AttentionSpec) -> str:
 
 
 def _check_dtype(dtype: str, roles: Any) -> None:
+    """Refuse an fp16 build around a variant that declares fp32 only (``Capabilities.fp16``)."""
     for variant, _ in roles:
         if dtype == "fp16" and not variant.capabilities.fp16:
             raise AttnxError(
