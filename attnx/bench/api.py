@@ -139,7 +139,8 @@ def bench(
 def _estimate(model: ExportedModel, backend: BenchBackend, batch: int, n: int) -> tuple[int | None, ...]:
     """(estimated peak bytes, FLOPs) of one case; (None, None) for a model the cost model lacks."""
     m = model.manifest
-    cost = model_cost(m.variant, m.variant_config, m.model, m.model_config, batch, n)
+    cost = model_cost(m.variant, m.variant_config, m.model, m.model_config, batch, n,
+                      cross_variant=m.cross_variant, cross_variant_config=m.cross_variant_config)
     if cost is None:
         return None, None
     weights = model.weights_bytes() if backend.uses_weights_file else model.onnx_bytes()

@@ -1,23 +1,105 @@
-"""FLOP counts and memory bounds of attnx.bench.cost, against torch's own FLOP counter.
+"""FLOP counts and memory bounds of attnx.bench.cost, against torch's own FLOP counter and attnx bench.
 
-The projections and FFN are counted by ``torch.utils.flop_counter`` on the real model
-(it sees every nn.Linear but not inside attnx custom ops); the attention maths are
-counted by the same counter on naive reference implementations written here from the
-papers' formulas. Lengths are multiples of 4 because the Reformer's chunked FFN pads the
-sequence to a multiple of its chunk count, work the cost model does not count.
+FLOPs: ``torch.utils.flop_counter.FlopCounterMode`` runs on the real model of every variant x
+model pair the variants support (and a few cross-variant and structure-option cases), and its
+count must equal ``model_cost(...).flops`` exactly. The counter counts matrix products only
+(mm/bmm/addmm/matmul, 2 per multiply-add), the convention the cost model states. It sees a
+``torch.library`` custom op as one opaque op with no formula (the attnx attention ops count 0),
+so :class:`RunOpDefinitions` runs each ``attnx::`` op's Python definition in its place, where
+the counter sees the op's own matmuls; and it has no formula for SDPA's CPU flash kernel, so
+softmax runs SDPA's math backend, whose matmuls it counts. Memory: the estimate bounds the peak
+that attnx bench measures for an lm and a seq2seq whose logits dominate, and scales as the
+dominant terms do.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from torch._library.custom_ops import OPDEFS
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
-from attnx.bench.cost import FAMILIES, Shape, model_cost
+import attnx
+from attnx.bench.cost import FAMILIES, FLOAT_BYTES, SAFETY, Shape, model_cost
 from attnx.registry import get_registry
 
-ENCODER = {"d_model": 32, "n_heads": 4, "n_layers": 2, "d_ff": 48, "vocab_size": 50}
+TINY = {"d_model": 32, "n_heads": 2, "n_layers": 2, "d_ff": 48, "vocab_size": 100}
+LENGTHS = (7, 70)  # odd and below every chunk size; above linear's chunk of 64, padded by every chunking
+
+
+class RunOpDefinitions(TorchDispatchMode):
+    """Run every ``attnx::`` custom op as its Python definition, so an outer FlopCounterMode counts
+    the matmuls inside it (ops dispatched from a mode's handler go to the modes outside it)."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func._schema.name
+        definition = OPDEFS[name]._init_fn if name.startswith("attnx::") else func
+        return definition(*args, **(kwargs or {}))
+
+
+def _registered(*names: str | None) -> None:
+    for name in names:
+        if name and name not in get_registry().variants:
+            pytest.skip(f"variant {name} is not registered in this checkout")
+
+
+# (variant, model, cross variant, options): every pair the variants support, then the
+# cross variants that can serve seq2seq and the structure options (reformer's own defaults add
+# reversible + ff_chunks 4, fastformer's share_layers).
+CASES = [
+    ("softmax", "encoder", None, {}),
+    ("linear", "encoder", None, {}),
+    ("cosformer", "encoder", None, {}),
+    ("fastformer", "encoder", None, {}),
+    ("fastformer", "encoder", None, {"share_qv": True, "num_classes": 3}),
+    ("reformer", "encoder", None, {}),
+    ("softmax", "lm", None, {}),
+    ("linear", "lm", None, {}),
+    ("cosformer", "lm", None, {"max_len": 128}),
+    ("reformer", "lm", None, {}),
+    ("softmax", "seq2seq", None, {}),
+    ("linear", "seq2seq", None, {}),
+    ("cosformer", "seq2seq", None, {"max_len": 128}),
+    ("reformer", "seq2seq", None, {}),
+    ("reformer", "seq2seq", "linear", {"cross.chunk_size": 16}),
+    ("softmax", "seq2seq", "cosformer", {"max_len": 128}),
+    ("linear", "lm", None, {"share_layers": True, "reversible": True, "ff_chunks": 3, "chunk_size": 16}),
+    ("softmax", "seq2seq", None, {"n_decoder_layers": 1, "ff_chunks": 4, "share_layers": True}),
+]
+
+
+def _id(case: tuple) -> str:
+    variant, model, cross, options = case
+    return "-".join([variant, model, *([f"x{cross}"] if cross else []), *map(str, options.values())])
+
+
+@pytest.mark.parametrize("n", LENGTHS)
+@pytest.mark.parametrize(("variant", "model", "cross", "options"), CASES, ids=[_id(c) for c in CASES])
+def test_model_flops_equal_the_torch_flop_counter_on_the_real_model(
+    variant: str, model: str, cross: str | None, options: dict, n: int
+) -> None:
+    from attnx.exporter.assemble import assemble
+    from attnx.exporter.inputs import random_feed
+
+    _registered(variant, cross)
+    batch = 2
+    assembly = assemble(variant, model, {**TINY, **options}, seed=0, cross_variant=cross)
+    sizes = {"batch": batch, "seq": n, "src_seq": n, "tgt_seq": n}
+    feed = random_feed(assembly.inputs, sizes, np.random.default_rng(n))
+    inputs = [torch.from_numpy(feed[spec.name]) for spec in assembly.inputs]
+    with (torch.inference_mode(), sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter,
+          RunOpDefinitions()):
+        assembly.module(*inputs)
+    cross_config = assembly.cross_variant_config.to_dict() if assembly.cross_variant_config else None
+    cost = model_cost(variant, assembly.variant_config.to_dict(), model, assembly.model_config.to_dict(),
+                      batch, n, cross_variant=cross, cross_variant_config=cross_config)
+    assert cost is not None and cost.flops == counter.get_total_flops()
 
 
 def _counted(fn, *args) -> int:
@@ -26,45 +108,18 @@ def _counted(fn, *args) -> int:
     return counter.get_total_flops()
 
 
-def _registered(name: str) -> None:
-    if name not in get_registry().variants:
-        pytest.skip(f"variant {name} is not registered in this checkout")
-
-
-def _cases() -> list[tuple[str, dict]]:
-    return [("softmax", {}), ("linear", {}), ("cosformer", {}), ("fastformer", {}),
-            ("fastformer", {"share_qv": True}), ("reformer", {})]
-
-
-@pytest.mark.parametrize(("variant", "options"), _cases())
-@pytest.mark.parametrize(("batch", "n"), [(1, 4), (2, 24), (3, 36)])  # multiples of reformer's ff_chunks
-def test_projection_and_ffn_flops_match_torch_flop_counter(variant: str, options: dict, batch: int,
-                                                           n: int) -> None:
-    from attnx.exporter.assemble import assemble
-
-    _registered(variant)
-    assembly = assemble(variant, "encoder", {**ENCODER, **options}, seed=0)
-    ids = torch.randint(0, ENCODER["vocab_size"], (batch, n))
-    mask = torch.ones(batch, n, dtype=torch.bool)
-    counted = _counted(assembly.module, ids, mask)
-    variant_config = assembly.variant_config.to_dict()
-    cost = model_cost(variant, variant_config, "encoder", assembly.model_config.to_dict(), batch, n)
-    shape = Shape(batch, n, ENCODER["d_model"], ENCODER["n_heads"])
-    maths = FAMILIES[variant](shape, variant_config).maths_flops
-    assert cost is not None and cost.flops is not None
-    assert cost.flops - ENCODER["n_layers"] * maths == counted
-
-
 def _elu1(x: torch.Tensor) -> torch.Tensor:
     return F.elu(x) + 1
 
 
+# Naive bidirectional attention from the papers' formulas, products written as matmuls and the
+# normalisers / pooled sums as multiply + sum (the split the cost model states).
 def naive_softmax(q, k, v):
     return torch.softmax(q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5, dim=-1) @ v
 
 
 def naive_kernel(qf, kf, v):
-    return (qf @ (kf.transpose(-1, -2) @ v)) / (qf @ kf.sum(-2)[..., None])
+    return (qf @ (kf.transpose(-1, -2) @ v)) / (qf * kf.sum(-2, keepdim=True)).sum(-1, keepdim=True)
 
 
 def naive_linear(q, k, v):
@@ -74,16 +129,20 @@ def naive_linear(q, k, v):
 def naive_cosformer(q, k, v):
     n = q.shape[-2]
     angle = torch.pi / 2 * torch.arange(1, n + 1) / n
+
     def features(x):
         return torch.cat([x.relu() * angle.sin()[:, None], x.relu() * angle.cos()[:, None]], dim=-1)
+
     return naive_kernel(features(q), features(k), v)
 
 
 def naive_fastformer(q, k, v):
     w_q, w_k = torch.randn(q.shape[-1], 1), torch.randn(q.shape[-1], 1)
+
     def pool(x, w):
         alpha = torch.softmax(x @ w / x.shape[-1] ** 0.5, dim=-2)  # (b, h, n, 1)
-        return alpha.transpose(-1, -2) @ x  # (b, h, 1, d)
+        return (alpha * x).sum(-2, keepdim=True)  # (b, h, 1, d)
+
     return pool(pool(q, w_q) * k, w_k) * v
 
 
@@ -100,9 +159,10 @@ def test_attention_maths_flops_match_a_naive_reference(variant: str, batch: int,
     assert FAMILIES[variant](Shape(batch, n, heads * head_dim, heads), {}).maths_flops == expected
 
 
-def _bytes(variant: str, n: int) -> int:
-    config = {"d_model": 512, "n_heads": 8, "n_layers": 6, "d_ff": 2048}
-    cost = model_cost(variant, {}, "encoder", config, 1, n)
+def _bytes(variant: str, n: int, model: str = "encoder", **config) -> int:
+    config = {"d_model": 512, "n_heads": 8, "n_layers": 6, "d_ff": 2048, "vocab_size": 32000, **config}
+    cross = variant if model == "seq2seq" else None
+    cost = model_cost(variant, {}, model, config, 1, n, cross_variant=cross)
     assert cost is not None
     return cost.working_bytes
 
@@ -114,9 +174,81 @@ def test_memory_bound_is_quadratic_for_softmax_and_linear_for_linear_attention()
     assert _bytes("softmax", 16384) > 3 * 8 * 16384**2 * 4
 
 
+@pytest.mark.parametrize("model", ["lm", "seq2seq"])
+def test_the_logits_bound_the_estimate_of_a_linear_time_model_and_grow_with_n(model: str) -> None:
+    for n in (1024, 4096, 16384):
+        logits = FLOAT_BYTES * n * 32000
+        assert _bytes("linear", n, model) >= SAFETY * logits
+        assert _bytes("linear", 2 * n, model) >= 2 * _bytes("linear", n, model) * 0.99
+    # a smaller vocabulary shrinks the estimate by its logits
+    assert _bytes("linear", 4096, model) - _bytes("linear", 4096, model, vocab_size=16000) >= (
+        SAFETY * FLOAT_BYTES * 4096 * 16000)
+
+
+def test_softmax_seq2seq_memory_is_quadratic_and_its_cross_variant_counts() -> None:
+    config = {"d_model": 64, "n_heads": 4, "n_layers": 2, "d_ff": 128, "vocab_size": 100}
+    softmax_cross = [model_cost("linear", {}, "seq2seq", config, 1, n).working_bytes for n in (8192, 16384)]
+    assert softmax_cross[1] / softmax_cross[0] == pytest.approx(4, rel=0.05)  # the default cross variant
+    linear = [model_cost("linear", {}, "seq2seq", config, 1, n, cross_variant="linear").working_bytes
+              for n in (8192, 16384)]
+    assert linear[1] / linear[0] == pytest.approx(2, rel=0.05)
+
+
+def test_shared_layers_do_not_change_flops() -> None:
+    config = {"d_model": 64, "n_heads": 4, "n_layers": 3, "d_ff": 128, "vocab_size": 100}
+    for model in ("encoder", "lm", "seq2seq"):
+        plain = model_cost("softmax", {}, model, config, 2, 100)
+        shared = model_cost("softmax", {}, model, {**config, "share_layers": True}, 2, 100)
+        assert plain == shared
+
+
 def test_unknown_variants_are_bounded_like_softmax_and_other_models_are_not_modelled() -> None:
-    config = {"d_model": 64, "n_heads": 4, "n_layers": 2, "d_ff": 128}
-    unknown = model_cost("third-party", {}, "encoder", config, 2, 300)
-    assert unknown is not None and unknown.flops is None
-    assert unknown.working_bytes == model_cost("softmax", {}, "encoder", config, 2, 300).working_bytes
+    config = {"d_model": 64, "n_heads": 4, "n_layers": 2, "d_ff": 128, "vocab_size": 100}
+    for model in ("encoder", "lm", "seq2seq"):
+        unknown = model_cost("third-party", {}, model, config, 2, 300)
+        assert unknown is not None and unknown.flops is None
+        assert unknown.working_bytes == model_cost("softmax", {}, model, config, 2, 300).working_bytes
+    unknown_cross = model_cost("linear", {}, "seq2seq", config, 2, 300, cross_variant="third-party")
+    assert unknown_cross is not None and unknown_cross.flops is None
     assert model_cost("softmax", {}, "causal-lm", config, 2, 300) is None
+
+
+# attnx bench on an lm and a seq2seq whose (B, N, vocab) logits dominate their memory: a short
+# length first takes the process's one-off costs (lazy initialisation), then the measured peak of
+# the long one must stay under the estimate, on torch and ONNX Runtime.
+WIDE = {"d_model": 32, "n_heads": 2, "n_layers": 1, "d_ff": 64, "vocab_size": 8000}
+BENCH_LENGTHS = [64, 1024]
+
+
+@pytest.fixture(scope="module")
+def wide_exports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    from attnx.exporter.export import export
+
+    root = tmp_path_factory.mktemp("cost")
+    export("softmax", root / "lm", model="lm", options=WIDE, verify=False)
+    export("linear", root / "seq2seq", model="seq2seq", cross_variant="linear", options=WIDE, verify=False)
+    return {"lm": root / "lm", "seq2seq": root / "seq2seq"}
+
+
+@pytest.mark.parametrize("model", ["lm", "seq2seq"])
+def test_bench_reports_flops_and_an_estimate_that_bounds_the_measured_peak(wide_exports: dict[str, Path],
+                                                                           model: str) -> None:
+    from attnx.exporter.manifest import Manifest
+
+    manifest = Manifest.read(wide_exports[model])
+    report = attnx.bench(wide_exports[model], backends=["torch", "ort-cpu"], seq_lens=BENCH_LENGTHS, batch=4,
+                         warmup=1, repeat=1, threads=2, seed=0)
+    for m in report.measurements:
+        assert m.status == "ok", m.reason
+        expected = model_cost(manifest.variant, manifest.variant_config, model, manifest.model_config, 4,
+                              m.seq_len, cross_variant=manifest.cross_variant,
+                              cross_variant_config=manifest.cross_variant_config)
+        assert expected is not None and m.flops == expected.flops and m.flops_per_s > 0
+        assert m.estimated_bytes > SAFETY * FLOAT_BYTES * 4 * m.seq_len * WIDE["vocab_size"]
+        if m.seq_len == BENCH_LENGTHS[-1] and m.peak_rss_bytes is not None:
+            assert m.peak_rss_bytes <= m.estimated_bytes, (m.backend, m.peak_rss_bytes, m.estimated_bytes)
+    if model == "seq2seq":  # the bench passed the manifest's cross variant: a softmax one counts N^2 more
+        assert manifest.cross_variant == "linear"
+        softmax_cross = model_cost("linear", manifest.variant_config, model, manifest.model_config, 4,
+                                   BENCH_LENGTHS[-1])
+        assert softmax_cross is not None and softmax_cross.flops > report.measurements[-1].flops
