@@ -4,16 +4,12 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
-import onnx
 import pytest
 import torch
-from onnx.reference import ReferenceEvaluator
 
 from attnx.exporter.assemble import assemble
 from attnx.plugins.softmax.kernel import SOFTMAX_OP, softmax_attention
-from attnx.testing.onnx_op import OpSession
-from attnx.testing.subject import Case, OpCall
+from tests.plugins import op_harness as harness
 
 MASKED = -65504.0
 
@@ -43,11 +39,6 @@ def naive_softmax_attention(q, k, v, key_padding_mask=None, causal=False, scale=
     return out
 
 
-def right_padding(batch, length, generator):
-    lengths = torch.randint(1, length + 1, (batch,), generator=generator)
-    return torch.arange(length)[None, :] < lengths[:, None]
-
-
 CASES = [
     # batch, heads, n_queries, n_keys, dim, causal, masked
     (1, 1, 1, 1, 4, False, False),
@@ -61,13 +52,15 @@ CASES = [
 
 @pytest.mark.parametrize(("batch", "heads", "n", "m", "d", "causal", "masked"), CASES)
 def test_op_matches_naive_reference(batch, heads, n, m, d, causal, masked):
-    generator = torch.Generator().manual_seed(hash((batch, heads, n, m, d, causal, masked)) % 2**31)
-    q, k, v = (torch.randn(batch, heads, x, d, generator=generator) for x in (n, m, m))
-    mask = right_padding(batch, m, generator) if masked else None
+    """In torch and in ONNX Runtime, every lowering."""
+    seed = hash((batch, heads, n, m, d, causal, masked)) % 2**31
+    q, k, v, g = harness.random_qkv(batch, heads, n, m, d, seed)
+    mask = harness.padding_mask("prefix" if masked else "none", batch, m, g)
     scale = 1 / math.sqrt(d)
-    got = softmax_attention(q, k, v, mask, causal, scale)
+    results = harness.op_results(SOFTMAX_OP, q, k, v, mask, causal, scale)
     expected = naive_softmax_attention(q, k, v, mask, causal, scale)
-    torch.testing.assert_close(got.double(), expected, atol=1e-5, rtol=1e-5)
+    results = {name: result.double() for name, result in results.items()}
+    harness.assert_all_close(results, expected, atol=1e-5, rtol=1e-5)
 
 
 def test_fully_padded_row_stays_finite():
@@ -85,47 +78,13 @@ def test_layer_uses_projections_and_heads():
     layer = module.blocks[0].attention
     x = torch.randn(2, 6, 16)
     mask = torch.tensor([[True] * 6, [True] * 4 + [False] * 2])
-
-    def heads(t):
-        return t.view(2, 6, 4, 4).transpose(1, 2)
-
-    q, k, v = heads(layer.q_proj(x)), heads(layer.k_proj(x)), heads(layer.v_proj(x))
-    merged = naive_softmax_attention(q, k, v, mask).float().transpose(1, 2).reshape(2, 6, 16)
+    q, k, v = harness.split_qkv(layer, x)
+    expected = harness.merge_heads(layer, naive_softmax_attention(q, k, v, mask)).float()
     with torch.no_grad():
-        torch.testing.assert_close(
-            layer(x, key_padding_mask=mask), layer.out_proj(merged), atol=1e-5, rtol=1e-4
-        )
+        torch.testing.assert_close(layer(x, key_padding_mask=mask), expected, atol=1e-5, rtol=1e-4)
 
 
 # -- fp16: torch, ONNX Runtime and native fp16 arithmetic against the float64 reference ------------------
-
-
-def fp16_results(q, k, v, mask, causal, scale):
-    """The op on fp16 inputs: torch; ONNX Runtime (CPU) and onnx's reference evaluator, both through the
-    function body. ORT's CPU provider runs the fp16 ops it has no fp16 kernel for (here MatMul, Add,
-    Softmax) in float32 (its InsertCastTransformer); the reference evaluator computes every op in numpy
-    float16, rounding as a native-fp16 backend (CUDA, TensorRT) does."""
-    args = (q, k, v, mask, causal, scale)
-    out = softmax_attention(*args)
-    call = OpCall(Case("fp16"), torch.ops.attnx.softmax_attention.default, SOFTMAX_OP, args, {}, out)
-    session = OpSession(SOFTMAX_OP, call)
-    (ort_out,) = session.run(call.bound())
-    feed = {name: call.bound()[name].numpy() for name in session.input_names}
-    with np.errstate(over="ignore", invalid="ignore"):  # fp16 overflows: the checks see what comes out
-        (native,) = ReferenceEvaluator(onnx.inliner.inline_local_functions(session.model)).run(None, feed)
-    return {"torch": out, "ort": torch.from_numpy(ort_out), "native": torch.from_numpy(native)}
-
-
-def assert_fp16_close(result, expected):
-    """fp16 has 11 significant bits (unit roundoff u = 2**-11 ~ 4.9e-4) and the reference sees the same
-    fp16 inputs, so only intermediate roundings differ: the output's (u |o|) and, in native fp16, the
-    scores' (u |s| <= 0.03 at |s| ~ 60, moving the output by at most that times max |v_i - v_j|).
-    Measured: torch and ORT <= 1.5e-3 max|ref|, native <= 2.3e-3 max|ref|; the bound
-    5e-3 max|ref| + 2e-3 (~10 u) leaves 2.5x room, while a dropped or extra key, a wrong mask or an
-    overflow moves outputs by O(max |v|) ~ 3."""
-    assert result.dtype == torch.float16 and torch.isfinite(result).all()
-    error = (result.double() - expected).abs().max()
-    assert error <= 5e-3 * expected.abs().max() + 2e-3, f"max |error| {error:.3g}"
 
 
 FP16_CASES = [
@@ -146,37 +105,36 @@ def test_fp16_op_is_finite_and_accurate(batch, heads, n, m, d, causal, mask_kind
     """q, k ~ magnitude * randn, d = 64: at 4 the scaled scores reach |s| ~ 60 (|q.k| in the hundreds), where
     fp16 keeps 5 fractional bits and the softmax is nearly one-hot; at 1 the weights are spread, so every
     visible key counts. Rows whose keys are all padded stay finite and give plain attention, as
-    MASKED_SCORE shifts every score alike (the body adds it in float32, so native fp16 too)."""
-    g = torch.Generator().manual_seed(1000 * n + 10 * m + batch + int(magnitude))
-    q, k = (magnitude * torch.randn(batch, heads, x, d, generator=g) for x in (n, m))
-    q, k, v = q.half(), k.half(), torch.randn(batch, heads, m, d, generator=g).half()
-    mask = None if mask_kind == "none" else right_padding(batch, m, g)
+    MASKED_SCORE shifts every score alike (the body adds it in float32, so native fp16 too).
+
+    fp16 rounds the output (u |o|, u = 2**-11) and, in native fp16, the scores (u |s| <= 0.03 at |s| ~ 60,
+    moving the output by at most that times max |v_i - v_j|). Measured: torch and ORT <= 1.5e-3 max|ref|,
+    native <= 2.3e-3 max|ref|; the bound 5e-3 max|ref| + 2e-3 leaves 2.5x room, while a dropped or extra
+    key, a wrong mask or an overflow moves outputs by O(max |v|) ~ 3."""
+    seed = 1000 * n + 10 * m + batch + int(magnitude)
+    q, k, v, g = harness.random_qkv(batch, heads, n, m, d, seed, dtype=torch.float16, magnitude=magnitude)
+    mask = harness.padding_mask("none" if mask_kind == "none" else "prefix", batch, m, g)
     if mask_kind == "empty":
         mask[0] = False
     scale = 1 / math.sqrt(d)
     expected = naive_softmax_attention(q, k, v, mask, causal, scale)
-    results = fp16_results(q, k, v, mask, causal, scale)
-    assert_fp16_close(results["torch"], expected)
-    assert_fp16_close(results["ort"], expected)
-    assert_fp16_close(results["native"], expected)
+    harness.assert_fp16_close(harness.fp16_results(SOFTMAX_OP, q, k, v, mask, causal, scale), expected)
 
 
 def test_fp16_body_scales_before_the_product():
     """|q.k| reaches ~1e5 > 65504 and would overflow fp16; q * scale first keeps |scores| below ~60."""
-    g = torch.Generator().manual_seed(65504)
-    q, k, v = (torch.randn(2, 2, 8, 64, generator=g) for _ in range(3))
-    q, k, v = (64 * q).half(), (64 * k).half(), v.half()
+    q, k, v, _ = harness.random_qkv(2, 2, 8, 8, 64, seed=65504, dtype=torch.float16, magnitude=64.0)
     assert (q.double() @ k.double().transpose(-1, -2)).abs().max() > 65504
     expected = naive_softmax_attention(q, k, v, None, True, 2**-11)
-    for result in fp16_results(q, k, v, None, True, 2**-11).values():
-        assert_fp16_close(result, expected)
+    harness.assert_fp16_close(harness.fp16_results(SOFTMAX_OP, q, k, v, None, True, 2**-11), expected)
 
 
 def test_fp16_fully_padded_row_in_native_fp16_arithmetic():
-    """Scores -64 and -60 plus the -65504 padding bias overflow fp16: the body adds them in float32."""
+    """Scores -64 and -60 plus the -65504 padding bias overflow fp16: the body adds them in float32
+    (native fp16 arithmetic; torch and ORT are checked alike)."""
     q = torch.ones(1, 1, 1, 64, dtype=torch.float16)
     k = torch.tensor([-8.0, -7.5], dtype=torch.float16).repeat_interleave(64).view(1, 1, 2, 64)
     v = torch.tensor([1.0, 3.0], dtype=torch.float16).view(1, 1, 2, 1)
     mask = torch.zeros(1, 2, dtype=torch.bool)
     expected = naive_softmax_attention(q, k, v, mask, False, 0.125)  # scores -64 and -60
-    assert_fp16_close(fp16_results(q, k, v, mask, False, 0.125)["native"], expected)
+    harness.assert_fp16_close(harness.fp16_results(SOFTMAX_OP, q, k, v, mask, False, 0.125), expected)

@@ -2,31 +2,23 @@
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
-import onnx
-import onnxruntime as ort
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
-from onnx import TensorProto, helper, numpy_helper
-from onnx.reference import ReferenceEvaluator
+from onnx import numpy_helper
 
 from attnx.errors import AttnxError
 from attnx.exporter.assemble import assemble
-from attnx.exporter.export import export
-from attnx.exporter.lowering import lower
-from attnx.exporter.manifest import MODEL_FILE
 from attnx.plugins.reformer import VARIANT, ReformerConfig
 from attnx.plugins.reformer.kernel import REFORMER_OP, reformer_attention
 from attnx.variant import AttentionSpec
-from tests.plugins.encoder_parity import assert_encoder_matches_ort, export_encoder
+from tests.plugins import op_harness as harness
+from tests.plugins.encoder_parity import TINY as ENCODER_TINY
+from tests.plugins.encoder_parity import encoder_fixture, encoder_property_test, export_in_lowering
 
 SELF_SCORE = -65504.0  # a token's score for itself: it wins only when nothing else is visible
 NORM_EPS = 1e-6
-TINY = {"d_model": 32, "n_heads": 2, "n_layers": 1, "d_ff": 64, "vocab_size": 50, "chunk_size": 8}
+TINY = {**ENCODER_TINY, "chunk_size": 8}
 
 # -- the reference: Reformer sec. 2 + appendix A as explicit N x N matrices, float64 ----------------------
 
@@ -90,20 +82,11 @@ def naive_lsh(qk, v, rotations, mask=None, causal=False, chunk_size=64):
 
 def naive_layer(layer, x, mask=None):
     """The layer from its parameters: shared QK and V projections, naive_lsh per head, output projection."""
-    p = {name: t.detach().double() for name, t in layer.named_parameters()}
-    heads = layer.spec.n_heads
-
-    def project(name):
-        y = x.double() @ p[f"{name}.weight"].T + p[f"{name}.bias"]
-        return y.reshape(*y.shape[:2], heads, -1).transpose(1, 2)
-
-    out = naive_lsh(
-        project("qk_proj"), project("v_proj"), layer.rotations, mask, layer.causal, layer.chunk_size
-    )
-    return out.transpose(1, 2).flatten(2) @ p["out_proj.weight"].T + p["out_proj.bias"]
+    qk, v = harness.split_heads(layer, "qk_proj", x), harness.split_heads(layer, "v_proj", x)
+    return harness.merge_heads(layer, naive_lsh(qk, v, layer.rotations, mask, layer.causal, layer.chunk_size))
 
 
-# -- inputs and a one-node ONNX model around attnx::ReformerAttention ------------------------------------
+# -- inputs ----------------------------------------------------------------------------------------------
 
 
 def random_inputs(batch, heads, n, d, n_hashes, n_buckets, seed):
@@ -113,68 +96,6 @@ def random_inputs(batch, heads, n, d, n_hashes, n_buckets, seed):
     return qk, v, rotations, g
 
 
-def random_mask(kind, batch, n, g):
-    """None, a real prefix of random length per row, a scattered pattern, or a row with no real token."""
-    if kind == "none":
-        return None
-    if kind == "prefix":
-        return torch.arange(n) < torch.randint(1, n + 1, (batch, 1), generator=g)
-    mask = torch.rand(batch, n, generator=g) > 0.4
-    if kind == "empty-row":
-        mask[0] = False
-    return mask
-
-
-def op_model(causal, masked, chunk_size, lowering="function", fp16=False):
-    dtype = TensorProto.FLOAT16 if fp16 else TensorProto.FLOAT
-    names = ["qk", "v", "rotations"] + (["key_padding_mask"] if masked else [])
-    inputs = [
-        helper.make_tensor_value_info("qk", dtype, ["b", "h", "n", "d"]),
-        helper.make_tensor_value_info("v", dtype, ["b", "h", "n", "e"]),
-        helper.make_tensor_value_info("rotations", dtype, ["h", "d", "r", "k"]),
-    ]
-    if masked:
-        inputs.append(helper.make_tensor_value_info("key_padding_mask", TensorProto.BOOL, ["b", "n"]))
-    node = helper.make_node(
-        REFORMER_OP.name, names, ["out"], domain="attnx", causal=int(causal), chunk_size=chunk_size
-    )
-    output = helper.make_tensor_value_info("out", dtype, ["b", "h", "n", "e"])
-    graph = helper.make_graph([node], "reformer_op", inputs, [output])
-    opsets = [helper.make_opsetid("", 18), helper.make_opsetid("attnx", 1)]
-    model = lower(helper.make_model(graph, opset_imports=opsets, ir_version=10), [REFORMER_OP], lowering)
-    onnx.checker.check_model(model, full_check=True)
-    return model
-
-
-@functools.cache
-def op_session(causal, masked, chunk_size, lowering="function", fp16=False):
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    model = op_model(causal, masked, chunk_size, lowering, fp16)
-    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-
-
-def op_feed(qk, v, rotations, mask):
-    feed = {"qk": qk.numpy(), "v": v.numpy(), "rotations": rotations.numpy()}
-    if mask is not None:
-        feed["key_padding_mask"] = mask.numpy()
-    return feed
-
-
-def run_ort(qk, v, rotations, mask, causal, chunk_size, lowering="function"):
-    session = op_session(causal, mask is not None, chunk_size, lowering, qk.dtype == torch.float16)
-    return torch.from_numpy(session.run(None, op_feed(qk, v, rotations, mask))[0])
-
-
-def run_native_fp16(qk, v, rotations, mask, causal, chunk_size):
-    """The function body in onnx's reference evaluator: every op in numpy float16, rounding as a native-fp16
-    backend (CUDA, TensorRT) does. ORT's CPU provider runs the fp16 ops it has no fp16 kernel for in float32
-    (Cast nodes around them), so it alone would not see an fp16 overflow in the body."""
-    model = onnx.inliner.inline_local_functions(op_model(causal, mask is not None, chunk_size, fp16=True))
-    with np.errstate(over="ignore", invalid="ignore"):  # fp16 overflows: the checks see what comes out
-        return torch.from_numpy(ReferenceEvaluator(model).run(None, op_feed(qk, v, rotations, mask))[0])
-
-
 # -- the op ----------------------------------------------------------------------------------------------
 
 CASES = [
@@ -182,12 +103,12 @@ CASES = [
     (1, 1, 1, 4, 2, 8, 64, False, "none"),  # N = 1
     (2, 2, 1, 8, 3, 4, 4, True, "prefix"),  # N = 1, causal
     (2, 2, 7, 8, 1, 4, 4, False, "prefix"),  # odd N, one round, N not a multiple of the chunk
-    (2, 3, 13, 8, 3, 8, 4, True, "scattered"),  # three rounds, causal
+    (2, 3, 13, 8, 3, 8, 4, True, "random"),  # three rounds, causal
     (1, 2, 33, 16, 2, 8, 8, False, "none"),
     (2, 2, 37, 8, 2, 2, 1, True, "none"),  # chunks of one token: each sees only its predecessor
     # Buckets larger than a chunk: the causal window (chunk_size sorted predecessors) is not the paper's.
     (2, 2, 41, 8, 2, 2, 4, True, "prefix"),
-    (1, 3, 59, 8, 3, 4, 6, True, "scattered"),
+    (1, 3, 59, 8, 3, 4, 6, True, "random"),
     (2, 2, 50, 8, 3, 16, 64, False, "empty-row"),  # a single chunk; a row with no real token
     (1, 2, 130, 16, 2, 8, 64, True, "prefix"),  # default options, three chunks
     (2, 1, 64, 8, 2, 4, 16, False, "none"),  # N a multiple of the chunk
@@ -201,14 +122,10 @@ def test_op_matches_reference_in_torch_and_onnx(
     batch, heads, n, d, n_hashes, n_buckets, chunk, causal, mask_kind
 ):
     qk, v, rotations, g = random_inputs(batch, heads, n, d, n_hashes, n_buckets, seed=n * 7 + d + n_hashes)
-    mask = random_mask(mask_kind, batch, n, g)
+    mask = harness.padding_mask(mask_kind, batch, n, g)
     expected = naive_lsh(qk, v, rotations, mask, causal, chunk).float()
-    results = [reformer_attention(qk, v, rotations, mask, causal, chunk)]
-    results += [
-        run_ort(qk, v, rotations, mask, causal, chunk, lowering) for lowering in ("function", "decomposed")
-    ]
-    for result in results:
-        torch.testing.assert_close(result, expected, atol=1e-5, rtol=1e-4)
+    results = harness.op_results(REFORMER_OP, qk, v, rotations, mask, causal, chunk)
+    harness.assert_all_close(results, expected, atol=1e-5, rtol=1e-4)
 
 
 FP16_CASES = [
@@ -216,10 +133,12 @@ FP16_CASES = [
     (1, 1, 1, 2, 8, 4, False, "none"),  # N = 1
     (2, 2, 1, 2, 4, 4, True, "empty-row"),  # N = 1, causal, batch row 0 padded
     (2, 2, 7, 1, 4, 4, False, "prefix"),  # odd N
-    (2, 3, 13, 3, 8, 4, True, "scattered"),
+    (2, 3, 13, 3, 8, 4, True, "random"),
     (2, 2, 33, 2, 8, 8, False, "empty-row"),  # the row with no real token: each token sees only itself
     (1, 2, 41, 2, 2, 4, True, "prefix"),
 ]
+
+
 @pytest.mark.parametrize(
     ("batch", "heads", "n", "n_hashes", "n_buckets", "chunk", "causal", "mask_kind", "magnitude"),
     [(*case, magnitude) for case in FP16_CASES for magnitude in (1.0, 4.0)]
@@ -241,16 +160,11 @@ def test_fp16_op_is_finite_and_accurate(
     seed = 10 * n + int(magnitude)
     qk, v, rotations, g = random_inputs(batch, heads, n, 64, n_hashes, n_buckets, seed)
     qk, v, rotations = (magnitude * qk).half(), v.half(), rotations.half()
-    mask = random_mask(mask_kind, batch, n, g)
+    mask = harness.padding_mask(mask_kind, batch, n, g)
     expected = naive_lsh(qk, v, rotations, mask, causal, chunk)
-    for result in (
-        reformer_attention(qk, v, rotations, mask, causal, chunk),
-        run_ort(qk, v, rotations, mask, causal, chunk),
-        run_native_fp16(qk, v, rotations, mask, causal, chunk),
-    ):
-        assert result.dtype == torch.float16 and torch.isfinite(result).all()
-        error = (result.double() - expected).abs().max()
-        assert error <= 5e-3 * expected.abs().max() + 2e-3, f"max |error| {error:.3g}"
+    harness.assert_fp16_close(
+        harness.fp16_results(REFORMER_OP, qk, v, rotations, mask, causal, chunk), expected
+    )
 
 
 def test_padding_is_invisible_to_real_tokens():
@@ -281,10 +195,10 @@ def sorted_chunks(qk, rotations, mask, chunk_size):
     ("seed", "n", "chunk", "n_buckets", "mask_kind"),
     [
         (0, 23, 4, 4, "none"),
-        (1, 45, 8, 2, "scattered"),
+        (1, 45, 8, 2, "random"),
         (2, 61, 4, 8, "prefix"),
         (3, 97, 16, 4, "none"),
-        (4, 31, 3, 2, "scattered"),
+        (4, 31, 3, 2, "random"),
     ],
 )
 def test_changing_any_later_tokens_leaves_earlier_outputs_unchanged(seed, n, chunk, n_buckets, mask_kind):
@@ -292,9 +206,9 @@ def test_changing_any_later_tokens_leaves_earlier_outputs_unchanged(seed, n, chu
     tokens' sorted chunks (so the paper's rule would leak); outputs before cut stay bit-exact in torch and
     within 1e-6 in ONNX Runtime."""
     qk, v, rotations, g = random_inputs(2, 2, n, 8, 3, n_buckets, seed=seed)
-    mask = random_mask(mask_kind, 2, n, g)
+    mask = harness.padding_mask(mask_kind, 2, n, g)
     before = reformer_attention(qk, v, rotations, mask, True, chunk)
-    ort_before = run_ort(qk, v, rotations, mask, True, chunk)
+    ort_before = harness.run_onnx(REFORMER_OP, qk, v, rotations, mask, True, chunk)
     buckets, chunks = sorted_chunks(qk, rotations, mask, chunk)
     moved_a_chunk = False
     for cut in (1, n // 3, 2 * n // 3, n - 1):
@@ -311,7 +225,7 @@ def test_changing_any_later_tokens_leaves_earlier_outputs_unchanged(seed, n, chu
         after = reformer_attention(changed_qk, changed_v, rotations, changed_mask, True, chunk)
         assert torch.equal(after[..., :cut, :], before[..., :cut, :]), f"cut={cut}"
         assert not torch.allclose(after[..., cut:, :], before[..., cut:, :])
-        ort_after = run_ort(changed_qk, changed_v, rotations, changed_mask, True, chunk)
+        ort_after = harness.run_onnx(REFORMER_OP, changed_qk, changed_v, rotations, changed_mask, True, chunk)
         torch.testing.assert_close(ort_after[..., :cut, :], ort_before[..., :cut, :], atol=1e-6, rtol=0)
     assert moved_a_chunk, "no earlier token changed sorted chunk: the case the paper's rule leaks is untested"
 
@@ -338,9 +252,8 @@ def test_later_buckets_do_not_change_which_past_keys_a_query_sees():
 # -- the layer -------------------------------------------------------------------------------------------
 
 
-def build_layer(causal=False, seed=0, **options):
-    torch.manual_seed(seed)
-    return VARIANT.load().build(ReformerConfig(**options), AttentionSpec(24, 3, causal=causal)).eval()
+def reformer_layer(causal=False, seed=0, **options):
+    return harness.build_layer(VARIANT, ReformerConfig(**options), seed=seed, causal=causal)
 
 
 @pytest.mark.parametrize(
@@ -348,25 +261,22 @@ def build_layer(causal=False, seed=0, **options):
     [
         (1, 1, False, "none", {}),
         (2, 9, True, "prefix", {"chunk_size": 2, "n_hashes": 3, "n_buckets": 2}),
-        (3, 21, False, "scattered", {"chunk_size": 4, "n_buckets": 4}),
-        (2, 70, True, "scattered", {"n_hashes": 1}),
+        (3, 21, False, "random", {"chunk_size": 4, "n_buckets": 4}),
+        (2, 70, True, "random", {"n_hashes": 1}),
     ],
     ids=str,
 )
 def test_layer_matches_reference(batch, n, causal, mask_kind, options):
-    layer = build_layer(causal=causal, seed=n, **options)
-    g = torch.Generator().manual_seed(n + 1000)
-    x = torch.randn(batch, n, 24, generator=g)
-    mask = random_mask(mask_kind, batch, n, g)
-    with torch.no_grad():
-        result = layer(x, key_padding_mask=mask)
-    torch.testing.assert_close(result, naive_layer(layer, x, mask).float(), atol=1e-5, rtol=1e-4)
+    layer = reformer_layer(causal=causal, seed=n, **options)
+    x, _, mask = harness.layer_inputs(batch, n, None, mask_kind, seed=n + 1000)
+    expected = naive_layer(layer, x, mask).float()
+    torch.testing.assert_close(harness.run_layer(layer, x, mask=mask), expected, atol=1e-5, rtol=1e-4)
 
 
 def test_causal_layer_and_language_model_ignore_later_tokens():
     """Through the layer (Variant.build with a causal spec) and a whole reformer LM (reversible blocks,
     chunked FFN): new later inputs leave earlier outputs bit-exact."""
-    layer = build_layer(causal=True, seed=5, chunk_size=4, n_buckets=2)
+    layer = reformer_layer(causal=True, seed=5, chunk_size=4, n_buckets=2)
     lm = assemble("reformer", "lm", {**TINY, "n_layers": 2, "n_buckets": 2, "chunk_size": 4}, seed=5).module
     g = torch.Generator().manual_seed(5)
     x = torch.randn(2, 37, 24, generator=g)
@@ -384,7 +294,7 @@ def test_causal_layer_and_language_model_ignore_later_tokens():
 
 
 def test_layer_shares_queries_and_keys_and_refuses_a_context():
-    layer = build_layer()
+    layer = reformer_layer()
     names = {name for name, _ in layer.named_parameters()}
     assert names == {f"{p}.{t}" for p in ("qk_proj", "v_proj", "out_proj") for t in ("weight", "bias")}
     with pytest.raises(AttnxError, match="self-attention only"):
@@ -427,36 +337,19 @@ def test_cross_attention_is_refused_at_build_time():
 @pytest.mark.parametrize("lowering", ["function", "decomposed", "plugin"])
 def test_export_verifies_in_every_lowering(tmp_path, lowering):
     out = tmp_path / "out"
-    result = export("reformer", out, options=TINY, lowering=lowering, seq_lens=[1, 7, 33, 130])
-    assert result.parity is not None and result.parity.passed, result.parity
-    model = onnx.load(str(out / MODEL_FILE))
-    nodes = [node for node in model.graph.node if node.domain == "attnx"]
+    _, model, nodes = export_in_lowering(
+        "reformer", out, TINY, lowering, "ReformerAttention", seq_lens=[1, 7, 33, 130]
+    )
     initializers = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
     expected = assemble("reformer", "encoder", TINY, seed=0).module.state_dict()[
         "blocks.0.attention.rotations"
     ]
     np.testing.assert_array_equal(initializers["blocks.0.attention.rotations"], expected.numpy())
     if lowering == "decomposed":
-        assert result.attnx_nodes == 0 and not nodes and not model.functions
-        assert {o.domain for o in model.opset_import} <= {"", "ai.onnx"}
         assert {"TopK", "ScatterElements", "GatherElements"} <= {node.op_type for node in model.graph.node}
-        return
-    assert [node.op_type for node in nodes] == ["ReformerAttention"]
-    assert nodes[0].input[2] == "blocks.0.attention.rotations"
-    attributes = {a.name for node in nodes for a in node.attribute}
-    assert ({"plugin_namespace", "plugin_version"} <= attributes) == (lowering == "plugin")
-    assert bool(model.functions) == (lowering == "function")
+    else:
+        assert nodes[0].input[2] == "blocks.0.attention.rotations"
 
 
-@pytest.fixture(scope="module")
-def exported(tmp_path_factory):
-    """One dynamic-shape export (function lowering); a torch model loads its weights, rotations included."""
-    out = tmp_path_factory.mktemp("reformer") / "out"
-    options = {**TINY, "n_hashes": 3, "chunk_size": 4}
-    return export_encoder("reformer", out, options)
-
-
-@settings(max_examples=15, deadline=None)
-@given(batch=st.integers(1, 3), n=st.integers(1, 100), seed=st.integers(0, 2**16))
-def test_property_torch_matches_onnxruntime(exported, batch, n, seed):
-    assert_encoder_matches_ort(exported, batch, n, seed, TINY["vocab_size"], VARIANT.tolerance)
+exported = encoder_fixture("reformer", {**TINY, "n_hashes": 3, "chunk_size": 4})  # rotations in the weights
+test_property_torch_matches_onnxruntime = encoder_property_test(VARIANT)
