@@ -13,7 +13,12 @@ A kv-cache (softmax) reads and copies O(P) keys and values per step; the recurre
 of linear and cosFormer has the same size at every P, so their step costs the same.
 Variants whose config has ``max_len`` (cosFormer's M) get M = the longest position reached.
 
-Run ``python -m attnx.decode.bench`` for the markdown table.
+:func:`source_latency` times a seq2seq decoder against the *source* length instead: its
+cross-attention keys and values are projected once in prefill and read by every step, so
+a step costs O(src · d) per layer for the read, not O(src · d_model²) for re-projection.
+
+Run ``python -m attnx.decode.bench`` for the markdown table (``... bench seq2seq`` for the
+source-length one).
 """
 
 from __future__ import annotations
@@ -31,6 +36,9 @@ import numpy as np
 POSITIONS = (16, 256, 1024, 4096)
 MODEL = {"vocab_size": 1000, "d_model": 256, "n_heads": 4, "n_layers": 4, "d_ff": 1024}
 STEPS, WARMUP, ROUNDS = 32, 4, 3
+SOURCES = (256, 1024, 4096)
+PAIRS = (("softmax", "softmax"), ("linear", "linear"), ("linear", "cosformer"))  # (self, cross) variants
+PROMPT = 16  # target tokens prefilled before the timed seq2seq steps
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,6 +86,55 @@ def decode_latency(
     return timings
 
 
+@dataclasses.dataclass(frozen=True)
+class SourceTiming:
+    variant: str
+    cross_variant: str
+    source_len: int
+    ms_per_token: float
+    context_bytes: int  # the decode inputs that stay fixed: cached cross keys/values, source mask (batch 1)
+
+
+def source_latency(
+    pairs: Sequence[tuple[str, str]] = PAIRS,
+    sources: Sequence[int] = SOURCES,
+    steps: int = STEPS,
+    model: Mapping[str, Any] | None = None,
+    threads: int | None = 1,
+    progress: Callable[[str], None] | None = None,
+) -> list[SourceTiming]:
+    """Median ONNX Runtime decode-step time of a seq2seq decoder after sources of each length, per
+    (self, cross) variant pair; :data:`PROMPT` target tokens are prefilled first."""
+    from attnx.decode.export import export_decode
+    from attnx.decode.runtime import OrtStepper
+    from attnx.exporter.assemble import assemble
+    from attnx.registry import get_registry
+
+    report = progress or (lambda message: None)
+    options = dict(MODEL if model is None else model)
+    vocab = options["vocab_size"]
+    timings = []
+    for name, cross in pairs:
+        fields = {f.name for v in (name, cross) for f in dataclasses.fields(get_registry().variant(v).config)}
+        extra = {"max_len": PROMPT + WARMUP + steps} if "max_len" in fields else {}
+        report(f"exporting a seq2seq with {name} self- and {cross} cross-attention and its decode graphs")
+        with tempfile.TemporaryDirectory(prefix="attnx-decode-bench-") as tmp:
+            assembly = assemble(name, "seq2seq", {**options, **extra}, 0, cross_variant=cross)
+            entry = export_decode(assembly, Path(tmp), 18, "function")
+            stepper = OrtStepper(Path(tmp), entry, threads=threads)
+            rng = np.random.default_rng(0)
+            for n in sources:
+                report(f"{name}/{cross}: prefill a {n}-token source, then {ROUNDS} x {steps} timed steps")
+                ids = rng.integers(0, vocab, (1, n))
+                source = {"input_ids": ids, "attention_mask": np.ones(ids.shape, dtype=bool)}
+                _, prefilled = stepper.prefill(rng.integers(0, vocab, (1, PROMPT)), source)
+                tokens = rng.integers(0, vocab, size=(WARMUP + steps, 1, 1))
+                best = min(_median_step(stepper, prefilled, tokens) for _ in range(ROUNDS))
+                size = sum(prefilled[c].nbytes for c in stepper.context)
+                timings.append(SourceTiming(name, cross, n, 1000 * best, size))
+    return timings
+
+
 def _median_step(stepper: Any, state: dict[str, np.ndarray], tokens: np.ndarray) -> float:
     """Median time of the decode steps after :data:`WARMUP`, starting from ``state`` (left unchanged)."""
     times = []
@@ -103,6 +160,20 @@ def markdown_table(timings: Sequence[DecodeTiming]) -> str:
     return "\n".join(lines)
 
 
+def source_table(timings: Sequence[SourceTiming]) -> str:
+    """Rows: source lengths; columns: ms/token and context size per (self/cross) pair."""
+    pairs = list(dict.fromkeys(f"{t.variant}/{t.cross_variant}" for t in timings))
+    by_key = {(f"{t.variant}/{t.cross_variant}", t.source_len): t for t in timings}
+    header = ["source", *(f"{p} ms/token" for p in pairs), *(f"{p} context" for p in pairs)]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---:|" * len(header)]
+    for n in sorted({t.source_len for t in timings}):
+        cells = [str(n)]
+        cells += [f"{by_key[(p, n)].ms_per_token:.3f}" for p in pairs]
+        cells += [_size(by_key[(p, n)].context_bytes) for p in pairs]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def _size(n: int) -> str:
     return f"{n / 2**20:.2f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"
 
@@ -110,4 +181,10 @@ def _size(n: int) -> str:
 if __name__ == "__main__":
     import sys
 
-    print(markdown_table(decode_latency(progress=lambda m: print(f"· {m}", file=sys.stderr))))
+    def progress(message: str) -> None:
+        print(f"· {message}", file=sys.stderr)
+
+    if sys.argv[1:] == ["seq2seq"]:
+        print(source_table(source_latency(progress=progress)))
+    else:
+        print(markdown_table(decode_latency(progress=progress)))

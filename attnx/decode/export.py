@@ -61,6 +61,19 @@ def decode_ops(assembly: Any) -> list[AttentionOp]:
     return list(ops.values())
 
 
+def run_prefill_once(prefill: StepModel, specs: list[TensorSpec]) -> None:
+    """Run prefill in torch on one token (and a one-token source): a layer that cannot decode raises
+    its one-line AttnxError here, where torch.export would wrap it in a long report."""
+    import numpy as np
+    import torch
+
+    from attnx.exporter.inputs import random_feed
+
+    feed = random_feed(specs, {"batch": 1, "seq": 1, "src_seq": 1}, np.random.default_rng(0))
+    with torch.inference_mode():
+        prefill(*(torch.from_numpy(feed[s.name]) for s in specs))
+
+
 def export_decode(assembly: Any, directory: Path, opset: int, lowering: str) -> dict[str, Any]:
     """Export, lower, check and save the two graphs into ``directory``; return the manifest entry."""
     from attnx.exporter import lowering as lowering_mod
@@ -68,6 +81,7 @@ def export_decode(assembly: Any, directory: Path, opset: int, lowering: str) -> 
 
     check(assembly.model.name, assembly.variant.name, lowering)
     layout = DecodeLayout.of(assembly.module, assembly.variant.capabilities.decode)
+    run_prefill_once(StepModel(assembly.module, layout, False), layout.inputs(False))
     ops = decode_ops(assembly)
     files, used = {}, set()
     for key, name, with_past in (("prefill", PREFILL_FILE, False), ("decode", DECODE_FILE, True)):

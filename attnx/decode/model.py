@@ -6,15 +6,22 @@
   -> the logits of that token, ``present_length`` and the next state.
 
 ``lm``: the prompt is ``input_ids``. ``seq2seq``: prefill takes the source (``input_ids``,
-``attention_mask``) and the decoder prompt ``decoder_input_ids``, and also returns the
-encoder output ``encoder_hidden_states``; decode takes it and ``attention_mask`` back at
-every step as *context* (inputs that do not change; cross-attention re-projects them).
+``attention_mask``) and the decoder prompt ``decoder_input_ids``; it runs the encoder once
+and projects its output through each decoder layer's cross-attention k/v projections once,
+returning them as ``cross.<layer>.key`` / ``cross.<layer>.value`` (batch, heads, src_seq,
+head_dim). Decode takes them and ``attention_mask`` back at every step as *context*
+(inputs that do not change), so a step projects only its own query: O(src_seq · d) per
+layer instead of O(src_seq · d_model²). A cross layer that is not a plain
+:class:`attnx.nn.MultiHeadAttention` (a third-party module without k/v projections to
+cache) falls back to the uncached contract: prefill returns ``encoder_hidden_states`` and
+decode re-runs the layer on it.
 
-Both graphs run the model's own forward (embedding, layers, tied projection) with two
-hooks: the sinusoidal positions start at ``past_length``, and each (decoder) layer's
-self-attention is the variant's ``attend_step`` (:mod:`attnx.decode.state`) instead of
-``attend``. So a decode export computes the same function as the full forward, one token
-at a time.
+Both graphs run the model's own forward (embedding, layers, tied projection) with hooks:
+the sinusoidal positions start at ``past_length``, each (decoder) layer's self-attention
+is the variant's ``attend_step`` (:mod:`attnx.decode.state`) instead of ``attend``, and
+each cached cross-attention is ``attend`` (or ``attend_cross_step``) on the cached keys
+and values. So a decode export computes the same function as the full forward, one
+token at a time.
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ from torch import nn
 from attnx.decode.state import GROWING, StateTensor
 from attnx.errors import AttnxError
 from attnx.models.spec import TensorSpec
-from attnx.nn import merge_heads, split_heads
+from attnx.nn import MultiHeadAttention, merge_heads, split_heads
 
 PAST_LENGTH, PRESENT_LENGTH = "past_length", "present_length"
 PRESENT_SEQ = "present_seq"  # = past_seq + 1 in the decode graph
@@ -79,6 +86,48 @@ def self_attention_layers(stack: nn.Module) -> list[nn.Module]:
     return [(blocks[0] if stack.share_layers else block).attention for block in blocks]
 
 
+def cross_owner(stack: nn.Module, layer: int) -> int:
+    """The layer whose cross-attention module (and so cached keys/values) layer ``layer`` uses."""
+    return 0 if stack.share_layers else layer
+
+
+def caches_cross(layer: nn.Module) -> bool:
+    """Whether a cross-attention module is MultiHeadAttention's own forward around ``attend``, so its
+    keys/values are ``k_proj``/``v_proj`` of the encoder output and can be computed once."""
+    return isinstance(layer, MultiHeadAttention) and type(layer).forward is MultiHeadAttention.forward
+
+
+@dataclasses.dataclass(frozen=True)
+class CrossCache:
+    """The cached cross-attention keys and values of decoder layer ``layer``'s module, per head.
+
+    Prefill computes them from the encoder output and returns them; decode takes them as context.
+    """
+
+    layer: int
+    heads: int
+    key_dim: int
+    value_dim: int
+
+    @classmethod
+    def of(cls, layer: int, module: MultiHeadAttention) -> CrossCache:
+        heads = module.spec.n_heads
+        return cls(layer, heads, module.k_proj.out_features // heads, module.v_proj.out_features // heads)
+
+    @property
+    def names(self) -> tuple[str, str]:
+        return f"cross.{self.layer}.key", f"cross.{self.layer}.value"
+
+    def specs(self, activation: str) -> list[TensorSpec]:
+        key, value = self.names
+        axes = ("batch", self.heads, "src_seq")
+        what = f"of decoder layer {self.layer}'s cross-attention, per head"
+        return [
+            TensorSpec(key, activation, (*axes, self.key_dim), doc=f"k_proj(encoder output) {what}"),
+            TensorSpec(value, activation, (*axes, self.value_dim), doc=f"v_proj(encoder output) {what}"),
+        ]
+
+
 @dataclasses.dataclass(frozen=True)
 class DecodeLayout:
     """The state slots of a model and the input/output specs of its prefill and decode graphs."""
@@ -89,11 +138,14 @@ class DecodeLayout:
     d_model: int
     slots: tuple[StateSlot, ...]
     activation: str = "float32"  # numpy dtype of the model's activations (float16 in an fp16 export)
+    cross: tuple[CrossCache, ...] = ()  # seq2seq: the cached cross-attention keys/values
+    memory: bool = False  # seq2seq whose cross layers cannot be cached: decode takes the encoder output
 
     @classmethod
     def of(cls, model: nn.Module, mode: str) -> DecodeLayout:
         slots = [StateSlot(None, POSITION)]
-        for i, layer in enumerate(self_attention_layers(causal_stack(model))):
+        stack = causal_stack(model)
+        for i, layer in enumerate(self_attention_layers(stack)):
             if not (hasattr(layer, "decode_state") and hasattr(layer, "attend_step")):
                 raise AttnxError(
                     f"attention layer {type(layer).__name__} declares decode={mode!r} but lacks "
@@ -102,7 +154,14 @@ class DecodeLayout:
             slots += [StateSlot(i, tensor) for tensor in layer.decode_state()]
         config = model.config
         activation = str(next(model.parameters()).dtype).removeprefix("torch.")
-        return cls(mode, config.kind, config.vocab_size, config.d_model, tuple(slots), activation)
+        cross, memory = (), False
+        if config.kind == "seq2seq":
+            owners = {cross_owner(stack, i) for i in range(len(stack.blocks))}
+            modules = {i: stack.blocks[i].cross_attention for i in sorted(owners)}
+            memory = not all(caches_cross(m) for m in modules.values())
+            cross = () if memory else tuple(CrossCache.of(i, m) for i, m in modules.items())
+        sizes = (config.vocab_size, config.d_model)
+        return cls(mode, config.kind, *sizes, tuple(slots), activation, cross, memory)
 
     @property
     def layer_slots(self) -> tuple[StateSlot, ...]:
@@ -122,12 +181,18 @@ class DecodeLayout:
             TensorSpec(SOURCE_MASK, "bool", ("batch", "src_seq"), doc="True for real source tokens"),
         ]
 
+    def made(self) -> list[TensorSpec]:
+        """The context prefill makes: the cached cross keys/values (or the encoder output); none for an lm."""
+        if self.memory:
+            axes = ("batch", "src_seq", self.d_model)
+            return [TensorSpec(MEMORY, self.activation, axes, doc="encoder output")]
+        return [spec for cache in self.cross for spec in cache.specs(self.activation)]
+
     def context(self) -> list[TensorSpec]:
-        """Decode inputs that stay as prefill made or took them (seq2seq: encoder output and source mask)."""
+        """Decode inputs that stay as prefill made or took them (seq2seq: :meth:`made`, the source mask)."""
         if self.model != "seq2seq":
             return []
-        memory = TensorSpec(MEMORY, self.activation, ("batch", "src_seq", self.d_model), doc="encoder output")
-        return [memory, self.source()[1]]
+        return [*self.made(), self.source()[1]]
 
     def inputs(self, with_past: bool) -> list[TensorSpec]:
         length = 1 if with_past else "seq"
@@ -140,9 +205,9 @@ class DecodeLayout:
         length = 1 if with_past else "seq"
         shape = ("batch", length, self.vocab_size)
         logits = TensorSpec(LOGITS, self.activation, shape, doc="next-token logits")
-        memory = self.context()[:1] if not with_past else []
+        made = [] if with_past else self.made()
         growing = PRESENT_SEQ if with_past else "seq"
-        return [logits, *memory, *(s.spec("output", growing, self.activation) for s in self.slots)]
+        return [logits, *made, *(s.spec("output", growing, self.activation) for s in self.slots)]
 
     def describe(self) -> dict[str, Any]:
         """The manifest's ``decode`` entry: everything a runtime needs to drive the loop."""
@@ -168,7 +233,7 @@ class DecodeLayout:
                 for s in self.slots
             ],
             "context": [
-                {"input": c.name, "from": "prefill output" if c.name == MEMORY else "prefill input"}
+                {"input": c.name, "from": "prefill output" if c in self.made() else "prefill input"}
                 for c in self.context()
             ],
             "dynamic_state_axes": sorted(
@@ -190,6 +255,28 @@ def attention_step(
     q, k, v = (split_heads(project(x), heads) for project in (layer.q_proj, layer.k_proj, layer.v_proj))
     out, state = layer.attend_step(q, k, v, state, position)
     return layer.out_proj(merge_heads(out)), state
+
+
+def cross_keys_values(layer: MultiHeadAttention, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-head keys and values (batch, heads, src_seq, d) of a cross layer over the encoder output."""
+    heads = layer.spec.n_heads
+    return split_heads(layer.k_proj(memory), heads), split_heads(layer.v_proj(memory), heads)
+
+
+def cross_attention_step(
+    layer: MultiHeadAttention,
+    x: torch.Tensor,
+    cache: tuple[torch.Tensor, torch.Tensor],
+    source_mask: torch.Tensor,
+    position: torch.Tensor,
+) -> torch.Tensor:
+    """A cross layer's forward for new target tokens ``x`` (from ``position`` on) on cached keys/values:
+    only the queries are projected. ``attend_cross_step`` serves a variant whose cross-attention
+    depends on where the queries sit in the target (cosFormer's re-weighting); else ``attend``."""
+    q = split_heads(layer.q_proj(x), layer.spec.n_heads)
+    step = getattr(layer, "attend_cross_step", None)
+    out = layer.attend(q, *cache, source_mask) if step is None else step(q, *cache, source_mask, position)
+    return layer.out_proj(merge_heads(out))
 
 
 class StepModel(nn.Module):
@@ -228,19 +315,40 @@ class StepModel(nn.Module):
             out, present[i] = attention_step(layer, x, past[i], position)
             return out
 
-        hooks = {"offset": position, "self_attention": attend}
+        hooks: dict[str, Any] = {"offset": position, "self_attention": attend}
         made: list[torch.Tensor] = []
         if self.layout.model == "seq2seq":
-            if self.with_past:
-                memory = given[MEMORY]
-            else:
-                memory = self.model.encode(given[TOKENS], given[SOURCE_MASK])
-                made.append(memory)
-            logits = self.model.decode(tokens, memory, given[SOURCE_MASK], **hooks)
+            logits = self._decode_seq2seq(given, tokens, position, hooks, made)
         else:
             (logits,) = self.model(tokens, **hooks)
         tensors = [t for i in range(self.layers) for t in present[i]]
         return (logits, *made, position + tokens.shape[-1], *tensors)
+
+    def _decode_seq2seq(
+        self,
+        given: dict[str, torch.Tensor],
+        tokens: torch.Tensor,
+        position: torch.Tensor,
+        hooks: dict[str, Any],
+        made: list[torch.Tensor],
+    ) -> torch.Tensor:
+        """The decoder's logits; prefill runs the encoder and appends what it makes to ``made``."""
+        decoder, mask = self.model.decoder, given[SOURCE_MASK]
+        if self.with_past:
+            memory = given.get(MEMORY)
+            caches = {c.layer: (given[c.names[0]], given[c.names[1]]) for c in self.layout.cross}
+        else:
+            memory = self.model.encode(given[TOKENS], mask)
+            modules = {c.layer: decoder.blocks[c.layer].cross_attention for c in self.layout.cross}
+            caches = {i: cross_keys_values(m, memory) for i, m in modules.items()}
+            made += [memory] if self.layout.memory else [t for i in caches for t in caches[i]]
+        if self.layout.memory:
+            return self.model.decode(tokens, memory, mask, **hooks)
+
+        def cross(i: int, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+            return cross_attention_step(layer, x, caches[cross_owner(decoder, i)], mask, position)
+
+        return self.model.decode(tokens, None, None, **hooks, cross_attention=cross)
 
 
 def check_decodable(model_name: str, variant: Any, decoders: Sequence[str]) -> None:

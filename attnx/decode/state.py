@@ -7,6 +7,13 @@ A layer that decodes implements, next to its ``forward``:
   the new tokens (q, k, v are (batch, heads, n_new, d)) that continues from ``state``
   (None: nothing before) at ``position`` (int64 (1,): how many tokens came before).
 
+A seq2seq cross-attention layer needs nothing: its keys and values (``k_proj``/``v_proj``
+of the encoder output) are computed once in prefill and ``attend(q, k, v, source_mask)``
+reads them at every step. Only a layer whose cross-attention depends on where the
+queries sit in the target (cosFormer's re-weighting) adds
+``attend_cross_step(q, k, v, key_padding_mask, position) -> out``, for target queries
+from ``position`` on; it may raise :class:`attnx.errors.AttnxError` to refuse decoding.
+
 Two kinds of state exist (:attr:`attnx.variant.Capabilities.decode`):
 
 * ``kv-cache`` (softmax): every earlier key and value; the axis named :data:`GROWING`

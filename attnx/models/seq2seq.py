@@ -9,7 +9,7 @@ from torch.nn import functional
 from attnx.models import Seq2SeqConfig
 from attnx.models.blocks import TokenEmbedding
 from attnx.models.spec import TensorSpec
-from attnx.models.stack import AttentionFactory, SelfAttentionHook, Stack
+from attnx.models.stack import AttentionFactory, CrossAttentionHook, SelfAttentionHook, Stack
 
 
 class Seq2Seq(nn.Module):
@@ -68,18 +68,22 @@ class Seq2Seq(nn.Module):
     def decode(
         self,
         decoder_input_ids: torch.Tensor,
-        memory: torch.Tensor,
-        attention_mask: torch.Tensor,
+        memory: torch.Tensor | None,
+        attention_mask: torch.Tensor | None,
         decoder_attention_mask: torch.Tensor | None = None,
         offset: torch.Tensor | None = None,
         self_attention: SelfAttentionHook | None = None,
+        cross_attention: CrossAttentionHook | None = None,
     ) -> torch.Tensor:
-        """Decoder logits; ``offset`` and ``self_attention`` serve stateful decoding (:mod:`attnx.decode`)."""
+        """Decoder logits; ``offset``, ``self_attention`` and ``cross_attention`` serve stateful decoding
+        (:mod:`attnx.decode`). ``cross_attention(i, module, x)`` replaces layer i's cross-attention call
+        (then ``memory`` and ``attention_mask`` may be None: the hook has what it reads)."""
         hidden = self.decoder(
             self.embedding(decoder_input_ids, offset),
             key_padding_mask=decoder_attention_mask,
             memory=memory,
             memory_mask=attention_mask,
             self_attention=self_attention,
+            cross_attention=cross_attention,
         )
         return functional.linear(hidden, self.embedding.weight)

@@ -22,6 +22,9 @@ AttentionFactory = Callable[[AttentionSpec, str], nn.Module]
 # (layer index, its self-attention module, the normalised input) -> attention output; replaces the
 # module's own call (attnx.decode runs the variants' stateful step this way)
 SelfAttentionHook = Callable[[int, nn.Module, torch.Tensor], torch.Tensor]
+# (layer index, its cross-attention module, the normalised input) -> cross-attention output; replaces the
+# module's call on the encoder output (attnx.decode reads keys/values cached once per source this way)
+CrossAttentionHook = Callable[[int, nn.Module, torch.Tensor], torch.Tensor]
 
 
 class Block(nn.Module):
@@ -84,8 +87,10 @@ class Stack(nn.Module):
         memory: torch.Tensor | None = None,
         memory_mask: torch.Tensor | None = None,
         hook: SelfAttentionHook | None = None,
+        cross_hook: CrossAttentionHook | None = None,
     ) -> ResidualBlock:
-        """Layer ``i`` as residual branches; ``memory``/``memory_mask`` feed cross-attention."""
+        """Layer ``i`` as residual branches; ``memory``/``memory_mask`` feed cross-attention (unless
+        ``cross_hook`` replaces it)."""
         layer = self.blocks[i]
         owner = self.blocks[0] if self.share_layers else layer
 
@@ -95,6 +100,8 @@ class Stack(nn.Module):
             return owner.attention(layer.attn_norm(h), key_padding_mask=key_padding_mask)
 
         def cross_attention(h: torch.Tensor) -> torch.Tensor:
+            if cross_hook is not None:
+                return cross_hook(i, owner.cross_attention, layer.cross_norm(h))
             return owner.cross_attention(layer.cross_norm(h), context=memory, key_padding_mask=memory_mask)
 
         def feed_forward(h: torch.Tensor) -> torch.Tensor:
@@ -110,9 +117,10 @@ class Stack(nn.Module):
         memory: torch.Tensor | None = None,
         memory_mask: torch.Tensor | None = None,
         self_attention: SelfAttentionHook | None = None,
+        cross_attention: CrossAttentionHook | None = None,
     ) -> torch.Tensor:
         blocks = [
-            self.block(i, key_padding_mask, memory, memory_mask, self_attention)
+            self.block(i, key_padding_mask, memory, memory_mask, self_attention, cross_attention)
             for i in range(len(self.blocks))
         ]
         if self.reversible:

@@ -20,15 +20,24 @@ def lm_options(variant: str, **overrides: Any) -> dict[str, Any]:
     return {**TINY, **VARIANT_OPTIONS.get(variant, {}), **overrides}
 
 
+def cross_options(cross: str | None) -> dict[str, Any]:
+    """A cosFormer cross-attention decodes only with a fixed M (``cross.max_len``)."""
+    return {"cross.max_len": 64} if cross == "cosformer" else {}
+
+
 @pytest.fixture(scope="session")
 def decode_export(tmp_path_factory) -> Callable[..., tuple[Path, str]]:
-    """``decode_export(variant, model="lm")`` -> (OUT, stdout) of a verified tiny decode export."""
-    made: dict[tuple[str, str], tuple[Path, str]] = {}
+    """``decode_export(variant, model="lm", cross=None)`` -> (OUT, stdout) of a verified tiny decode
+    export (``cross``: the seq2seq cross-attention variant; None: the default, softmax)."""
+    made: dict[tuple[str, str, str | None], tuple[Path, str]] = {}
 
-    def get(variant: str, model: str = "lm") -> tuple[Path, str]:
-        if (variant, model) not in made:
-            out = tmp_path_factory.mktemp(f"decode-{model}-{variant}") / "out"
-            options = [arg for k, v in lm_options(variant).items() for arg in ("--set", f"{k}={v}")]
+    def get(variant: str, model: str = "lm", cross: str | None = None) -> tuple[Path, str]:
+        if (variant, model, cross) not in made:
+            out = tmp_path_factory.mktemp(f"decode-{model}-{variant}-{cross}") / "out"
+            layers = {"n_decoder_layers": 2} if model == "seq2seq" else {}
+            settings = {**lm_options(variant, **layers), **cross_options(cross)}
+            options = [arg for k, v in settings.items() for arg in ("--set", f"{k}={v}")]
+            options += ["--cross-variant", cross] if cross else []
             seq_lens = ",".join(map(str, EXPORT_SEQ_LENS))
             args = [
                 "export",
@@ -44,7 +53,7 @@ def decode_export(tmp_path_factory) -> Callable[..., tuple[Path, str]]:
             ]
             code, stdout, stderr = run_cli([*args, "--seq-lens", seq_lens, *options])
             assert code == 0, stderr
-            made[(variant, model)] = (out, stdout)
-        return made[(variant, model)]
+            made[(variant, model, cross)] = (out, stdout)
+        return made[(variant, model, cross)]
 
     return get

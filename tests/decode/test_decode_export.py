@@ -194,13 +194,16 @@ def full_forward(out, ids):
         return rebuilt(out)(torch.from_numpy(ids))[0].numpy()
 
 
-def test_seq2seq_decode_export_carries_the_encoder_output_as_context(decode_export):
+def test_seq2seq_decode_export_carries_cached_cross_keys_values_as_context(decode_export):
     out, stdout = decode_export("cosformer", "seq2seq")
     assert "parity: PASSED on ort-cpu, torch decode, ort-cpu decode" in stdout
     entry = Manifest.read(out).decode
     assert entry["tokens"] == "decoder_input_ids"
     assert entry["context"] == [
-        {"input": "encoder_hidden_states", "from": "prefill output"},
+        {"input": "cross.0.key", "from": "prefill output"},
+        {"input": "cross.0.value", "from": "prefill output"},
+        {"input": "cross.1.key", "from": "prefill output"},
+        {"input": "cross.1.value", "from": "prefill output"},
         {"input": "attention_mask", "from": "prefill input"},
     ]
     module = rebuild(Manifest.read(out), out / WEIGHTS_FILE).module
@@ -212,7 +215,8 @@ def test_seq2seq_decode_export_carries_the_encoder_output_as_context(decode_expo
         args = [torch.from_numpy(a) for a in (source, mask, target, np.ones(target.shape, dtype=bool))]
         expected = module(*args)[0].numpy()
     outputs = run(prefill, {"input_ids": source, "attention_mask": mask, "decoder_input_ids": target[:, :2]})
-    context = {"encoder_hidden_states": outputs["encoder_hidden_states"], "attention_mask": mask}
+    assert "encoder_hidden_states" not in outputs
+    context = {c["input"]: outputs.get(c["input"], mask) for c in entry["context"]}
     feeds = {s["output"]: s["input"] for s in entry["state"]}
     for t in range(2, 6):
         state = {feeds[k]: v for k, v in outputs.items() if k in feeds}

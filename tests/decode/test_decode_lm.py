@@ -8,7 +8,7 @@ import torch
 from attnx.decode.model import DecodeLayout, StepModel
 from attnx.errors import AttnxError
 from attnx.exporter.assemble import assemble
-from tests.decode.conftest import DECODERS, lm_options
+from tests.decode.conftest import DECODERS, cross_options, lm_options
 
 
 def step_logits(assembly, ids, prompt, source=()):
@@ -18,7 +18,9 @@ def step_logits(assembly, ids, prompt, source=()):
     prefill, decode = StepModel(assembly.module, layout, False), StepModel(assembly.module, layout, True)
     with torch.inference_mode():
         logits, *state = prefill(*source, ids[:, :prompt])
-        context = [state.pop(0), source[1]] if source else []  # the encoder output and the source mask
+        made = len(layout.made())  # seq2seq: the cached cross keys/values (or the encoder output)
+        context = [*state[:made], source[1]] if source else []  # ... and the source mask
+        state = state[made:]
         rows = [logits]
         for t in range(prompt, ids.shape[1]):
             logits, *state = decode(ids[:, t : t + 1], *context, *state)
@@ -86,10 +88,10 @@ def test_a_layer_without_the_decode_methods_is_refused_by_name():
 
 
 @pytest.mark.parametrize("variant", DECODERS)
-@pytest.mark.parametrize("cross", ["softmax", "linear"])
+@pytest.mark.parametrize("cross", DECODERS)
 def test_seq2seq_decoder_steps_reproduce_the_full_forward(variant, cross):
-    """The decoder decodes with the encoder output and a padded source mask as fixed context."""
-    options = lm_options(variant, n_layers=2, n_decoder_layers=2)
+    """The decoder decodes with cached cross keys/values and a padded source mask as fixed context."""
+    options = {**lm_options(variant, n_layers=2, n_decoder_layers=2), **cross_options(cross)}
     assembly = assemble(variant, "seq2seq", options, seed=3, cross_variant=cross)
     g = torch.Generator().manual_seed(7)
     source = (torch.randint(0, 50, (2, 9), generator=g), torch.arange(9) < torch.tensor([[9], [4]]))

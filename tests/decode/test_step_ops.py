@@ -4,6 +4,8 @@ linear ("Transformers are RNNs" eq. 18-20): S_i = S_{i-1} + phi(k_i) v_i^T, Z_i 
 out_i = phi(q_i)^T S_i / (phi(q_i)^T Z_i + eps), phi = elu + 1.
 cosFormer (eq. 9-11, causal): the same with two pairs, sin and cos of a_p = pi/2 · p/M at
 positions p = 1, 2, ..., and the denominator clamped at eps.
+cosFormer cross step: target queries at positions position + 1, ... against every source key at
+1..n_k, as an explicit n_q x n_k matrix relu(q_i)·relu(k_j) cos(pi/2 (i - j)/M) over unpadded keys.
 """
 
 from __future__ import annotations
@@ -20,7 +22,13 @@ import torch.nn.functional as F
 from onnx import TensorProto, helper
 
 from attnx.exporter.lowering import lower
-from attnx.plugins.cosformer.kernel import COSFORMER_STEP_OP, cosformer_attention, cosformer_attention_step
+from attnx.plugins.cosformer.kernel import (
+    COSFORMER_CROSS_STEP_OP,
+    COSFORMER_STEP_OP,
+    cosformer_attention,
+    cosformer_attention_step,
+    cosformer_cross_attention_step,
+)
 from attnx.plugins.linear.kernel import LINEAR_OP, LINEAR_STEP_OP, linear_attention, linear_attention_step
 
 EPS = 1e-6
@@ -67,6 +75,18 @@ def naive_cos_full(q, k, v, max_len, eps=EPS):
     i = torch.arange(n, dtype=torch.float64)
     weights = torch.cos(math.pi / 2 * (i[:, None] - i[None, :]) / max_len) * (i[None, :] <= i[:, None])
     scores = (torch.relu(q) @ torch.relu(k).transpose(-1, -2)) * weights
+    return (scores @ v) / scores.sum(-1, keepdim=True).clamp_min(eps)
+
+
+def naive_cos_cross(q, k, v, mask, position, max_len, eps=EPS):
+    """Cross cosFormer as an explicit n_q x n_k matrix; query i at position + i + 1, key j at j + 1."""
+    q, k, v = q.double(), k.double(), v.double()
+    i = torch.arange(q.shape[-2], dtype=torch.float64) + position + 1
+    j = torch.arange(k.shape[-2], dtype=torch.float64) + 1
+    weights = torch.cos(math.pi / 2 * (i[:, None] - j[None, :]) / max_len)
+    scores = (torch.relu(q) @ torch.relu(k).transpose(-1, -2)) * weights
+    if mask is not None:
+        scores = scores * mask[:, None, None, :]
     return (scores @ v) / scores.sum(-1, keepdim=True).clamp_min(eps)
 
 
@@ -171,6 +191,66 @@ def test_cosformer_position_places_new_tokens_after_the_state():
     expected, _ = naive_cosformer_rnn(q, k, v, 0, zeros, 64)
     torch.testing.assert_close(right.double(), expected[..., 5:, :], atol=1e-5, rtol=1e-4)
     assert (wrong - right).abs().max() > 1e-2
+
+
+CROSS_CASES = [
+    # batch, heads, n_queries, n_keys, d, position, padded
+    (1, 1, 1, 1, 4, 0, False),
+    (2, 2, 1, 9, 8, 5, True),  # one decode step after 5 target tokens, padded source
+    (1, 3, 7, 13, 8, 0, False),  # a prompt (prefill)
+    (2, 2, 3, 6, 4, 60, True),  # near M
+]
+
+
+def padding(batch, n_keys):
+    return torch.arange(n_keys) < torch.tensor([n_keys, max(1, n_keys // 2)])[:batch, None]
+
+
+@pytest.mark.parametrize(("batch", "heads", "nq", "nk", "d", "position", "padded"), CROSS_CASES, ids=str)
+def test_cosformer_cross_step_matches_the_explicit_matrix_and_the_full_cross_op(
+    batch, heads, nq, nk, d, position, padded
+):
+    g = torch.Generator().manual_seed(nq * 31 + nk)
+    q = torch.randn(batch, heads, nq, d, generator=g)
+    k, v = torch.randn(batch, heads, nk, d, generator=g), torch.randn(batch, heads, nk, d, generator=g)
+    mask = padding(batch, nk) if padded else None
+    out = cosformer_cross_attention_step(q, k, v, torch.tensor([position]), mask, 64, EPS, 4)
+    expected = naive_cos_cross(q, k, v, mask, position, 64)
+    torch.testing.assert_close(out.double(), expected, atol=1e-5, rtol=1e-4)
+    # the rows of the full (bidirectional) cross op whose queries start at position 1
+    before = torch.randn(batch, heads, position, d, generator=g)
+    full = cosformer_attention(torch.cat((before, q), -2), k, v, mask, False, 64, EPS, 4)
+    torch.testing.assert_close(out, full[..., position:, :], atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("lowering", ["function", "decomposed"])
+@pytest.mark.parametrize("padded", [True, False])
+def test_cosformer_cross_step_onnx_bodies_match_the_explicit_matrix(lowering, padded):
+    names = ["q", "k", "v", "position"] + (["key_padding_mask"] if padded else [])
+    types = {
+        "q": (TensorProto.FLOAT, ["b", "h", "n", "d"]),
+        "k": (TensorProto.FLOAT, ["b", "h", "m", "d"]),
+        "v": (TensorProto.FLOAT, ["b", "h", "m", "d"]),
+        "position": (TensorProto.INT64, [1]),
+        "key_padding_mask": (TensorProto.BOOL, ["b", "m"]),
+    }
+    inputs = [helper.make_tensor_value_info(n, *types[n]) for n in names]
+    op = COSFORMER_CROSS_STEP_OP
+    node = helper.make_node(op.name, names, ["out"], domain="attnx", max_len=32, eps=EPS, chunk_size=4)
+    output = helper.make_tensor_value_info("out", TensorProto.FLOAT, ["b", "h", "n", "d"])
+    graph = helper.make_graph([node], "cross", inputs, [output])
+    opsets = [helper.make_opsetid("", 18), helper.make_opsetid("attnx", 1)]
+    model = lower(helper.make_model(graph, opset_imports=opsets, ir_version=10), [op], lowering)
+    onnx.checker.check_model(model, full_check=True)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    q, k, v = random_inputs(2, 2, 1, 4, seed=21)[0], *random_inputs(2, 2, 7, 4, seed=22)[1:]
+    mask = padding(2, 7) if padded else None
+    for position in (0, 3, 30):
+        feed = {"q": q.numpy(), "k": k.numpy(), "v": v.numpy(), "position": np.array([position])}
+        feed |= {"key_padding_mask": mask.numpy()} if padded else {}
+        (out,) = session.run(None, feed)
+        expected = naive_cos_cross(q, k, v, mask, position, 32)
+        torch.testing.assert_close(torch.from_numpy(out).double(), expected, atol=1e-5, rtol=1e-4)
 
 
 # -- ONNX: the bodies of both overloads, three outputs ---------------------------------------------------

@@ -30,6 +30,10 @@ from attnx.variant import AttentionSpec
 
 HALF_PI = math.pi / 2
 CAUSAL_NEEDS_MAX_LEN = "cosformer: causal attention needs a fixed M; set max_len (e.g. --set max_len=4096)"
+CROSS_DECODE_NEEDS_MAX_LEN = (
+    "cosformer: cross-attention decodes token by token only with a fixed M (unset, M = max(target, source "
+    "length) changes with the target's length); set it with --set cross.max_len=4096"
+)
 
 
 def cos_features(x: torch.Tensor, offset: int | torch.Tensor, m: float) -> torch.Tensor:
@@ -100,6 +104,31 @@ def cosformer_attention_step(
 @cosformer_attention_step.register_fake
 def _(q, k, v, position, kv_sum, k_sum, max_len, eps, chunk_size):
     return step_fake(q, v, 2 * q.shape[-1])
+
+
+@torch.library.custom_op("attnx::cosformer_cross_attention_step", mutates_args=())
+def cosformer_cross_attention_step(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    position: torch.Tensor,
+    key_padding_mask: torch.Tensor | None,
+    max_len: int,
+    eps: float,
+    chunk_size: int,
+) -> torch.Tensor:
+    """Cross cosFormer attention of target queries at positions ``position`` + 1, ... over all the
+    source keys (positions 1..n_k), M = ``max_len`` fixed (> 0): the rows of the full cross op's
+    output for those queries, which a one-token decode step cannot get from :func:`cosformer_attention`
+    (its bidirectional queries always start at position 1)."""
+    m = float(max_len)
+    qf, kf = cos_features(q, position, m), mask_keys(cos_features(k, 0, m), key_padding_mask)
+    return kernel_attention(qf, kf, v, causal=False, chunk_size=chunk_size, eps=eps, clamp=True).to(q.dtype)
+
+
+@cosformer_cross_attention_step.register_fake
+def _(q, k, v, position, key_padding_mask, max_len, eps, chunk_size):
+    return q.new_empty((*q.shape[:-1], v.shape[-1]))
 
 
 @onnxscript.script(LIBRARY, default_opset=op)
@@ -183,6 +212,47 @@ def CosformerAttentionStepFirst(
     return op.CastLike(out, q), kv_sum, k_sum
 
 
+@onnxscript.script(LIBRARY, default_opset=op)
+def CosformerCrossStepFeatures(q: FLOAT, k: FLOAT, position: INT64, max_len: int) -> tuple[FLOAT, FLOAT]:
+    m = op.Cast(op.Constant(value_int=max_len), to=FLOAT.dtype)
+    return CosformerFeatures(q, position, m), CosformerFeatures(k, op.Constant(value_ints=[0]), m)
+
+
+@onnxscript.script(OPSET, default_opset=op)
+def CosformerCrossAttentionStep(
+    q: FLOAT,
+    k: FLOAT,
+    v: FLOAT,
+    position: INT64,
+    key_padding_mask: BOOL,
+    max_len: int,
+    eps: float,
+    chunk_size: int,
+) -> FLOAT:
+    qf, kf = CosformerCrossStepFeatures(q, k, position, max_len=max_len)
+    kf = LinearCoreMaskKeys(kf, key_padding_mask)
+    out = LinearCoreAttend(qf, kf, v, causal=0, chunk_size=chunk_size, eps=eps, clamp=1)
+    return op.CastLike(out, q)
+
+
+@onnxscript.script(OPSET, default_opset=op)
+def CosformerCrossAttentionStepNoMask(
+    q: FLOAT, k: FLOAT, v: FLOAT, position: INT64, max_len: int, eps: float, chunk_size: int
+) -> FLOAT:
+    qf, kf = CosformerCrossStepFeatures(q, k, position, max_len=max_len)
+    out = LinearCoreAttend(qf, kf, v, causal=0, chunk_size=chunk_size, eps=eps, clamp=1)
+    return op.CastLike(out, q)
+
+
+COSFORMER_CROSS_STEP_OP = AttentionOp(
+    name="CosformerCrossAttentionStep",
+    torch_op=cosformer_cross_attention_step,
+    bodies=(CosformerCrossAttentionStep, CosformerCrossAttentionStepNoMask),
+    input_types={"position": "tensor(int64)", "key_padding_mask": "tensor(bool)"},
+    doc="cross cosFormer attention of queries at target positions position+1, ... over every source key "
+    "(positions 1..n_k), fixed M = max_len; q,k,v (batch, heads, seq, dim).",
+)
+
 COSFORMER_STEP_OP = AttentionOp(
     name="CosformerAttentionStep",
     torch_op=cosformer_attention_step,
@@ -224,5 +294,18 @@ class CosformerAttentionLayer(MultiHeadAttention):
         out, *grown = cosformer_attention_step(q, k, v, position, *(state or (None, None)), *args)
         return out, tuple(grown)
 
+    def attend_cross_step(self, q, k, v, key_padding_mask, position):
+        """Cross-attention of target queries from ``position`` on: the re-weighting needs their
+        place in the target, and a fixed M (with M = max(n_target, n_source) every earlier logit
+        would change with the target's length)."""
+        if not self.max_len:
+            raise AttnxError(CROSS_DECODE_NEEDS_MAX_LEN)
+        args = (self.max_len, self.eps, self.chunk_size)
+        return cosformer_cross_attention_step(q, k, v, position, key_padding_mask, *args)
 
-IMPL = VariantImpl(build=CosformerAttentionLayer, ops=(COSFORMER_OP,), decode_ops=(COSFORMER_STEP_OP,))
+
+IMPL = VariantImpl(
+    build=CosformerAttentionLayer,
+    ops=(COSFORMER_OP,),
+    decode_ops=(COSFORMER_STEP_OP, COSFORMER_CROSS_STEP_OP),
+)
