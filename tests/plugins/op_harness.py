@@ -9,6 +9,7 @@ evaluates the body with onnx's reference evaluator; these might belong in ``attn
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -102,6 +103,14 @@ def op_session(op: AttentionOp, call: OpCall, lowering: str) -> OpSession:
         session.options.log_severity_level = 3  # ORT's warnings about the bodies' shapes are not findings
         _SESSIONS[key] = session
     return _SESSIONS[key]
+
+
+def close_sessions() -> None:
+    """Drop the cached sessions. A session created with the attnx CPU kernels must not outlive a later
+    kernel registration (another test's plugin): onnxruntime-extensions then crashes when it is run
+    or destroyed (attnx.ortkernels.register_all), so the cache lives for one test module."""
+    _SESSIONS.clear()
+    gc.collect()
 
 
 def run_onnx(op: AttentionOp, *args: Any, lowering: str = "function") -> torch.Tensor:
