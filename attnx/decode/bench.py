@@ -23,11 +23,12 @@ source-length one).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import statistics
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -58,23 +59,15 @@ def decode_latency(
     progress: Callable[[str], None] | None = None,
 ) -> list[DecodeTiming]:
     """Median ONNX Runtime decode-step time at each position, per variant (default: every decoder)."""
-    from attnx.decode.export import decoders, export_decode
-    from attnx.decode.runtime import OrtStepper
-    from attnx.exporter.assemble import assemble
-    from attnx.registry import get_registry
+    from attnx.decode.export import decoders
 
     report = progress or (lambda message: None)
     options = dict(MODEL if model is None else model)
     longest = max(positions) + WARMUP + steps
     timings = []
     for name in variants or decoders():
-        variant_fields = {f.name for f in dataclasses.fields(get_registry().variant(name).config)}
-        extra = {"max_len": longest} if "max_len" in variant_fields else {}
         report(f"exporting a {options['n_layers']}-layer lm with {name} attention and its decode graphs")
-        with tempfile.TemporaryDirectory(prefix="attnx-decode-bench-") as tmp:
-            assembly = assemble(name, "lm", {**options, **extra}, 0)
-            entry = export_decode(assembly, Path(tmp), 18, "function")
-            stepper = OrtStepper(Path(tmp), entry, threads=threads)
+        with _stepper("lm", name, None, options, longest, threads) as stepper:
             rng = np.random.default_rng(0)
             for position in positions:
                 report(f"{name}: prefill {position} tokens, then {ROUNDS} x {steps} timed steps")
@@ -105,23 +98,13 @@ def source_latency(
 ) -> list[SourceTiming]:
     """Median ONNX Runtime decode-step time of a seq2seq decoder after sources of each length, per
     (self, cross) variant pair; :data:`PROMPT` target tokens are prefilled first."""
-    from attnx.decode.export import export_decode
-    from attnx.decode.runtime import OrtStepper
-    from attnx.exporter.assemble import assemble
-    from attnx.registry import get_registry
-
     report = progress or (lambda message: None)
     options = dict(MODEL if model is None else model)
     vocab = options["vocab_size"]
     timings = []
     for name, cross in pairs:
-        fields = {f.name for v in (name, cross) for f in dataclasses.fields(get_registry().variant(v).config)}
-        extra = {"max_len": PROMPT + WARMUP + steps} if "max_len" in fields else {}
         report(f"exporting a seq2seq with {name} self- and {cross} cross-attention and its decode graphs")
-        with tempfile.TemporaryDirectory(prefix="attnx-decode-bench-") as tmp:
-            assembly = assemble(name, "seq2seq", {**options, **extra}, 0, cross_variant=cross)
-            entry = export_decode(assembly, Path(tmp), 18, "function")
-            stepper = OrtStepper(Path(tmp), entry, threads=threads)
+        with _stepper("seq2seq", name, cross, options, PROMPT + WARMUP + steps, threads) as stepper:
             rng = np.random.default_rng(0)
             for n in sources:
                 report(f"{name}/{cross}: prefill a {n}-token source, then {ROUNDS} x {steps} timed steps")
@@ -133,6 +116,26 @@ def source_latency(
                 size = sum(prefilled[c].nbytes for c in stepper.context)
                 timings.append(SourceTiming(name, cross, n, 1000 * best, size))
     return timings
+
+
+@contextlib.contextmanager
+def _stepper(
+    model: str, variant: str, cross: str | None, options: Mapping[str, Any], max_len: int, threads: int | None
+) -> Iterator[Any]:
+    """ONNX Runtime over freshly exported decode graphs of ``model`` (in a temporary directory); a
+    variant with a ``max_len`` option (cosFormer's M) gets ``max_len``, the longest position reached."""
+    from attnx.decode.export import export_decode
+    from attnx.decode.runtime import OrtStepper
+    from attnx.exporter.assemble import assemble
+    from attnx.registry import get_registry
+
+    names = [v for v in (variant, cross) if v is not None]
+    fields = {f.name for v in names for f in dataclasses.fields(get_registry().variant(v).config)}
+    extra = {"max_len": max_len} if "max_len" in fields else {}
+    with tempfile.TemporaryDirectory(prefix="attnx-decode-bench-") as tmp:
+        assembly = assemble(variant, model, {**options, **extra}, 0, cross_variant=cross)
+        entry = export_decode(assembly, Path(tmp), 18, "function")
+        yield OrtStepper(Path(tmp), entry, threads=threads)
 
 
 def _median_step(stepper: Any, state: dict[str, np.ndarray], tokens: np.ndarray) -> float:
@@ -148,28 +151,27 @@ def _median_step(stepper: Any, state: dict[str, np.ndarray], tokens: np.ndarray)
 
 def markdown_table(timings: Sequence[DecodeTiming]) -> str:
     """Rows: positions; columns: ms/token and state size per variant."""
-    variants = list(dict.fromkeys(t.variant for t in timings))
-    by_key = {(t.variant, t.position): t for t in timings}
-    header = ["position", *(f"{v} ms/token" for v in variants), *(f"{v} state" for v in variants)]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---:|" * len(header)]
-    for position in sorted({t.position for t in timings}):
-        cells = [str(position)]
-        cells += [f"{by_key[(v, position)].ms_per_token:.3f}" for v in variants]
-        cells += [_size(by_key[(v, position)].state_bytes) for v in variants]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    points = {(t.variant, t.position): (t.ms_per_token, t.state_bytes) for t in timings}
+    return _table("position", "state", points)
 
 
 def source_table(timings: Sequence[SourceTiming]) -> str:
     """Rows: source lengths; columns: ms/token and context size per (self/cross) pair."""
-    pairs = list(dict.fromkeys(f"{t.variant}/{t.cross_variant}" for t in timings))
-    by_key = {(f"{t.variant}/{t.cross_variant}", t.source_len): t for t in timings}
-    header = ["source", *(f"{p} ms/token" for p in pairs), *(f"{p} context" for p in pairs)]
+    points = {
+        (f"{t.variant}/{t.cross_variant}", t.source_len): (t.ms_per_token, t.context_bytes) for t in timings
+    }
+    return _table("source", "context", points)
+
+
+def _table(length: str, size: str, points: Mapping[tuple[str, int], tuple[float, int]]) -> str:
+    """Markdown: one row per length; ms/token, then ``size`` columns, per series (in first-seen order)."""
+    series = list(dict.fromkeys(name for name, _ in points))
+    header = [length, *(f"{name} ms/token" for name in series), *(f"{name} {size}" for name in series)]
     lines = ["| " + " | ".join(header) + " |", "|" + "---:|" * len(header)]
-    for n in sorted({t.source_len for t in timings}):
+    for n in sorted({n for _, n in points}):
         cells = [str(n)]
-        cells += [f"{by_key[(p, n)].ms_per_token:.3f}" for p in pairs]
-        cells += [_size(by_key[(p, n)].context_bytes) for p in pairs]
+        cells += [f"{points[(name, n)][0]:.3f}" for name in series]
+        cells += [_size(points[(name, n)][1]) for name in series]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
