@@ -285,42 +285,41 @@ def to_onnx(
             verbose=False,
         )
     proto = program.model_proto
-    _check_dtypes(proto, specs + outputs)
-    _name_dynamic_axes(proto, specs + outputs)
+    for value, spec in _declared(proto, specs + outputs):
+        _check_dtype(value, spec)
+        _name_dynamic_axes(value, spec)
     return proto
 
 
-def _check_dtypes(proto: onnx.ModelProto, specs: Sequence[TensorSpec]) -> None:
-    """The graph's inputs and outputs have the dtypes the manifest will declare.
+def _declared(proto: onnx.ModelProto, specs: Sequence[TensorSpec]) -> Iterator[tuple[Any, TensorSpec]]:
+    """Each graph input/output that ``specs`` declare, with its spec."""
+    by_name = {s.name: s for s in specs}
+    for value in [*proto.graph.input, *proto.graph.output]:
+        if value.name in by_name:
+            yield value, by_name[value.name]
+
+
+def _check_dtype(value: Any, spec: TensorSpec) -> None:
+    """A graph input/output has the dtype the manifest will declare.
 
     Raises:
         AttnxError: a model whose forward returns another dtype than its specs declare
             (e.g. float32 logits from an fp16 model, after an explicit upcast).
     """
-    by_name = {s.name: s for s in specs}
-    for value in [*proto.graph.input, *proto.graph.output]:
-        spec = by_name.get(value.name)
-        if spec is None:
-            continue
-        actual = onnx.helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type)
-        if actual != np.dtype(spec.dtype):
-            raise AttnxError(
-                f"graph tensor '{value.name}' is {actual} but the model declares {spec.dtype}; "
-                "a model computes in its export dtype and declares activations as float32 (TensorSpec)"
-            )
+    actual = onnx.helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type)
+    if actual != np.dtype(spec.dtype):
+        raise AttnxError(
+            f"graph tensor '{value.name}' is {actual} but the model declares {spec.dtype}; "
+            "a model computes in its export dtype and declares activations as float32 (TensorSpec)"
+        )
 
 
-def _name_dynamic_axes(proto: onnx.ModelProto, specs: Sequence[TensorSpec]) -> None:
-    """Give graph inputs/outputs the manifest's axis names (batch, seq) instead of s0, s1."""
-    by_name = {s.name: s for s in specs}
-    for value in [*proto.graph.input, *proto.graph.output]:
-        spec = by_name.get(value.name)
-        if spec is None:
-            continue
-        for dim, axis in zip(value.type.tensor_type.shape.dim, spec.axes, strict=False):
-            if isinstance(axis, str):
-                dim.ClearField("dim_value")
-                dim.dim_param = axis
+def _name_dynamic_axes(value: Any, spec: TensorSpec) -> None:
+    """Give a graph input/output the manifest's axis names (batch, seq) instead of s0, s1."""
+    for dim, axis in zip(value.type.tensor_type.shape.dim, spec.axes, strict=False):
+        if isinstance(axis, str):
+            dim.ClearField("dim_value")
+            dim.dim_param = axis
 
 
 def save_onnx(proto: onnx.ModelProto, path: Path) -> None:

@@ -6,11 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-import onnx.inliner
 import onnxruntime as ort
 import pytest
 import torch
-from onnx.reference import ReferenceEvaluator
 from safetensors.torch import load_file
 
 from attnx.errors import AttnxError
@@ -26,6 +24,7 @@ from tests.conftest import TINY
 from tests.helpers import assert_one_line_error, run_cli
 from tests.models.cases import CASES, capabilities
 from tests.models.exports import tiny_export
+from tests.plugins.op_harness import run_natively
 
 FP16 = {"export.dtype": "fp16"}
 HALF_CASES = [(v, m) for v, m in CASES if capabilities(v).fp16]
@@ -40,8 +39,7 @@ def run_onnx(path, feed, options=None):
 def run_native_fp16(path, feed):
     """The graph evaluated op by op in numpy float16 (onnx.reference), as fp16 GPU kernels compute it:
     ONNX Runtime's CPU provider runs most fp16 ops in float32 inside and would hide an fp16 overflow."""
-    model = onnx.inliner.inline_local_functions(onnx.load(str(path)))
-    return ReferenceEvaluator(model).run(None, feed)
+    return run_natively(onnx.load(str(path)), feed)
 
 
 def float32_outputs(out, feed):

@@ -127,9 +127,13 @@ def run_reference(op: AttentionOp, *args: Any) -> torch.Tensor:
     call = op_call(op, *args)
     session = op_session(op, call, "function")
     feed = {name: call.bound()[name].numpy() for name in session.input_names}
-    model = onnx.inliner.inline_local_functions(session.model)
+    return torch.from_numpy(run_natively(session.model, feed)[0])
+
+
+def run_natively(model: onnx.ModelProto, feed: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+    """``model`` (functions inlined) in onnx's reference evaluator: every op in numpy in its inputs' dtype."""
     with np.errstate(over="ignore", invalid="ignore"):  # fp16 overflows: the checks see what comes out
-        return torch.from_numpy(ReferenceEvaluator(model).run(None, feed)[0])
+        return ReferenceEvaluator(onnx.inliner.inline_local_functions(model)).run(None, dict(feed))
 
 
 def op_results(op: AttentionOp, *args: Any, lowerings: Sequence[str] = LOWERINGS) -> dict[str, torch.Tensor]:
