@@ -34,7 +34,7 @@ __all__ = [
 
 _LAZY = {
     "export": ("attnx.exporter.export", "export"),
-    "verify": ("attnx.exporter.verify", "verify"),
+    "verify": ("attnx.parity.verify", "verify"),
     "generate": ("attnx.decode.generate", "generate"),
     "bench": ("attnx.bench", "bench"),
     "get_registry": ("attnx.registry", "get_registry"),

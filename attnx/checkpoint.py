@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from attnx.errors import AttnxError
-from attnx.exporter.artifacts import write_atomic
+from attnx.atomic import write_atomic
 
 SAFETENSORS_SUFFIX = ".safetensors"
 LISTED = 5  # names shown per mismatch kind before "..."

@@ -222,7 +222,7 @@ def _ort_loader(providers: list[str]) -> Loader:
         source: str | bytes = str(model.model_path)
         plugin = model.manifest.lowering == "plugin"
         if plugin:
-            from attnx.exporter.runners import onnx_for_ort
+            from attnx.parity.runners import onnx_for_ort
 
             source = onnx_for_ort(model.model_path, "plugin", model.attention_ops(), providers[0])
         options = ort_session_options(threads, plugin_kernels=plugin and providers[0] == _CPU)
@@ -253,7 +253,7 @@ def _polygraphy_loader(name: str) -> Loader:
     """The Polygraphy runner ``attnx verify`` uses for ``name`` (e.g. the TensorRT engine)."""
 
     def load(model: ExportedModel, threads: int, sample: Feed) -> Session:
-        from attnx.exporter.runners import BACKENDS
+        from attnx.parity.runners import BACKENDS
 
         runner = BACKENDS[name].runner(model.model_path, model.manifest.lowering, model.attention_ops())
         return PolygraphySession(runner)
@@ -265,7 +265,7 @@ def _verify_reason(name: str) -> Callable[[Path | None], str | None]:
     """The availability check ``attnx verify`` uses for the same backend."""
 
     def check(directory: Path | None = None) -> str | None:
-        return importlib.import_module("attnx.exporter.runners").BACKENDS[name].unavailable(directory)
+        return importlib.import_module("attnx.parity.runners").BACKENDS[name].unavailable(directory)
 
     return check
 

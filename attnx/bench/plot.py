@@ -11,7 +11,7 @@ from pathlib import Path
 
 from attnx.bench.report import BenchReport
 from attnx.errors import AttnxError
-from attnx.exporter.artifacts import write_atomic
+from attnx.atomic import write_atomic
 
 INSTALL_HINT = "pip install 'attnx[plot]'"
 STYLES = ("-", "--", ":", "-.")  # one per backend; colours are per model

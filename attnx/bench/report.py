@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from attnx.bench.scaling import fit_slope
-from attnx.exporter.artifacts import write_atomic
+from attnx.atomic import write_atomic
 
 SCHEMA_VERSION = 1
 MiB = 1 << 20

@@ -1,6 +1,6 @@
 """Time one case: load the backend, warm up, then timed runs on fresh random inputs.
 
-Each run gets a new feed from :func:`attnx.exporter.inputs.random_feed` (random token
+Each run gets a new feed from :func:`attnx.parity.inputs.random_feed` (random token
 ids and padding masks, never zeros), converted to the backend's input type outside the
 timed region; the timed region is one forward call including its output copy.
 ``max_time`` ends the timed runs early once at least :data:`MIN_RUNS` are done, so long
@@ -18,7 +18,7 @@ from attnx.bench.backends import BackendSkipped, BenchBackend, ExportedModel, Fe
 from attnx.bench.machine import MemoryProbe
 from attnx.bench.report import Measurement
 from attnx.errors import AttnxError
-from attnx.exporter.inputs import random_feed
+from attnx.parity.inputs import random_feed
 
 MIN_RUNS = 3
 

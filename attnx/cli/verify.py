@@ -51,7 +51,7 @@ def command(
     The torch model is rebuilt from OUT/attnx.json and OUT/weights.safetensors. Writes
     OUT/parity.json. Exit code 0: parity holds; 1: a mismatch; 2: bad input.
     """
-    from attnx.exporter.verify import verify
+    from attnx.parity.verify import verify
 
     report = verify(
         out,

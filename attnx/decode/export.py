@@ -67,7 +67,7 @@ def run_prefill_once(prefill: StepModel, specs: list[TensorSpec]) -> None:
     import numpy as np
     import torch
 
-    from attnx.exporter.inputs import random_feed
+    from attnx.parity.inputs import random_feed
 
     feed = random_feed(specs, {"batch": 1, "seq": 1, "src_seq": 1}, np.random.default_rng(0))
     with torch.inference_mode():

@@ -12,13 +12,13 @@ returning them as ``cross.<layer>.key`` / ``cross.<layer>.value`` (batch, heads,
 head_dim). Decode takes them and ``attention_mask`` back at every step as *context*
 (inputs that do not change), so a step projects only its own query: O(src_seq · d) per
 layer instead of O(src_seq · d_model²). A cross layer that is not a plain
-:class:`attnx.nn.MultiHeadAttention` (a third-party module without k/v projections to
+:class:`attnx.attention.MultiHeadAttention` (a third-party module without k/v projections to
 cache) falls back to the uncached contract: prefill returns ``encoder_hidden_states`` and
 decode re-runs the layer on it.
 
 Both graphs run the model's own forward (embedding, layers, tied projection) with hooks:
 the sinusoidal positions start at ``past_length``, each (decoder) layer's self-attention
-is the variant's ``attend_step`` (:mod:`attnx.decode.state`) instead of ``attend``, and
+is the variant's ``attend_step`` (:mod:`attnx.state`) instead of ``attend``, and
 each cached cross-attention is ``attend`` (or ``attend_cross_step``) on the cached keys
 and values. So a decode export computes the same function as the full forward, one
 token at a time.
@@ -35,10 +35,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from attnx.decode.state import GROWING, StateTensor
+from attnx.state import GROWING, StateTensor
 from attnx.errors import AttnxError
 from attnx.models.spec import TensorSpec
-from attnx.nn import MultiHeadAttention, merge_heads, split_heads
+from attnx.attention import MultiHeadAttention, merge_heads, split_heads
 
 PAST_LENGTH, PRESENT_LENGTH = "past_length", "present_length"
 PRESENT_SEQ = "present_seq"  # = past_seq + 1 in the decode graph
@@ -250,7 +250,7 @@ class DecodeLayout:
 def attention_step(
     layer: nn.Module, x: torch.Tensor, state: tuple[torch.Tensor, ...] | None, position: torch.Tensor
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
-    """A :class:`attnx.nn.MultiHeadAttention` layer's forward for new tokens ``x``, continuing ``state``."""
+    """A :class:`attnx.attention.MultiHeadAttention` layer's forward for new tokens ``x``, continuing ``state``."""
     heads = layer.spec.n_heads
     q, k, v = (split_heads(project(x), heads) for project in (layer.q_proj, layer.k_proj, layer.v_proj))
     out, state = layer.attend_step(q, k, v, state, position)

@@ -22,7 +22,7 @@ import numpy as np
 
 from attnx.decode.export import graph_specs
 from attnx.decode.runtime import OrtStepper, Stepper, TorchStepper, decode_entry
-from attnx.exporter.inputs import random_feed
+from attnx.parity.inputs import random_feed
 
 STEPS = 4
 ORT_PROVIDERS = {"ort-cpu": "CPUExecutionProvider", "ort-cuda": "CUDAExecutionProvider"}
@@ -39,11 +39,11 @@ def decode_parity(
     rtol: float,
     seed: int,
 ) -> list[Any]:
-    """One :class:`attnx.exporter.verify.BackendParity` per backend, named "<backend> decode"."""
+    """One :class:`attnx.parity.verify.BackendParity` per backend, named "<backend> decode"."""
     import torch
 
-    from attnx.exporter.runners import BACKENDS
-    from attnx.exporter.verify import BackendParity
+    from attnx.parity.runners import BACKENDS
+    from attnx.parity.verify import BackendParity
 
     entry = decode_entry(Path(directory), manifest)
     rng = np.random.default_rng(seed + 1)
@@ -102,7 +102,7 @@ def _compare_positions(
 def _comparison(
     n: int, label: str, actual: np.ndarray, expected: np.ndarray, atol: float, rtol: float
 ) -> Any:
-    from attnx.exporter.verify import Comparison, max_errors
+    from attnx.parity.verify import Comparison, max_errors
 
     diff = np.abs(actual.astype(np.float64) - expected)
     passed = bool(np.all(diff <= atol + rtol * np.abs(expected))) and actual.shape == expected.shape

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from attnx.errors import AttnxError
-from attnx.exporter.artifacts import write_atomic
+from attnx.atomic import write_atomic
 from attnx.models.spec import TensorSpec
 
 MANIFEST = "attnx.json"

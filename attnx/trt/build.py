@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from attnx.errors import AttnxError
-from attnx.exporter.artifacts import write_atomic
+from attnx.atomic import write_atomic
 from attnx.exporter.manifest import MODEL_FILE, Manifest, sha256_file
 from attnx.trt import GPU_EXTRA_HINT, cuda_missing, first_line, tensorrt_missing
 

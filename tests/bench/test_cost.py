@@ -85,7 +85,7 @@ def test_model_flops_equal_the_torch_flop_counter_on_the_real_model(
     variant: str, model: str, cross: str | None, options: dict, n: int
 ) -> None:
     from attnx.exporter.assemble import assemble
-    from attnx.exporter.inputs import random_feed
+    from attnx.parity.inputs import random_feed
 
     _registered(variant, cross)
     batch = 2

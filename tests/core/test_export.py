@@ -14,8 +14,8 @@ from attnx.errors import AttnxError
 from attnx.exporter import export as export_module
 from attnx.exporter.export import export
 from attnx.exporter.manifest import Manifest
-from attnx.exporter.runners import onnx_for_ort
-from attnx.exporter.verify import verify
+from attnx.parity.runners import onnx_for_ort
+from attnx.parity.verify import verify
 from tests.conftest import TINY
 
 

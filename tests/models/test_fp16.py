@@ -14,8 +14,8 @@ from safetensors.torch import load_file
 from attnx.errors import AttnxError
 from attnx.exporter.assemble import assemble, rebuild
 from attnx.exporter.export import export, to_onnx
-from attnx.exporter.inputs import random_feed
-from attnx.exporter.verify import verify
+from attnx.parity.inputs import random_feed
+from attnx.parity.verify import verify
 from attnx.models.spec import TensorSpec
 from attnx.ortkernels import kernel_view, session_options
 from attnx.registry import get_registry
@@ -197,7 +197,7 @@ def test_an_fp16_engine_of_an_fp32_export_is_judged_at_the_fp16_tolerance():
     """`attnx build --fp16` on an fp32 export: the trt backend gets the fp16 tolerance, nothing else."""
     from types import SimpleNamespace
 
-    from attnx.exporter.verify import engine_tolerance
+    from attnx.parity.verify import engine_tolerance
 
     assembly = assemble("linear", "seq2seq", TINY, cross_variant="softmax")
     fp16_engine = SimpleNamespace(engine={"fp16": True}, dtype="fp32")

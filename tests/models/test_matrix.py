@@ -9,7 +9,7 @@ import pytest
 
 from attnx.errors import AttnxError
 from attnx.exporter.assemble import assemble
-from attnx.exporter.verify import verify
+from attnx.parity.verify import verify
 from attnx.models import PAPER_ARCHITECTURE
 from attnx.registry import get_registry
 from tests.models.cases import CASES, MODELS, REGISTERED, SUPPORTED, VARIANT_OPTIONS, capabilities, cross_for

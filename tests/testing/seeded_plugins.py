@@ -23,7 +23,7 @@ from onnxscript import opset18 as op
 
 import attnx
 from attnx.config import Config
-from attnx.nn import MultiHeadAttention
+from attnx.attention import MultiHeadAttention
 from attnx.ops import LIBRARY, OPSET, AttentionOp, VariantImpl
 
 FLAWS = ("sound", "fake", "scale", "leak", "clash", "upcast")

@@ -9,7 +9,7 @@ import torch
 from onnxscript import FLOAT
 from onnxscript import opset18 as op
 
-from attnx.nn import MultiHeadAttention
+from attnx.attention import MultiHeadAttention
 from attnx.ops import OPSET, AttentionOp, VariantImpl
 
 

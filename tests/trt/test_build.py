@@ -14,7 +14,7 @@ import pytest
 
 from attnx.errors import AttnxError
 from attnx.exporter.manifest import Manifest, sha256_file
-from attnx.exporter.verify import verify
+from attnx.parity.verify import verify
 from attnx.trt import GPU_EXTRA_HINT, cuda_missing, tensorrt_missing
 from attnx.trt.build import (
     ENGINE_FILE,
@@ -145,7 +145,7 @@ def test_ort_cuda_graph_of_a_plugin_model_is_the_function_lowering(softmax_out):
     import torch
 
     from attnx.exporter.assemble import rebuild
-    from attnx.exporter.runners import onnx_for_ort
+    from attnx.parity.runners import onnx_for_ort
 
     manifest = Manifest.read(softmax_out)
     assembly = rebuild(manifest, softmax_out / "weights.safetensors")
@@ -163,7 +163,7 @@ def test_ort_cuda_graph_of_a_plugin_model_is_the_function_lowering(softmax_out):
 
 
 def test_ort_tensorrt_refusal_is_one_line_with_the_way_out():
-    from attnx.exporter.runners import _plugin_session_for_tensorrt
+    from attnx.parity.runners import _plugin_session_for_tensorrt
 
     def refuse():
         raise RuntimeError("[ONNXRuntimeError] : INVALID_GRAPH : No Op registered for SoftmaxAttention\nmore")

@@ -18,7 +18,7 @@ from safetensors.torch import load_model
 
 from attnx.exporter.assemble import assemble
 from attnx.exporter.manifest import Manifest
-from attnx.exporter.verify import verify
+from attnx.parity.verify import verify
 from attnx.ops import AttentionOp
 from attnx.ortkernels import kernel_view, session_options
 from attnx.plugins.softmax.kernel import SOFTMAX_OP
@@ -195,7 +195,7 @@ import numpy as np
 from pathlib import Path
 from attnx.exporter.assemble import assemble
 from attnx.exporter.export import export
-from attnx.exporter.runners import BACKENDS
+from attnx.parity.runners import BACKENDS
 tiny = {{"d_model": 16, "n_heads": 2, "n_layers": 1, "d_ff": 32, "vocab_size": 20}}
 feed = {{"input_ids": np.ones((2, 5), np.int64), "attention_mask": np.ones((2, 5), bool)}}
 runners = []

@@ -9,9 +9,9 @@ import torch
 from onnxscript import BOOL, FLOAT, INT64
 from onnxscript import opset18 as op
 
-from attnx.decode.state import StateTensor, recurrent_state
+from attnx.state import StateTensor, recurrent_state
 from attnx.errors import AttnxError
-from attnx.nn import MultiHeadAttention
+from attnx.attention import MultiHeadAttention
 from attnx.ops import LIBRARY, OPSET, AttentionOp, VariantImpl
 from attnx.plugins._linear_core import (
     STATE_TYPES,

@@ -32,7 +32,7 @@ from onnxscript import BOOL, FLOAT
 from onnxscript import opset18 as op
 from torch import nn
 
-from attnx.nn import MASKED_SCORE, merge_heads, split_heads
+from attnx.attention import MASKED_SCORE, merge_heads, split_heads
 from attnx.ops import LIBRARY, OPSET, AttentionOp, VariantImpl
 from attnx.plugins.fastformer import FastformerConfig
 from attnx.variant import AttentionSpec

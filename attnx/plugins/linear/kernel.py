@@ -8,8 +8,8 @@ import torch.nn.functional as F
 from onnxscript import BOOL, FLOAT
 from onnxscript import opset18 as op
 
-from attnx.decode.state import StateTensor, recurrent_state
-from attnx.nn import MultiHeadAttention
+from attnx.state import StateTensor, recurrent_state
+from attnx.attention import MultiHeadAttention
 from attnx.ops import LIBRARY, OPSET, AttentionOp, VariantImpl
 from attnx.plugins._linear_core import (
     STATE_TYPES,

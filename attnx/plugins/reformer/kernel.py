@@ -17,7 +17,7 @@ from onnxscript import opset18 as op
 from torch import nn
 
 from attnx.errors import AttnxError
-from attnx.nn import merge_heads, split_heads
+from attnx.attention import merge_heads, split_heads
 from attnx.ops import LIBRARY, OPSET, AttentionOp, VariantImpl
 from attnx.plugins.reformer import ReformerConfig
 from attnx.plugins.reformer.lsh import NORM_EPS, SELF_SCORE, lsh_attention

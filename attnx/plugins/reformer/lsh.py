@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from attnx.nn import MASKED_SCORE
+from attnx.attention import MASKED_SCORE
 
 # Score of a token for itself: it wins only when nothing else is visible (the paper
 # subtracts 1e5 instead; either way the token's weight is exactly 0 otherwise).

@@ -9,8 +9,8 @@ import torch
 from onnxscript import BOOL, FLOAT
 from onnxscript import opset18 as op
 
-from attnx.decode.state import GROWING, StateTensor
-from attnx.nn import MASKED_SCORE, MultiHeadAttention
+from attnx.state import GROWING, StateTensor
+from attnx.attention import MASKED_SCORE, MultiHeadAttention
 from attnx.ops import LIBRARY, OPSET, AttentionOp, VariantImpl
 from attnx.plugins.softmax import SoftmaxConfig
 from attnx.variant import AttentionSpec

@@ -19,7 +19,7 @@ EXPORT_MODEL_OPTIONS = {"d_model": 32, "n_heads": 2, "n_layers": 1, "d_ff": 64, 
 def export_check(lowering: str, dtype: str = "fp32") -> Callable[[Subject], list[str]]:
     def check(subject: Subject) -> list[str]:
         from attnx.exporter.export import export
-        from attnx.exporter.verify import verify
+        from attnx.parity.verify import verify
 
         if dtype == "fp16" and not subject.variant.capabilities.fp16:
             raise Skip("the variant exports in fp32 only (Capabilities.fp16=False)")

@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 
 from attnx.errors import AttnxError, unknown_choice
-from attnx.exporter.artifacts import write_atomic
-from attnx.exporter.inputs import random_feed
+from attnx.atomic import write_atomic
+from attnx.parity.inputs import random_feed
 from attnx.exporter.manifest import MODEL_FILE, PARITY_FILE, WEIGHTS_FILE, Manifest, sha256_file
 
 DEFAULT_SEQ_LENS = (1, 7, 32, 129)
@@ -141,7 +141,7 @@ def verify_assembly(
     from polygraphy.comparator import Comparator, CompareFunc
     from polygraphy.logger import G_LOGGER
 
-    from attnx.exporter.runners import BACKENDS, TorchRunner
+    from attnx.parity.runners import BACKENDS, TorchRunner
 
     for name in backends:
         if name not in BACKENDS:
@@ -211,7 +211,7 @@ def fp32_drift(
     The module is upcast in place and cast back afterwards: fp16 -> fp32 -> fp16 is lossless,
     and a copy would need every layer to be deep-copyable.
     """
-    from attnx.exporter.runners import TorchRunner
+    from attnx.parity.runners import TorchRunner
 
     runner = TorchRunner(assembly.module, specs, outputs)
     dtype = next(assembly.module.parameters()).dtype

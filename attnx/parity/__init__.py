@@ -1,0 +1,1 @@
+"""Parity between a torch model and its exports: backends, runners, the comparison rule, reports."""
