@@ -198,6 +198,11 @@ def launch(
             "Triton kernels run on CPU tensors only in Triton's interpreter: set TRITON_INTERPRET=1 "
             "before attnx imports the kernel, or use CUDA tensors"
         )
+    if _interpreted(kernel.fn) and any(t.dtype == torch.bfloat16 for t in inputs.values()):
+        # measured with Triton 3.9: bfloat16 arithmetic in the interpreter returns garbage
+        raise AttnxError(
+            "Triton's interpreter computes bfloat16 wrongly; use float32 or float16 inputs on CPU"
+        )
     plan = kernel.plan(
         {name: tuple(t.shape) for name, t in inputs.items()},
         {name: TRITON_TYPES[str(t.dtype).removeprefix("torch.")] for name, t in inputs.items()},
