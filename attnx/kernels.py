@@ -10,7 +10,7 @@ The kernel is written for TensorRT's ahead-of-time plugin ABI (``tensorrt.plugin
 * **one launch** computes the op (a QDP AOT plugin returns one kernel and has no workspace);
 * the kernel's parameters are, in order: the op's tensor inputs (named as the op names them; an
   absent optional input is a compile-time ``None``), then int32 scalars derived from the input
-  shapes, then the output(s), then ``tl.constexpr`` parameters. TensorRT passes input pointers,
+  shapes, then the output, then ``tl.constexpr`` parameters. TensorRT passes input pointers,
   then the "extra args", then output pointers, and extra args can only be int32 expressions of
   the shapes, so float attributes (scale, eps) and flags are compile-time constants (TensorRT
   does not serialise plugin attributes with an AOT kernel either);
@@ -24,6 +24,7 @@ dimensions the kernel needs at compile time (head sizes) must be ints (:func:`st
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -96,7 +97,7 @@ class TritonKernel:
             attribute name); the tactic's blocks are added to them.
         grid: (x, y, z) programs from the shapes and the tactic's blocks.
         tactics: block-size choices; the first is the default.
-        outputs: the kernel's output parameters, after the scalars.
+        output: the kernel's output parameter, after the scalars (one output: the op's first).
     """
 
     fn: Any
@@ -105,7 +106,7 @@ class TritonKernel:
     constants: Callable[[Shapes, Mapping[str, Any]], dict[str, Any]]
     grid: Callable[[Shapes, Mapping[str, int]], tuple[Any, Any, Any]]
     tactics: Sequence[Tactic]
-    outputs: Sequence[str] = ("out",)
+    output: str = "out"
 
     def tactic(self, choice: Tactic | int | str | None = None) -> Tactic:
         """``choice`` as a tactic: a Tactic, its TensorRT number (1-based), its name, or None (the first)."""
@@ -128,7 +129,7 @@ class TritonKernel:
     ) -> LaunchPlan:
         """This kernel's launch on present inputs of ``shapes`` and Triton ``dtypes`` ("fp32", "i1", ...).
 
-        Inputs absent from ``shapes`` are compile-time ``None``; the outputs take the first input's dtype.
+        Inputs absent from ``shapes`` are compile-time ``None``; the output takes the first input's dtype.
         """
         chosen = self.tactic(tactic)
         signature: dict[str, str] = {}
@@ -140,7 +141,7 @@ class TritonKernel:
                 signature[name], constants[name] = "constexpr", None
         scalars = self.scalars(shapes)
         signature.update(dict.fromkeys(scalars, "i32"))
-        signature.update(dict.fromkeys(self.outputs, "*" + dtypes[self.inputs[0]]))
+        signature[self.output] = "*" + dtypes[self.inputs[0]]
         compiled = {**self.constants(shapes, attributes), **chosen.blocks}
         signature.update(dict.fromkeys(compiled, "constexpr"))
         return LaunchPlan(
@@ -210,10 +211,10 @@ def launch(
         tactic,
     )
     out = torch.empty(tuple(output_shape), dtype=first.dtype, device=first.device)
-    arguments = {name: inputs.get(name) for name in kernel.inputs}
-    arguments |= plan.scalars | dict.fromkeys(kernel.outputs, out)
+    arguments = {name: inputs.get(name) for name in kernel.inputs} | plan.scalars | {kernel.output: out}
     arguments |= {name: value for name, value in plan.constants.items() if name not in arguments}
-    kernel.fn[plan.grid](**arguments, num_warps=plan.num_warps, num_stages=plan.num_stages)
+    with torch.cuda.device(first.device) if first.is_cuda else contextlib.nullcontext():
+        kernel.fn[plan.grid](**arguments, num_warps=plan.num_warps, num_stages=plan.num_stages)
     return out
 
 

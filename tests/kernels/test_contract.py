@@ -113,7 +113,7 @@ def test_plan_lists_the_kernel_parameters_in_aot_order(name, mask):
         assert list(plan.signature) == list(kernel.fn.arg_names)
         runtime = [p for p, kind in plan.signature.items() if kind != "constexpr"]
         present = [n for n in kernel.inputs if n in shapes]
-        assert runtime == present + list(plan.scalars) + list(kernel.outputs)
+        assert runtime == [*present, *plan.scalars, kernel.output]
         assert all(plan.signature[n] == "i32" for n in plan.scalars)
         assert plan.signature["key_padding_mask"] == ("*i1" if mask else "constexpr")
         assert plan.constants.get("key_padding_mask", "absent") == ("absent" if mask else None)
