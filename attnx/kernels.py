@@ -165,7 +165,7 @@ def run(op: AttentionOp, *args: Any, tactic: Tactic | int | str | None = None) -
     """``op``'s Triton kernel on the torch op's arguments (schema order): the torch op's result.
 
     Tensors on CUDA run compiled; CPU tensors run in Triton's interpreter, which must have been
-    switched on (``TRITON_INTERPRET=1``) before the kernel module was imported.
+    switched on (``TRITON_INTERPRET=1``) before triton was first imported (torch._dynamo imports it).
 
     Raises:
         AttnxError: the op has no kernel, or CPU tensors without the interpreter.
@@ -194,12 +194,13 @@ def launch(
 
     inputs = {name: t.contiguous() for name, t in tensors.items()}
     first = inputs[kernel.inputs[0]]
-    if first.device.type == "cpu" and not _interpreted(kernel.fn):
+    interpreted = _interpreted(kernel.fn)
+    if first.device.type == "cpu" and not interpreted:
         raise AttnxError(
             "Triton kernels run on CPU tensors only in Triton's interpreter: set TRITON_INTERPRET=1 "
-            "before attnx imports the kernel, or use CUDA tensors"
+            "before triton is first imported (torch._dynamo imports it), or use CUDA tensors"
         )
-    if _interpreted(kernel.fn) and any(t.dtype == torch.bfloat16 for t in inputs.values()):
+    if interpreted and any(t.dtype == torch.bfloat16 for t in inputs.values()):
         # measured with Triton 3.9: bfloat16 arithmetic in the interpreter returns garbage
         raise AttnxError(
             "Triton's interpreter computes bfloat16 wrongly; use float32 or float16 inputs on CPU"
@@ -219,9 +220,12 @@ def launch(
 
 
 def _interpreted(fn: Any) -> bool:
+    """Whether ``fn`` and triton's own library functions (``tl.zeros``, ...) were defined interpreted:
+    triton decides at ``@triton.jit`` time, so an interpreted kernel fails when triton was imported first."""
+    import triton.language as tl
     from triton.runtime.interpreter import InterpretedFunction
 
-    return isinstance(fn, InterpretedFunction)
+    return isinstance(fn, InterpretedFunction) and isinstance(tl.zeros, InterpretedFunction)
 
 
 # -- helpers for kernel rules (ints or TensorRT shape expressions) ------------------------------------
