@@ -30,9 +30,12 @@ from attnx.parity.backends import backends as backend_list
 from attnx.parity.check import Cases, check_parity
 from attnx.parity.report import ParityReport
 from attnx.recipes import Recipe, resolve
+from attnx.serve.genai import GENAI
+from attnx.serve.tokenizer import TOKENIZER
 from attnx.variant import Tolerance
 
-GRAPH_EXTENSIONS = (DECODE_GRAPHS,)
+# In this order: the genai decoder is made from the decode graph and reads the tokenizer's special ids.
+GRAPH_EXTENSIONS = (DECODE_GRAPHS, TOKENIZER, GENAI)
 PARITY_EXTENSIONS = (DECODE_PARITY,)
 Progress = Callable[[str], None]
 
