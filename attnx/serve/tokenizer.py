@@ -5,8 +5,8 @@
 library and its ids must fit the model's vocabulary), copies it into OUT as manifest file
 "tokenizer", and writes ``tokenizer_config.json`` beside it ("tokenizer_config": the one next to
 the given file if there is one, else a minimal one naming the special tokens), which is what
-onnxruntime-genai's ``og.Tokenizer`` loads from a model directory. :func:`encode` /
-:func:`decode` turn text into ids and back for ``attnx generate --prompt``.
+onnxruntime-genai's ``og.Tokenizer`` loads from a model directory. :func:`export_tokenizer`
+and :func:`encode` turn text into ids for ``attnx generate --prompt`` (and ``decode`` back).
 """
 
 from __future__ import annotations
@@ -137,12 +137,13 @@ class TokenizerFile:
 TOKENIZER = TokenizerFile()
 
 
-def export_tokenizer(export: ExportDir) -> Any:
-    """The tokenizer an export carries.
+def export_tokenizer(out: str | Path) -> Any:
+    """The tokenizer the export ``out`` carries.
 
     Raises:
-        AttnxError: the export has none (naming the fix).
+        AttnxError: ``out`` is not an export, or has no tokenizer (naming the fix).
     """
+    export = ExportDir.open(out)
     if not export.has("tokenizer"):
         raise AttnxError(
             f"'{export.path}' has no tokenizer; re-export with --tokenizer tokenizer.json, or give "
@@ -151,18 +152,13 @@ def export_tokenizer(export: ExportDir) -> Any:
     return load_tokenizer(export.file("tokenizer"))
 
 
-def encode(export: ExportDir, text: str) -> list[int]:
-    """The ids of ``text`` under the export's tokenizer.
+def encode(tokenizer: Any, text: str) -> list[int]:
+    """The ids of ``text``.
 
     Raises:
-        AttnxError: no tokenizer, or ``text`` encodes to no ids.
+        AttnxError: ``text`` encodes to no ids.
     """
-    ids = list(export_tokenizer(export).encode(text).ids)
+    ids = list(tokenizer.encode(text).ids)
     if not ids:
         raise AttnxError(f"the prompt {text[:40]!r} encodes to no tokens; give some text")
     return ids
-
-
-def decode(export: ExportDir, ids: list[int]) -> str:
-    """The text of ``ids`` under the export's tokenizer."""
-    return str(export_tokenizer(export).decode(ids))
