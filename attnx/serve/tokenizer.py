@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from attnx.errors import AttnxError, first_line
-from attnx.exporter.assemble import Assembly
+from attnx.exporter.assemble import Assembly, assemble
 from attnx.exporter.directory import ExportDir
 from attnx.exporter.export import ExportJob, ExtraGraphs
 from attnx.exporter.manifest import TokenizerSection
@@ -112,11 +112,15 @@ class TokenizerFile:
         return job.settings.tokenizer is not None
 
     def check(self, job: ExportJob) -> None:
-        """Refuse, before any work, a file that is not a tokenizer (its ids are checked against the
-        model's vocabulary once the model is built, before anything is written to OUT)."""
-        path = Path(str(job.settings.tokenizer))
-        load_tokenizer(path)
-        _config_beside(path)
+        """Refuse, before any work, a file that is not a tokenizer or makes ids the model lacks (the
+        model is built on torch's meta device, which allocates nothing, to know its vocabulary)."""
+        import torch
+
+        path, plan = Path(str(job.settings.tokenizer)), job.plan
+        tokenizer = load_tokenizer(path)
+        with torch.device("meta"):
+            built = assemble(plan.variant, plan.model, plan.options, cross_variant=plan.cross_variant)
+        describe(tokenizer, _config_beside(path), built.model_config.vocab_size, str(path))
 
     def export(self, assembly: Assembly, directory: Path, settings: ExportSettings) -> ExtraGraphs:
         """Copy the tokenizer (and write its tokenizer_config.json) into ``directory``."""
