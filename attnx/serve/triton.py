@@ -145,12 +145,12 @@ def _join(entries: Sequence[Entry | State], depth: int) -> str:
     return ",\n".join("  " * depth + e.text(depth) for e in entries)
 
 
-def _axes(axes: Sequence[str | int], batched: bool) -> tuple[int, ...]:
-    """Triton dims of manifest axes: the batch axis dropped (``batched``) or 1 (one sequence per call),
-    other named axes variable (-1)."""
-    if batched:
+def _axes(axes: Sequence[str | int], batch: int | None) -> tuple[int, ...]:
+    """Triton dims of manifest axes: the batch axis dropped (``batch`` None: Triton batches) or
+    ``batch`` (-1: any; 1: one sequence per call), other named axes variable (-1)."""
+    if batch is None:
         axes = axes[1:]
-    return tuple(1 if a == "batch" else -1 if isinstance(a, str) else int(a) for a in axes)
+    return tuple(batch if a == "batch" else -1 if isinstance(a, str) else int(a) for a in axes)
 
 
 def check_state_names(states: Sequence[State]) -> None:
@@ -241,7 +241,7 @@ def _dynamic(
     size = (DEFAULT_MAX_BATCH if batch_first else 0) if max_batch is None else max_batch
 
     def entries(specs: Sequence[TensorSpec]) -> tuple[Entry, ...]:
-        return tuple(Entry(s.name, s.dtype, _axes(s.axes, size > 0)) for s in specs)
+        return tuple(Entry(s.name, s.dtype, _axes(s.axes, None if size > 0 else -1)) for s in specs)
 
     return ModelPlan(name, "dynamic", size, entries(inputs), entries(outputs), (), instances)
 
@@ -249,17 +249,17 @@ def _dynamic(
 def _sequence(section: DecodeSection, name: str, instances: int) -> ModelPlan:
     fed = {s.input for s in section.state}
     inputs = tuple(
-        Entry(s.name, s.dtype, _axes(s.axes, False)) for s in section.decode.inputs if s.name not in fed
+        Entry(s.name, s.dtype, _axes(s.axes, 1)) for s in section.decode.inputs if s.name not in fed
     )
     logits = next(s for s in section.decode.outputs if s.name == LOGITS)
-    states = tuple(State(p.input, p.output, p.dtype, _axes(p.axes, False)) for p in section.state)
+    states = tuple(State(p.input, p.output, p.dtype, _axes(p.axes, 1)) for p in section.state)
     check_state_names(states)
     return ModelPlan(
         name,
         "sequence",
         0,
         inputs,
-        (Entry(LOGITS, logits.dtype, _axes(logits.axes, False)),),
+        (Entry(LOGITS, logits.dtype, _axes(logits.axes, 1)),),
         states,
         instances,
     )
