@@ -32,7 +32,7 @@ from attnx.parity.report import ParityReport
 from attnx.recipes import Recipe, resolve
 from attnx.serve.genai import GENAI
 from attnx.serve.tokenizer import TOKENIZER
-from attnx.serve.triton import Repository, write_repository
+from attnx.serve.triton import write_repository
 from attnx.variant import Tolerance
 
 # In this order: the genai decoder is made from the decode graph and reads the tokenizer's special ids.
@@ -155,29 +155,9 @@ def verify(
     return report
 
 
-def triton(
-    out: str | Path,
-    repo: str | Path,
-    *,
-    name: str | None = None,
-    max_batch: int | None = None,
-    batching: str = "auto",
-    instances: int = 1,
-    force: bool = False,
-) -> Repository:
-    """Write a Triton Inference Server model repository serving the export ``out`` into ``repo``.
-
-    ``batching`` "auto" serves an lm decode export token by token with sequence batching and implicit
-    state, anything else (or "dynamic") ``model.onnx`` with dynamic batching (``max_batch`` default 8;
-    0 turns it off). See :mod:`attnx.serve.triton` and docs/deploying.md.
-
-    Raises:
-        AttnxError: not an export, a plugin-lowered one, a batching it cannot serve, ``max_batch`` < 0,
-            or an existing ``repo`` without ``force`` (or not written by attnx).
-    """
-    return write_repository(
-        out, repo, name=name, max_batch=max_batch, batching=batching, instances=instances, force=force
-    )
+# attnx.triton(out, repo, *, name, max_batch, batching, instances, force): a Triton model repository
+# serving the export (docs/deploying.md); the serving layer does the whole job.
+triton = write_repository
 
 
 def _tolerance(atol: float | None, rtol: float | None, export: ExportDir) -> Tolerance | None:
