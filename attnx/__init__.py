@@ -29,6 +29,7 @@ __all__ = [
     "get_registry",
     "hookimpl",
     "save_checkpoint",
+    "triton",
     "verify",
 ]
 
@@ -39,6 +40,7 @@ _LAZY = {
     "bench": ("attnx.bench", "bench"),
     "get_registry": ("attnx.registry", "get_registry"),
     "save_checkpoint": ("attnx.checkpoint", "save_checkpoint"),
+    "triton": ("attnx.api", "triton"),
 }
 
 
