@@ -16,16 +16,16 @@ import onnx
 import torch
 from safetensors.torch import save_model
 
-from attnx.checkpoint import load_checkpoint
+from attnx.atomic import check_output_dir, staged_directory
+from attnx.checkpoint import check_checkpoint_target, load_checkpoint
 from attnx.checkpoint import save_checkpoint as write_checkpoint
 from attnx.errors import AttnxError, unknown_choice
 from attnx.exporter import lowering as lowering_mod
-from attnx.atomic import check_output_dir, staged_directory
 from attnx.exporter.assemble import Assembly, assemble
-from attnx.parity.inputs import random_feed
-from attnx.exporter.manifest import MODEL_FILE, WEIGHTS_FILE, Manifest, sha256_file
-from attnx.parity.verify import DEFAULT_BATCH, ParityReport, verify_assembly
+from attnx.exporter.manifest import MANIFEST, MODEL_FILE, WEIGHTS_FILE, Manifest, sha256_file
 from attnx.models.spec import TensorSpec
+from attnx.parity.inputs import random_feed
+from attnx.parity.verify import DEFAULT_BATCH, ParityReport, verify_assembly
 from attnx.recipes import ExportSettings, Recipe, resolve
 
 DEFAULT_OPSET = 18
@@ -119,9 +119,9 @@ def export(
         from attnx.decode.export import check as check_decode
 
         check_decode(plan.model, plan.variant, settings.lowering)
-    check_output_dir(out, force)
-    if save_checkpoint is not None and Path(save_checkpoint).exists() and not force:
-        raise AttnxError(f"checkpoint file '{save_checkpoint}' already exists; pass --force to replace it")
+    check_output_dir(out, force, MANIFEST)
+    if save_checkpoint is not None:
+        check_checkpoint_target(save_checkpoint, force)
     assembly = assemble(
         plan.variant,
         plan.model,
@@ -139,7 +139,7 @@ def export(
         load_checkpoint(assembly.module, checkpoint)
         report(f"loaded weights from {checkpoint}")
     inputs, outputs, sizes = export_shapes(assembly, settings)
-    with staged_directory(out, force) as staging:
+    with staged_directory(out, force, MANIFEST) as staging:
         report("exporting with torch.onnx (dynamo)")
         proto = to_onnx(assembly, settings.opset, inputs, outputs, sizes)
         proto = lowering_mod.lower(proto, assembly.ops, settings.lowering)

@@ -128,10 +128,14 @@ def test_failed_export_leaves_nothing(tmp_path, monkeypatch):
     assert not out.exists() and not (tmp_path / "sub").exists()
 
 
-def test_force_replaces_atomically(tmp_path):
+def test_force_replaces_an_earlier_export_atomically_and_nothing_else(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     (out / "stale.txt").write_text("old")
+    with pytest.raises(AttnxError, match="holds no attnx.json, so it is not an earlier output"):
+        export("softmax", out, options=TINY, force=True, verify=False)
+    assert [p.name for p in out.iterdir()] == ["stale.txt"]
+    (out / "attnx.json").write_text("{}")
     export("softmax", out, options=TINY, force=True, verify=False)
     assert not (out / "stale.txt").exists() and (out / "model.onnx").is_file()
     assert [p.name for p in tmp_path.iterdir()] == ["out"]
