@@ -271,7 +271,7 @@ def to_onnx(
         for s in specs
     )
     table = {op.overload: op.translation() for op in assembly.ops}
-    with _quiet_exporter():
+    with _quiet_exporter(), _unwrap_interrupt():
         program = torch.onnx.export(
             assembly.module,
             args,
@@ -327,6 +327,21 @@ def save_onnx(proto: onnx.ModelProto, path: Path) -> None:
     onnx.save_model(
         proto, str(path), save_as_external_data=large, location=f"{path.name}.data" if large else None
     )
+
+
+@contextlib.contextmanager
+def _unwrap_interrupt() -> Iterator[None]:
+    """Re-raise Ctrl-C that torch.onnx wrapped: a KeyboardInterrupt inside its lazy imports
+    surfaces as a TorchExportError caused by an AttributeError whose context is the interrupt."""
+    try:
+        yield
+    except Exception as exc:
+        cause: BaseException | None = exc
+        while cause is not None and not isinstance(cause, KeyboardInterrupt):
+            cause = cause.__cause__ or cause.__context__
+        if cause is not None:
+            raise KeyboardInterrupt from exc
+        raise
 
 
 @contextlib.contextmanager
