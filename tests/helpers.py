@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+from typing import Any
 
 import pytest
 
@@ -31,3 +32,15 @@ def assert_one_line_error(code: int, stderr: str, *fragments: str) -> None:
     for fragment in fragments:
         if fragment not in lines[0]:
             pytest.fail(f"{fragment!r} not in error line {lines[0]!r}")
+
+
+def assert_unchanged(actual: Any, expected: Any, what: str = "") -> None:
+    """``actual`` equals ``expected`` up to the rounding of correct kernels (the conformance kit's
+    causality bound, ``attnx.testing.checks.causality.rounding_bound``). Bit equality would depend
+    on the CPU: BLAS may block a matmul differently once other rows of its input change."""
+    from attnx.testing.checks.causality import rounding_bound
+
+    assert actual.shape == expected.shape, what
+    change = float((actual.double() - expected.double()).abs().max()) if actual.numel() else 0.0
+    bound = rounding_bound(expected)
+    assert change <= bound, f"{what} changed by {change:.3g} (rounding allows {bound:.3g})"
