@@ -155,6 +155,8 @@ def _check_parent(path: Path, shown: str | Path) -> None:
     probe = path.parent
     while not os.path.lexists(probe):
         probe = probe.parent
+    with contextlib.suppress(ValueError):  # show it as the user would write it
+        probe = probe.relative_to(Path.cwd())
     if not probe.exists():
         raise AttnxError(
             f"cannot create '{shown}': '{probe}' is a dangling symbolic link; choose another path"

@@ -183,7 +183,11 @@ class Registry:
             raise AttnxError(
                 f"{kind} '{name}' is unavailable: plugin failed to {failed[0].stage}: {failed[0].error}"
             )
-        raise unknown_choice(kind, name, table)
+        error = unknown_choice(kind, name, table)
+        if self.failures:  # the name may be one a failed plugin would have registered
+            plugins = ", ".join(sorted({f.plugin for f in self.failures}))
+            error = AttnxError(f"{error}; plugins that failed: {plugins} (see `attnx list`)")
+        raise error
 
     def add_commands(self, cli: Any) -> None:
         for impl in self.pm.hook.attnx_register_commands.get_hookimpls():

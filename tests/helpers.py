@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import io
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -44,3 +49,30 @@ def assert_unchanged(actual: Any, expected: Any, what: str = "") -> None:
     change = float((actual.double() - expected.double()).abs().max()) if actual.numel() else 0.0
     bound = rounding_bound(expected)
     assert change <= bound, f"{what} changed by {change:.3g} (rounding allows {bound:.3g})"
+
+
+REPO = Path(__file__).resolve().parents[1]
+_HOLDER = textwrap.dedent(
+    """
+    import sys, time
+    from pathlib import Path
+    from attnx.atomic import staged_directory
+    out, signal_file = Path(sys.argv[1]), Path(sys.argv[2])
+    with staged_directory(out, marker="attnx.json") as staging:
+        (staging / "attnx.json").write_text("{}")
+        signal_file.write_text("inside")
+        time.sleep(float(sys.argv[3]))
+    """
+)
+
+
+def start_holder(out: Path, seconds: float) -> subprocess.Popen:
+    """A process inside ``staged_directory(out)`` (lock held, staging folder written) for ``seconds``."""
+    inside = out.parent / ".holder-inside"
+    holder = subprocess.Popen([sys.executable, "-c", _HOLDER, str(out), str(inside), str(seconds)], cwd=REPO)
+    deadline = time.monotonic() + 60
+    while not inside.exists():
+        assert holder.poll() is None and time.monotonic() < deadline, "holder did not start"
+        time.sleep(0.02)
+    inside.unlink()
+    return holder

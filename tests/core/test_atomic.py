@@ -17,6 +17,7 @@ import pytest
 from attnx import atomic
 from attnx.atomic import check_output_dir, staged_directory
 from attnx.errors import AttnxError
+from tests.helpers import start_holder
 
 REPO = Path(__file__).resolve().parents[2]
 MARKER = "attnx.json"
@@ -176,35 +177,9 @@ def test_fallback_swap_interrupted_between_its_renames_is_recovered(tmp_path, mo
     assert (out / "model.onnx").read_text() == "new" and listing(tmp_path) == ["out"]
 
 
-HOLDER = textwrap.dedent(
-    """
-    import sys, time
-    from pathlib import Path
-    from attnx.atomic import staged_directory
-    out, signal_file = Path(sys.argv[1]), Path(sys.argv[2])
-    with staged_directory(out, marker="attnx.json") as staging:
-        (staging / "attnx.json").write_text("{}")
-        signal_file.write_text("inside")
-        time.sleep(float(sys.argv[3]))
-    """
-)
-
-
-def start_holder(out: Path, seconds: float) -> tuple[subprocess.Popen, Path]:
-    """A process inside ``staged_directory(out)`` (it has written its staging folder) for ``seconds``."""
-    inside = out.parent / "inside.signal"
-    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(out), str(inside), str(seconds)], cwd=REPO)
-    deadline = time.monotonic() + 60
-    while not inside.exists():
-        assert holder.poll() is None and time.monotonic() < deadline, "holder did not start"
-        time.sleep(0.02)
-    inside.unlink()
-    return holder, inside
-
-
 def test_a_second_writer_of_the_same_out_gets_a_one_line_error(tmp_path):
     out = tmp_path / "out"
-    holder, _ = start_holder(out, seconds=30)
+    holder = start_holder(out, seconds=30)
     try:
         assert_refused(out, r"another attnx process is writing .*out.*choose another -o path")
     finally:
@@ -251,7 +226,7 @@ def test_racing_writers_one_wins_the_others_get_an_error(tmp_path):
 
 def test_a_killed_writer_leaves_staging_that_the_next_writer_removes(tmp_path):
     out = tmp_path / "out"
-    holder, _ = start_holder(out, seconds=60)
+    holder = start_holder(out, seconds=60)
     holder.send_signal(signal.SIGKILL)
     holder.wait()
     left = listing(tmp_path)
