@@ -50,16 +50,16 @@ def check_output_dir(out: str | Path, force: bool, marker: str | None = None) ->
     Raises:
         AttnxError: OUT is the working directory (or holds it), a symbolic link, a file, an
             existing directory (without ``force``; with it, one that holds other data), or
-            cannot be created (a file or dangling link on the way, no write permission).
+            cannot be created (a file or broken link on the way, no write permission).
     """
     path = _absolute(out)
-    if Path.cwd().resolve().is_relative_to(path.resolve()):
+    if Path(os.path.realpath(os.getcwd())).is_relative_to(os.path.realpath(path)):  # realpath: no loop errors
         raise AttnxError(
             f"output '{out}' is the working directory or holds it, so it cannot be replaced; "
             "choose a new -o path"
         )
     if path.is_symlink():
-        kind = "a symbolic link" if path.exists() else "a dangling symbolic link"
+        kind = "a symbolic link" if path.exists() else "a broken symbolic link"
         raise AttnxError(
             f"output '{out}' is {kind} (to '{os.readlink(path)}'); attnx replaces OUT as a whole, "
             "so give a real directory path with -o"
@@ -159,7 +159,7 @@ def _check_parent(path: Path, shown: str | Path) -> None:
         probe = probe.relative_to(Path.cwd())
     if not probe.exists():
         raise AttnxError(
-            f"cannot create '{shown}': '{probe}' is a dangling symbolic link; choose another path"
+            f"cannot create '{shown}': '{probe}' is a broken symbolic link; choose another path"
         )
     if not probe.is_dir():
         raise AttnxError(f"cannot create '{shown}': '{probe}' is a file, not a directory")

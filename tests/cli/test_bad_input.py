@@ -130,14 +130,26 @@ OUT_PATHS = [
     Case(
         "dangling-link",
         export("-o", "out", *QUICK),
-        ("is a dangling symbolic link",),
+        ("is a broken symbolic link",),
         {"out": Link("nowhere")},
     ),
     Case(
         "dangling-link-force",
         export("-o", "out", "--force", *QUICK),
-        ("is a dangling symbolic link", "give a real directory path"),
+        ("is a broken symbolic link", "give a real directory path"),
         {"out": Link("nowhere")},
+    ),
+    Case(
+        "link-loop",
+        export("-o", "la", *QUICK),
+        ("is a broken symbolic link",),
+        {"la": Link("lb"), "lb": Link("la")},
+    ),
+    Case(
+        "under-link-loop",
+        export("-o", "la/o", *QUICK),
+        ("'la' is a broken",),
+        {"la": Link("lb"), "lb": Link("la")},
     ),
     Case("link-to-dir", export("-o", "out", *QUICK), ("is a symbolic link",), {"d": DIR, "out": Link("d")}),
     Case(
@@ -153,7 +165,7 @@ OUT_PATHS = [
     Case(
         "under-dangling-link",
         export("-o", "l/out", *QUICK),
-        ("'l' is a dangling symbolic link",),
+        ("'l' is a broken symbolic link",),
         {"l": Link("nowhere")},
     ),
     Case(
@@ -184,7 +196,12 @@ OUT_PATHS = [
         {"mine/notes.txt": "keep"},
     ),
     Case("scaffold-at-file", ("new-plugin", "window", "-o", "f"), ("is not a directory",), {"f": "x"}),
-    Case("scaffold-dangling", ("new-plugin", "window", "-o", "l"), ("dangling",), {"l": Link("nowhere")}),
+    Case(
+        "scaffold-dangling",
+        ("new-plugin", "window", "-o", "l"),
+        ("broken symbolic link",),
+        {"l": Link("nowhere")},
+    ),
 ]
 
 SAVE_CHECKPOINT = [
@@ -215,7 +232,7 @@ SAVE_CHECKPOINT = [
     Case(
         "save-under-dangling",
         export("--save-checkpoint", "l/w.pt", "-o", "out", *QUICK),
-        ("dangling symbolic link",),
+        ("broken symbolic link",),
         {"l": Link("nowhere")},
     ),
 ]

@@ -79,12 +79,12 @@ def test_links_files_and_unwritable_parents_are_refused_up_front(tmp_path):
     os.symlink(tmp_path / "missing", tmp_path / "dangling")
     os.symlink(tmp_path / "dir", tmp_path / "link")
     cases = {
-        "dangling": "is a dangling symbolic link",
+        "dangling": "is a broken symbolic link",
         "link": "is a symbolic link",
         "file": "exists and is not a directory",
         "file/out": "'{root}/file' is a file, not a directory",
         "file/a/b/out": "is a file, not a directory",
-        "dangling/out": "is a dangling symbolic link",
+        "dangling/out": "is a broken symbolic link",
     }
     before = listing(tmp_path)
     for name, fragment in cases.items():
