@@ -98,8 +98,23 @@ class Registry:
             message = f"plugin name '{name}' ({source}) is taken by {taken}; rename it"
             self.failures.append(PluginFailure(name, "conflict", message))
             return
-        if self._attempt(name, "register", lambda: self.pm.register(plugin, name=name))[0]:
+        if self._attempt(name, "register", lambda: self._register_checked(name, plugin))[0]:
             self.plugins.append(LoadedPlugin(name, source, builtin))
+
+    def _register_checked(self, name: str, plugin: ModuleType | object) -> None:
+        """Register ``plugin``; one that implements a hook attnx does not declare (a typo) is
+        unregistered again, so ``check_pending`` cannot fail for everyone."""
+        self.pm.register(plugin, name=name)
+        unknown = sorted(
+            caller.name
+            for caller in self.pm.get_hookcallers(plugin) or []
+            if not caller.has_spec()
+            and any(impl.plugin is plugin and not impl.optionalhook for impl in caller.get_hookimpls())
+        )
+        if unknown:
+            self.pm.unregister(plugin)
+            hooks = ", ".join(sorted(n for n in dir(hookspecs) if n.startswith("attnx_")))
+            raise AttnxError(f"implements {unknown[0]}, which is no attnx hook (hooks: {hooks})")
 
     def _attempt(self, plugin: str, stage: str, call: Callable[[], Any]) -> tuple[bool, Any]:
         """(True, call()), or (False, None) with the failure recorded against ``plugin``."""
@@ -236,6 +251,8 @@ def _short(value: Any) -> str:
 
 
 def _one_line(exc: BaseException) -> str:
+    if isinstance(exc, AttnxError):
+        return str(exc)
     text = "".join(traceback.format_exception_only(type(exc), exc)).strip().splitlines()
     return text[-1] if text else type(exc).__name__
 

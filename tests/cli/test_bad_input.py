@@ -452,6 +452,10 @@ PLUGINS = [
         creates=("out",),
     ),
     Case(
+        "list-hook-typo", ("list", "--json"), ("which is no attnx hook",), env=plugins("typo_plugin"), code=0
+    ),
+    Case("help-hook-typo", ("export", "--help"), ("attnx export",), env=plugins("typo_plugin"), code=0),
+    Case(
         "list-broken-import", ("list", "--json"), ("flash_attn_9000",), env=plugins("broken_plugin"), code=0
     ),
     Case(

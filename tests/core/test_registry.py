@@ -126,3 +126,12 @@ def test_a_builtin_name_taken_by_a_plugin_stays_the_builtins(monkeypatch):
     assert "built-in plugin 'softmax'" in failure.error
     assert "and by 'tests.third_party.intruder_plugin'" in failure.error
     assert {p.name for p in registry.plugins if p.builtin} >= {"softmax", "models", "linear"}
+
+
+def test_a_hook_name_with_a_typo_fails_only_its_plugin(monkeypatch):
+    monkeypatch.setenv(EXTRA_PLUGINS_ENV, "tests.third_party.typo_plugin")
+    registry = Registry()
+    (failure,) = registry.failures
+    assert failure.plugin == "tests.third_party.typo_plugin" and failure.stage == "register"
+    assert failure.error.startswith("implements attnx_register_variant, which is no attnx hook")
+    assert "attnx_register_variants" in failure.error and "softmax" in registry.variants
