@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import onnx
@@ -139,6 +140,10 @@ def test_force_replaces_an_earlier_export_atomically_and_nothing_else(tmp_path):
     export("softmax", out, options=TINY, force=True, verify=False)
     assert not (out / "stale.txt").exists() and (out / "model.onnx").is_file()
     assert [p.name for p in tmp_path.iterdir()] == ["out"]
+    mask = os.umask(0)
+    os.umask(mask)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in out.iterdir()}
+    assert modes == dict.fromkeys(["attnx.json", "model.onnx", "weights.safetensors"], 0o666 & ~mask)
 
 
 def test_third_party_plugin_exports_and_verifies(tmp_path, use_registry):
