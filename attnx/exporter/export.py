@@ -16,16 +16,16 @@ import onnx
 import torch
 from safetensors.torch import save_model
 
-from attnx.atomic import check_output_dir, staged_directory
 from attnx.checkpoint import check_checkpoint_target, load_checkpoint
 from attnx.checkpoint import save_checkpoint as write_checkpoint
 from attnx.errors import AttnxError, unknown_choice
 from attnx.exporter import lowering as lowering_mod
+from attnx.atomic import check_output_dir, staged_directory
 from attnx.exporter.assemble import Assembly, assemble
-from attnx.exporter.manifest import MANIFEST, MODEL_FILE, WEIGHTS_FILE, Manifest, sha256_file
-from attnx.models.spec import TensorSpec
 from attnx.parity.inputs import random_feed
+from attnx.exporter.manifest import MANIFEST, MODEL_FILE, WEIGHTS_FILE, Manifest, sha256_file
 from attnx.parity.verify import DEFAULT_BATCH, ParityReport, verify_assembly
+from attnx.models.spec import TensorSpec
 from attnx.recipes import ExportSettings, Recipe, resolve
 
 DEFAULT_OPSET = 18
