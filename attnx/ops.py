@@ -19,15 +19,13 @@ import inspect
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import onnx
 import onnxscript
 import torch
 from onnx import defs
 
+from attnx.domains import DOMAIN, LIBRARY_DOMAIN
 from attnx.variant import AttentionSpec
 
-DOMAIN = "attnx"
-LIBRARY_DOMAIN = "attnx.lib"
 OPSET = onnxscript.values.Opset(DOMAIN, 1)
 LIBRARY = onnxscript.values.Opset(LIBRARY_DOMAIN, 1)
 FLOAT_TYPES = ["tensor(float)", "tensor(float16)", "tensor(bfloat16)"]
@@ -205,33 +203,6 @@ def _attribute_value(arg: OpArgument, value: Any) -> Any:
     if arg.attribute_type == "bool":
         return int(bool(value))
     return value
-
-
-def function_protos(body: onnxscript.OnnxFunction) -> list[onnx.FunctionProto]:
-    """``body`` and every library function it calls, transitively, as FunctionProtos.
-
-    Each proto imports the domain of every function it calls, also from inside an ``If``
-    branch (onnxscript imports only the domains of its top-level nodes).
-    """
-    seen: dict[tuple[str, str], onnx.FunctionProto] = {}
-
-    def visit(fn: onnxscript.OnnxFunction) -> None:
-        proto = fn.to_function_proto()
-        key = (proto.domain, proto.name)
-        if key in seen:
-            return
-        seen[key] = proto
-        callees = fn.function_ir.get_called_functions().values()
-        imported = {o.domain for o in proto.opset_import}
-        for callee in callees:
-            if callee.opset.domain not in imported:
-                proto.opset_import.add(domain=callee.opset.domain, version=callee.opset.version)
-                imported.add(callee.opset.domain)
-        for callee in callees:
-            visit(callee)
-
-    visit(body)
-    return list(seen.values())
 
 
 @dataclasses.dataclass(frozen=True)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import os
+import re
 import traceback
 import typing
 from collections.abc import Callable, Iterable
@@ -29,8 +30,6 @@ import pluggy
 
 from attnx import hookspecs
 from attnx.errors import AttnxError, unknown_choice
-from attnx.models.spec import ModelSpec
-from attnx.variant import Variant
 
 ENTRY_POINT_GROUP = "attnx"
 BUILTIN_DISTRIBUTION = "attnx"
@@ -73,8 +72,10 @@ class Registry:
         self.pm.check_pending()
         self._variants: dict[str, Any] | None = None
         self._models: dict[str, Any] | None = None
+        self._adapters: dict[str, Any] | None = None
         self._variant_conflicts: dict[str, str] = {}
         self._model_conflicts: dict[str, str] = {}
+        self._adapter_conflicts: dict[str, str] = {}
 
     # -- loading -----------------------------------------------------------------
     def _load_entry_points(self) -> None:
@@ -127,8 +128,9 @@ class Registry:
             return False, None
 
     # -- hook calls, one implementation at a time ----------------------------------
-    def _collect(self, hook_name: str, kind: type) -> list[tuple[str, Any]]:
-        """Every plugin's well-formed declarations of ``kind``; a malformed result fails its plugin."""
+    def _collect(self, hook_name: str) -> list[tuple[str, Any]]:
+        """Every plugin's well-formed declarations; a malformed result fails its plugin."""
+        kind = _declared_item(hook_name)
         results: list[tuple[str, Any]] = []
         for impl in getattr(self.pm.hook, hook_name).get_hookimpls():
             called, items = self._attempt(impl.plugin_name, "register", impl.function)
@@ -141,10 +143,10 @@ class Registry:
             results.extend((impl.plugin_name, item) for item in items or [])
         return results
 
-    def _index(self, hook_name: str, kind: type, word: str) -> tuple[dict[str, Any], dict[str, str]]:
+    def _index(self, hook_name: str, word: str) -> tuple[dict[str, Any], dict[str, str]]:
         """Declarations by name, and the names two plugins claim (with the error to show)."""
         owners: dict[str, list[tuple[str, Any]]] = {}
-        for plugin_name, item in self._collect(hook_name, kind):
+        for plugin_name, item in self._collect(hook_name):
             owners.setdefault(item.name, []).append((plugin_name, item))
         builtins = {p.name for p in self.plugins if p.builtin}
         table, conflicts = {}, {}
@@ -171,15 +173,24 @@ class Registry:
     @property
     def variants(self) -> dict[str, Any]:
         if self._variants is None:
-            hook = "attnx_register_variants"
-            self._variants, self._variant_conflicts = self._index(hook, Variant, "variant")
+            self._variants, self._variant_conflicts = self._index("attnx_register_variants", "variant")
         return self._variants
 
     @property
     def models(self) -> dict[str, Any]:
         if self._models is None:
-            self._models, self._model_conflicts = self._index("attnx_register_models", ModelSpec, "model")
+            self._models, self._model_conflicts = self._index("attnx_register_models", "model")
         return self._models
+
+    @property
+    def adapters(self) -> dict[str, Any]:
+        """Adapters by name (:class:`attnx.adapter.Adapter`)."""
+        if self._adapters is None:
+            self._adapters, self._adapter_conflicts = self._index("attnx_register_adapters", "adapter")
+        return self._adapters
+
+    def adapter(self, name: str):
+        return self._lookup(name, self.adapters, self._adapter_conflicts, "adapter")
 
     def variant(self, name: str):
         """The variant called ``name``, or an :class:`AttnxError` naming the closest match."""
@@ -213,28 +224,37 @@ def _distribution(ep: Any) -> str:
     return getattr(ep.dist, "name", "?")
 
 
-def _malformed(items: Any, kind: type) -> str | None:
+def _declared_item(hook_name: str) -> str:
+    """The class a registration hook's list holds, from its hookspec (``-> list[Variant]``)."""
+    annotation = str(getattr(hookspecs, hook_name).__annotations__["return"])
+    found = re.fullmatch(r"list\[(\w+)\]", annotation)
+    if found is None:
+        raise AssertionError(f"hookspec {hook_name} must return list[<declaration class>], not {annotation}")
+    return found.group(1)
+
+
+def _malformed(items: Any, kind: str) -> str | None:
     """What is wrong with a registration hook's result (None: a list of well-formed ``kind``)."""
     if items is None:
         return None
     if not isinstance(items, (list, tuple)):
-        return f"returned {type(items).__name__} {_short(items)}, not a list of {kind.__name__}"
-    hints = typing.get_type_hints(kind)
+        return f"returned {type(items).__name__} {_short(items)}, not a list of {kind}"
     for item in items:
-        if not isinstance(item, kind):
-            return f"returned a list holding {type(item).__name__} {_short(item)}, not a {kind.__name__}"
+        if kind not in (c.__name__ for c in type(item).__mro__) or not dataclasses.is_dataclass(item):
+            return f"returned a list holding {type(item).__name__} {_short(item)}, not a {kind}"
+        hints = typing.get_type_hints(type(item))
         for field in dataclasses.fields(item):
             value, hint = getattr(item, field.name), hints[field.name]
             if typing.get_origin(hint) is type:
                 (base,) = typing.get_args(hint)
                 if not (isinstance(value, type) and issubclass(value, base) and _declares_dataclass(value)):
                     return (
-                        f"returned {kind.__name__} {item.name!r} whose {field.name} {_short(value)} is not a "
+                        f"returned {kind} {_short(item.name)} whose {field.name} {_short(value)} is not a "
                         f"@dataclass subclass of {base.__name__}"
                     )
             elif isinstance(hint, type) and not isinstance(value, hint):
                 return (
-                    f"returned {kind.__name__} {_short(item.name)} whose {field.name} {_short(value)} is "
+                    f"returned {kind} {_short(item.name)} whose {field.name} {_short(value)} is "
                     f"{type(value).__name__}, not {hint.__name__}"
                 )
     return None

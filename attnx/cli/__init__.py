@@ -20,6 +20,7 @@ import click
 from attnx import __version__
 from attnx.cli import bench, build, doctor, export, generate, listing, new_plugin, verify
 from attnx.errors import AttnxError
+from attnx.registry import get_registry
 
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
@@ -58,8 +59,6 @@ for command in (listing.command, doctor.command, export.command, verify.command,
 
 
 def _add_plugin_commands() -> None:
-    from attnx.registry import get_registry
-
     get_registry().add_commands(cli)
 
 

@@ -61,8 +61,8 @@ def test_exports_are_byte_identical_under_any_hash_seed(tmp_path, variant, optio
         import json, sys
         import attnx
         tiny = {"d_model": 32, "n_heads": 2, "n_layers": 1, "d_ff": 64, "vocab_size": 50}
-        options = {**tiny, **json.loads(sys.argv[3])}
-        attnx.export(sys.argv[2], sys.argv[1], model="lm", options=options, seed=3, verify=False)
+        options = {**tiny, "export.seed": 3, "verify.enabled": False, **json.loads(sys.argv[3])}
+        attnx.export(sys.argv[2], sys.argv[1], model="lm", options=options)
     """
     digests = []
     for seed in HASH_SEEDS:

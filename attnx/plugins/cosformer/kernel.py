@@ -9,9 +9,8 @@ import torch
 from onnxscript import BOOL, FLOAT, INT64
 from onnxscript import opset18 as op
 
-from attnx.state import StateTensor, recurrent_state
-from attnx.errors import AttnxError
 from attnx.attention import MultiHeadAttention
+from attnx.errors import AttnxError
 from attnx.ops import LIBRARY, OPSET, AttentionOp, VariantImpl
 from attnx.plugins._linear_core import (
     STATE_TYPES,
@@ -25,7 +24,8 @@ from attnx.plugins._linear_core import (
     mask_keys,
     step_fake,
 )
-from attnx.plugins.cosformer import CosformerConfig
+from attnx.plugins.cosformer.config import CosformerConfig
+from attnx.state import StateTensor, recurrent_state
 from attnx.variant import AttentionSpec
 
 HALF_PI = math.pi / 2

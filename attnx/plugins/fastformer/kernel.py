@@ -34,7 +34,7 @@ from torch import nn
 
 from attnx.attention import MASKED_SCORE, merge_heads, split_heads
 from attnx.ops import LIBRARY, OPSET, AttentionOp, VariantImpl
-from attnx.plugins.fastformer import FastformerConfig
+from attnx.plugins.fastformer.config import FastformerConfig
 from attnx.variant import AttentionSpec
 
 

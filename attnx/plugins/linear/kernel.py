@@ -8,7 +8,6 @@ import torch.nn.functional as F
 from onnxscript import BOOL, FLOAT
 from onnxscript import opset18 as op
 
-from attnx.state import StateTensor, recurrent_state
 from attnx.attention import MultiHeadAttention
 from attnx.ops import LIBRARY, OPSET, AttentionOp, VariantImpl
 from attnx.plugins._linear_core import (
@@ -23,7 +22,8 @@ from attnx.plugins._linear_core import (
     mask_keys,
     step_fake,
 )
-from attnx.plugins.linear import LinearConfig
+from attnx.plugins.linear.config import LinearConfig
+from attnx.state import StateTensor, recurrent_state
 from attnx.variant import AttentionSpec
 
 

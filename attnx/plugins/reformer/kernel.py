@@ -16,10 +16,10 @@ from onnxscript import BOOL, FLOAT, INT64
 from onnxscript import opset18 as op
 from torch import nn
 
-from attnx.errors import AttnxError
 from attnx.attention import merge_heads, split_heads
+from attnx.errors import AttnxError
 from attnx.ops import LIBRARY, OPSET, AttentionOp, VariantImpl
-from attnx.plugins.reformer import ReformerConfig
+from attnx.plugins.reformer.config import ReformerConfig
 from attnx.plugins.reformer.lsh import NORM_EPS, SELF_SCORE, lsh_attention
 from attnx.variant import AttentionSpec
 

@@ -9,10 +9,10 @@ import torch
 from onnxscript import BOOL, FLOAT
 from onnxscript import opset18 as op
 
-from attnx.state import GROWING, StateTensor
 from attnx.attention import MASKED_SCORE, MultiHeadAttention
 from attnx.ops import LIBRARY, OPSET, AttentionOp, VariantImpl
-from attnx.plugins.softmax import SoftmaxConfig
+from attnx.plugins.softmax.config import SoftmaxConfig
+from attnx.state import GROWING, StateTensor
 from attnx.variant import AttentionSpec
 
 

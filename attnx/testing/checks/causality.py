@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from attnx.testing.checks.common import Skip, forwards
+from attnx.testing.onnx_op import OpSession
 from attnx.testing.subject import LENGTH, OpCall, Subject
 
 ROUNDING_ULPS = 32
@@ -35,8 +36,6 @@ def rounding_bound(reference: Any) -> float:
 def check_causality(subject: Subject) -> list[str]:
     """In causal mode, changing tokens at positions >= cut leaves outputs before cut unchanged:
     up to :func:`rounding_bound` in torch (layer and op), within atol in ONNX Runtime (op body)."""
-    from attnx.testing.onnx_op import OpSession
-
     if not subject.variant.capabilities.causal:
         raise Skip(f"variant '{subject.variant.name}' does not declare causal attention")
     atol = subject.variant.tolerance.atol
