@@ -32,7 +32,7 @@ def run_with_hash_seed(seed: str, code: str, *args: str) -> str:
 def test_every_variant_body_serialises_the_same_under_any_hash_seed():
     code = """
         import hashlib, json
-        from attnx.ops import function_protos
+        from attnx.exporter.lowering import function_protos
         from attnx.registry import get_registry
 
         digests = {}
