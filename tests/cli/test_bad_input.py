@@ -645,3 +645,18 @@ def test_an_export_while_another_writes_out_is_refused_in_one_line(tmp_path, mon
     finally:
         holder.kill()
         holder.wait()
+
+
+@pytest.mark.parametrize(
+    "argv", [["list"], ["list", "--json"], ["--help"], ["export", "--help"]], ids=" ".join
+)
+def test_a_closed_stdout_ends_the_command_with_exit_0(argv):
+    """``attnx list | head -1``: the reader goes away before attnx writes; no traceback, exit 0."""
+    read, write = os.pipe()
+    child = subprocess.Popen(
+        [sys.executable, "-m", "attnx", *argv], stdout=write, stderr=subprocess.PIPE, text=True, cwd=REPO
+    )
+    os.close(write)
+    os.close(read)
+    _, stderr = child.communicate(timeout=120)
+    assert child.returncode == 0 and stderr == "", stderr
