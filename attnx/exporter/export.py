@@ -25,7 +25,7 @@ import torch
 from safetensors.torch import save_model
 
 from attnx.atomic import check_output_dir, staged_directory, write_atomic
-from attnx.checkpoint import load_checkpoint
+from attnx.checkpoint import check_checkpoint_target, load_checkpoint
 from attnx.domains import DOMAIN
 from attnx.errors import AttnxError, unknown_choice
 from attnx.exporter import lowering as lowering_mod
@@ -98,11 +98,9 @@ def preflight(job: ExportJob, extensions: Sequence[GraphExtension] = ()) -> None
     for extension in extensions:
         if extension.wanted(job):
             extension.check(job)
-    check_output_dir(job.out, job.force)
-    if job.save_checkpoint is not None and job.save_checkpoint.exists() and not job.force:
-        raise AttnxError(
-            f"checkpoint file '{job.save_checkpoint}' already exists; pass --force to replace it"
-        )
+    check_output_dir(job.out, job.force, MANIFEST)
+    if job.save_checkpoint is not None:
+        check_checkpoint_target(job.save_checkpoint, job.force)
 
 
 def build(job: ExportJob, progress: Progress | None = None) -> Assembly:
@@ -131,7 +129,7 @@ def build(job: ExportJob, progress: Progress | None = None) -> Assembly:
 @contextlib.contextmanager
 def staged(job: ExportJob) -> Iterator[Path]:
     """A staging directory that replaces OUT when the block succeeds (``--force``: only an export)."""
-    with staged_directory(job.out, job.force) as staging:
+    with staged_directory(job.out, job.force, MANIFEST) as staging:
         yield staging
 
 
@@ -315,7 +313,7 @@ def to_onnx(
         for s in specs
     )
     table = {op.overload: op.translation() for op in assembly.ops}
-    with _quiet_exporter():
+    with _quiet_exporter(), _unwrap_interrupt():
         program = torch.onnx.export(
             assembly.module,
             args,
@@ -371,6 +369,21 @@ def save_onnx(proto: onnx.ModelProto, path: Path) -> None:
     onnx.save_model(
         proto, str(path), save_as_external_data=large, location=f"{path.name}.data" if large else None
     )
+
+
+@contextlib.contextmanager
+def _unwrap_interrupt() -> Iterator[None]:
+    """Re-raise Ctrl-C that torch.onnx wrapped: a KeyboardInterrupt inside its lazy imports
+    surfaces as a TorchExportError caused by an AttributeError whose context is the interrupt."""
+    try:
+        yield
+    except Exception as exc:
+        cause: BaseException | None = exc
+        while cause is not None and not isinstance(cause, KeyboardInterrupt):
+            cause = cause.__cause__ or cause.__context__
+        if cause is not None:
+            raise KeyboardInterrupt from exc
+        raise
 
 
 @contextlib.contextmanager
