@@ -1,7 +1,9 @@
 """``attnx build``, the trt/ort-trt/ort-cuda verify backends and doctor's TensorRT report.
 
 Without TensorRT (this CI): precise one-line errors, nothing written, skipped backends with
-the reason. With TensorRT and a GPU: real engines for every variant (``-m gpu``).
+the reason; the whole build pipeline with TensorRT's calls replaced (a fake ``build_engine``
+returning an inspector sample), and the ``trt`` runner against a stand-in ``tensorrt`` module.
+With TensorRT and a GPU: real engines for every variant (``-m gpu``).
 """
 
 from __future__ import annotations
@@ -78,8 +80,10 @@ def test_profile_follows_the_manifest_axes(softmax_out):
     }
 
 
-def engine(model_sha256: str, profiles=()) -> EngineSection:
-    return EngineSection(model_sha256, "11.4", "a GPU", False, None, list(profiles), [])
+def engine(model_sha256: str, profiles=(), needs_python: bool = False) -> EngineSection:
+    mode = "jit" if needs_python else "aot"
+    return EngineSection(model_sha256, "11.4", "a GPU", False, None, list(profiles), [], "strong", mode,
+                         needs_python, {"fp32": 3}, {"PluginV3": 1}, [])  # fmt: skip
 
 
 def test_engine_problems_are_precise(softmax_out):
