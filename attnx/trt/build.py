@@ -21,13 +21,14 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import onnx
 
 from attnx.atomic import write_atomic
 from attnx.errors import AttnxError
 from attnx.exporter.directory import ExportDir
+from attnx.exporter.lowering import attnx_nodes
 from attnx.exporter.manifest import EngineSection
 from attnx.trt import (
     GPU_EXTRA_HINT,
@@ -43,6 +44,9 @@ from attnx.trt.graph import attention_nodes, check_attention_nodes, check_opset,
 from attnx.trt.inspector import EngineLayers, read_engine_information
 from attnx.trt.precision import precision_plan
 from attnx.trt.qdp import CALLBACKS, register_plugins
+
+if TYPE_CHECKING:
+    from attnx.ops import AttentionOp
 
 ENGINE_FILE = "engine.plan"
 DEFAULT_BATCH = (1, 2, 8)
@@ -158,7 +162,7 @@ def prepare(
     manifest = export.manifest
     model = onnx.load(str(export.model_path), load_external_data=False)
     check_opset(manifest.opset, str(export.path))
-    plugin_ops = export.ops() if manifest.lowering == "plugin" else []
+    plugin_ops = plugin_ops_of(export, model)
     if plugin_ops:
         check_plugin_nodes(model, plugin_ops)
     attention = attention_nodes(model)
@@ -175,6 +179,14 @@ def prepare(
     report(plugin_summary(mode, why, len(attention)))
     profile = profile_shapes(export, settings)
     return EngineRequest(export.model_path, profile, settings.workspace, precision, mode), plugins
+
+
+def plugin_ops_of(export: ExportDir, model: onnx.ModelProto) -> list[AttentionOp]:
+    """The ops of the plugin nodes of ``model`` (the manifest's ``ops`` also names the decode graphs' ops)."""
+    if export.manifest.lowering != "plugin":
+        return []
+    in_graph = {node.op_type for node in attnx_nodes(model)}
+    return [op for op in export.ops() if op.name in in_graph]
 
 
 def plugin_summary(mode: PluginMode | None, why: str, attention: int) -> str:

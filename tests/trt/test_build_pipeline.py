@@ -105,6 +105,16 @@ def test_aot_build_records_what_the_engine_holds(fake_trt, softmax_out):
     assert lines[2] == "engine: 6 layers (5 fp32, 1 bool), 2 plugin layer(s); loads without Python"
 
 
+def test_only_the_ops_of_model_onnx_are_plugins(fake_trt, softmax_out):
+    """The manifest's ops also name the decode graphs' ops (step ops have no kernel): they do not count."""
+    export = ExportDir.open(softmax_out)
+    ops = [*export.manifest.ops, "attnx::LinearAttentionStep"]
+    export.write_manifest(dataclasses.replace(export.manifest, ops=ops))
+    record = build(softmax_out).record
+    assert record.plugins == ["attnx::SoftmaxAttention"]
+    assert (record.plugin_mode, record.needs_python) == ("aot", False)
+
+
 def test_jit_build_needs_python(fake_trt, softmax_out):
     lines = []
     record = build(softmax_out, BuildSettings(plugins="jit"), progress=lines.append).record

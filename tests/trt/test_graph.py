@@ -67,6 +67,11 @@ def scale_as_int(node):
     attribute.CopyFrom(helper.make_attribute("scale", 1))
 
 
+def aot_request(node):
+    """TensorRT's per-node JIT/AOT switch: attnx chooses with a network flag and never writes it."""
+    node.attribute.append(helper.make_attribute("aot", 1))
+
+
 def hole_before_mask(node):
     node.input[2] = ""
 
@@ -80,6 +85,7 @@ def only_two_inputs(node):
     [
         (rename_scale, "attributes (causal, softmax_scale) differ from the plugin's fields (causal, scale)"),
         (drop_namespace, 'needs plugin_namespace="attnx"'),
+        (aot_request, "attributes (aot, causal, scale) differ from the plugin's fields (causal, scale)"),
         (scale_as_int, "attribute scale (INT) does not match plugin field scale (FLOAT)"),
         (hole_before_mask, "omits an input before a given one"),
         (only_two_inputs, "got 2 inputs; it takes q, k, v, key_padding_mask?"),
