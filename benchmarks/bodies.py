@@ -16,10 +16,12 @@ encoder       the default encoder (4 layers, d_model 256, 4 heads, FFN 1024, att
 
 ``run`` times every case of DIR on ONNX Runtime CPU (all graph optimisations, ``--threads`` intra-op
 threads, batch 1): median and min of ``--repeat`` runs after one warm-up, fresh random inputs each
-run, then ORT's profiler gives its op-type breakdown (``attnx.bench.profile``). Given two
-directories (say one exported from the code before a change and one after), it loads both sessions
-and alternates their runs, so both see the same machine load, and prints after/before. ``run`` needs
-only ONNX Runtime and the manifests, so exports made by an older attnx checkout compare directly.
+run, and the process CPU time of each run (with ``--threads 1`` the work itself, which other load on
+the machine inflates far less than wall time), then ORT's profiler gives its op-type breakdown
+(``attnx.bench.profile``). Given two directories (say one exported from the code before a change and
+one after), it loads both sessions and alternates their runs, so both see the same machine load, and
+prints after/before. ``run`` needs only ONNX Runtime and the manifests, so exports made by an older
+attnx checkout compare directly.
 """
 
 from __future__ import annotations
@@ -116,8 +118,9 @@ def export_cases(directory: Path, variants: list[str] | None, cases: list[str], 
 
 
 def timed_runs(models: list[ExportedModel], seq_len: int, threads: int, repeat: int,
-               rng: np.random.Generator) -> list[list[float]]:
-    """Per model, ``repeat`` run times (s) after one warm-up; the models' runs alternate."""
+               rng: np.random.Generator) -> list[list[tuple[float, float]]]:
+    """Per model, ``repeat`` (wall, process CPU) run times in s after one warm-up; the models' runs
+    alternate. With one thread the CPU time is the work done, whatever else the machine runs."""
     import onnxruntime
 
     sessions = [onnxruntime.InferenceSession(str(m.model_path), ort_session_options(threads),
@@ -125,13 +128,13 @@ def timed_runs(models: list[ExportedModel], seq_len: int, threads: int, repeat: 
     feeds = [feed_for(m, 1, seq_len, rng) for m in models]
     for session, feed in zip(sessions, feeds, strict=True):
         session.run(None, feed)
-    times: list[list[float]] = [[] for _ in models]
+    times: list[list[tuple[float, float]]] = [[] for _ in models]
     for _ in range(repeat):
         for i, (model, session) in enumerate(zip(models, sessions, strict=True)):
             feed = feed_for(model, 1, seq_len, rng)
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.process_time()
             session.run(None, feed)
-            times[i].append(time.perf_counter() - start)
+            times[i].append((time.perf_counter() - start, time.process_time() - cpu))
     return times
 
 
@@ -147,19 +150,25 @@ def run_cases(
             row: dict[str, Any] = {"case": first.name, "seq_len": n, "runs": []}
             for model, run in zip(models, times, strict=True):
                 ops = ort_op_profile(model, batch=1, seq_len=n, threads=threads, runs=2)
-                row["runs"].append({"export": str(model.directory), "median_ms": statistics.median(run) * 1e3,
-                                    "min_ms": min(run) * 1e3, "ops": [dataclasses.asdict(o) for o in ops]})
+                wall, cpu = ([t[i] * 1e3 for t in run] for i in (0, 1))
+                row["runs"].append({"export": str(model.directory), "median_ms": statistics.median(wall),
+                                    "min_ms": min(wall), "cpu_median_ms": statistics.median(cpu),
+                                    "ops": [dataclasses.asdict(o) for o in ops]})
             rows.append(row)
             print(describe(row), flush=True)
     return rows
 
 
 def describe(row: dict[str, Any]) -> str:
-    """One markdown row: case, N, per export median ms (min), [after/before of the medians,] top op types."""
-    times = " | ".join(f"{r['median_ms']:.1f} ({r['min_ms']:.1f})" for r in row["runs"])
+    """One markdown row: case, N, per export median wall ms (min) and median CPU ms, [after/before of the
+    wall and CPU medians,] top op types."""
+    times = " | ".join(f"{r['median_ms']:.1f} ({r['min_ms']:.1f}) | {r['cpu_median_ms']:.1f}"
+                       for r in row["runs"])
     ratio = ""
     if len(row["runs"]) == 2:
-        ratio = f" | {row['runs'][1]['median_ms'] / row['runs'][0]['median_ms']:.2f}"
+        before, after = row["runs"]
+        ratio = (f" | {after['median_ms'] / before['median_ms']:.2f} | "
+                 f"{after['cpu_median_ms'] / before['cpu_median_ms']:.2f}")
     ops = " | ".join(", ".join(f"{o['op_type']} {o['share'] * 100:.0f}%" for o in r["ops"][:TOP_OPS])
                      for r in row["runs"])
     return f"| {row['case']} | {row['seq_len']} | {times}{ratio} | {ops} |"
@@ -185,8 +194,8 @@ def main(argv: list[str] | None = None) -> int:
                      args.lowering)
         return 0
     lengths = [int(n) for n in args.seq_lens.split(",")]
-    print(f"{len(args.directories)} export(s), {args.threads} threads, batch 1, median (min) ms of "
-          f"{args.repeat} runs: {', '.join(map(str, args.directories))}")
+    print(f"{len(args.directories)} export(s), {args.threads} threads, batch 1, {args.repeat} runs: per "
+          f"export median (min) wall ms | median CPU ms: {', '.join(map(str, args.directories))}")
     rows = run_cases(args.directories, lengths, args.threads, args.repeat)
     if args.json:
         data = {"machine": machine_info(), "threads": args.threads, "repeat": args.repeat, "rows": rows}

@@ -8,7 +8,8 @@ A variant maps queries and keys to non-negative features qf = phi(q), kf = phi(k
 
 with the denominator guarded by ``eps``: added (``clamp=False``, "Transformers are
 RNNs") or as a lower clamp (``clamp=True``, cosFormer). Padded keys get zero features,
-so they add nothing to either sum.
+so they add nothing to either sum. Both sums come out of one product: V gets a column of
+ones, so qf_i^T (sum_j kf_j [v_j, 1]^T) = [num_i, den_i].
 
 Causal attention is bottom-right aligned like ``softmax``: query i of n sees key
 j <= i + n_keys - n. It is computed in chunks of ``chunk_size`` positions, never as an
@@ -17,7 +18,8 @@ at the back to a multiple of C, each chunk adds its masked C x C products to the
 of all earlier chunks (an exclusive cumulative sum of per-chunk kf^T v and kf), so
 memory is O(N C + (N/C) d^2). The ONNX body does the same without loops (Pad, Reshape,
 Trilu, CumSum(exclusive=1)), grouping the sums exactly as the torch code does.
-All sums run in float32, so fp16 inputs cannot overflow the normaliser.
+All sums run in float32, so fp16 inputs cannot overflow the normaliser (the ONNX bodies
+widen with ``AttnxWiden``, which an fp16 converter that inlines them turns into fp16).
 
 Decoding ("Transformers are RNNs" §3.4) carries the sums of every earlier token as a
 state, S = sum_j kf_j v_j^T (b, h, f, dv) and Z = sum_j kf_j (b, h, f), in float32.
@@ -69,7 +71,8 @@ def kernel_attention(
 ) -> torch.Tensor:
     """Linear attention over features qf (b, h, nq, f), kf (b, h, nk, f); float32 (b, h, nq, dv)."""
     v = v.float()
-    sums = _causal_sums(qf, kf, _with_ones(v), chunk_size) if causal else _full_sums(qf, kf, _with_ones(v))
+    values = _with_ones(v)
+    sums = _causal_sums(qf, kf, values, chunk_size) if causal else _full_sums(qf, kf, values)
     return _normalise(sums, eps, clamp)
 
 
@@ -89,8 +92,9 @@ def kernel_attention_step(
     Returns the float32 output (b, h, n, dv) and the state after the chunk.
     """
     v = v.float()
-    sums = _causal_sums(qf, kf, _with_ones(v), chunk_size)
-    grown = kf.transpose(-1, -2) @ _with_ones(v)  # [S, Z] of the chunk, (b, h, f, dv + 1)
+    values = _with_ones(v)
+    sums = _causal_sums(qf, kf, values, chunk_size)
+    grown = kf.transpose(-1, -2) @ values  # [S, Z] of the chunk, (b, h, f, dv + 1)
     if kv_sum is not None and k_sum is not None:
         state = torch.cat((kv_sum, k_sum[..., None]), dim=-1)
         sums = sums + qf @ state
@@ -146,8 +150,8 @@ def LinearCoreMaskKeys(kf: FLOAT, key_padding_mask: BOOL) -> FLOAT:
 def LinearCoreValues(v: FLOAT, like: FLOAT) -> FLOAT:
     """[v, 1] in ``like``'s type (the features': float32), so one product gives numerator and denominator."""
     values = op.CastLike(v, like)
-    shape = op.Concat(op.Shape(values, end=3), op.Constant(value_ints=[1]), axis=0)
-    return op.Concat(values, op.Expand(op.CastLike(op.Constant(value_float=1.0), values), shape), axis=-1)
+    one = op.CastLike(op.Constant(value_float=1.0), values)
+    return op.Pad(values, op.Constant(value_ints=[0, 0, 0, 0, 0, 0, 0, 1]), one)
 
 
 @onnxscript.script(LIBRARY, default_opset=op)
@@ -198,11 +202,16 @@ def LinearCoreSplitLast(x: FLOAT) -> tuple[FLOAT, FLOAT]:
 
 @onnxscript.script(LIBRARY, default_opset=op)
 def LinearCoreNormalise(sums: FLOAT, eps: float, clamp: int) -> FLOAT:
-    """[num, den] -> num / (den + eps), or num / max(den, eps) when ``clamp`` is set."""
+    """[num, den] -> num / (den + eps), or num / max(den, eps) when ``clamp`` is set.
+
+    den is guarded as (b, h, n), not (b, h, n, 1): ONNX Runtime's element-wise kernels are tens of
+    times slower per element when the innermost axis has length 1.
+    """
     num, den = LinearCoreSplitLast(sums)
+    den = op.Squeeze(den, [-1])
     epsilon = op.CastLike(op.Constant(value_float=eps), den)
     clamped = op.Cast(op.Constant(value_int=clamp), to=BOOL.dtype)
-    return op.Div(num, op.Where(clamped, op.Max(den, epsilon), op.Add(den, epsilon)))
+    return op.Div(num, op.Unsqueeze(op.Where(clamped, op.Max(den, epsilon), op.Add(den, epsilon)), [-1]))
 
 
 @onnxscript.script(LIBRARY, default_opset=op)

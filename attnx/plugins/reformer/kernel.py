@@ -125,9 +125,9 @@ def ReformerMerge(top, mixed, rank: INT64):
     """Undo each round's sort and combine the rounds (``mixed``'s last feature: the denominator); see
     ``lsh.merge_rounds``."""
     mixed = ReformerRows(ReformerUnchunk(mixed), rank)
-    top = ReformerRows(ReformerUnchunk(top), rank)
+    top = op.Squeeze(ReformerRows(ReformerUnchunk(top), rank), [-1])  # (b, h, r, n): no innermost 1
     scale = op.Exp(op.Sub(top, op.ReduceMax(top, [2], keepdims=1)))
-    scaled = op.ReduceSum(op.Mul(scale, mixed), [2], keepdims=0)
+    scaled = op.ReduceSum(op.Mul(op.Unsqueeze(scale, [-1]), mixed), [2], keepdims=0)
     return op.Div(op.Slice(scaled, [0], [-1], [3]), op.Slice(scaled, [-1], [9223372036854775807], [3]))
 
 
@@ -151,7 +151,9 @@ def ReformerOtherRounds(buckets: INT64, rank: INT64, perm: INT64, like, causal: 
     type, (b, h, r, nc, c, 2c): a visible pair's N_ij (``lsh.duplicate_counts``) is one more.
 
     Bucket and window in one int32 per token and round, loc = bucket · spread + rank // u with spread
-    wider than any window: key j matches query i iff 0 <= loc_i - loc_j <= limit.
+    wider than any window: key j matches query i iff 0 <= loc_i - loc_j <= limit. The other rounds
+    are an axis before the chunks (as a batch axis, r · (r - 1)), never the innermost one: ONNX
+    Runtime's element-wise kernels are ~15x slower when the innermost axis is as short as r - 1.
     """
     is_causal = op.Cast(op.Constant(value_int=causal), to=BOOL.dtype)
     size = op.Constant(value_int=chunk_size)
@@ -160,17 +162,22 @@ def ReformerOtherRounds(buckets: INT64, rank: INT64, perm: INT64, like, causal: 
     spread = op.Add(op.Add(op.Shape(buckets, start=3, end=4), limit), one)
     window = op.Div(rank, op.Where(is_causal, one, size))
     loc = op.Cast(op.Add(op.Mul(buckets, spread), window), to=INT32.dtype)
-    rounds = op.Squeeze(op.Shape(buckets, start=2, end=3), [0])
-    each = op.Unsqueeze(op.Range(op.Constant(value_int=0), rounds, one), [1])
-    others = op.Mod(op.Add(each, op.Range(one, rounds, one)), rounds)  # (r, r - 1): the rounds other than r
+    rounds = op.Shape(buckets, start=2, end=3)
+    count = op.Squeeze(rounds, [0])
+    each = op.Unsqueeze(op.Range(op.Constant(value_int=0), count, one), [1])
+    others = op.Mod(op.Add(each, op.Range(one, count, one)), count)  # (r, r - 1): the rounds other than r
     other_loc = op.Transpose(op.Gather(loc, others, axis=2), perm=[0, 1, 2, 4, 3])  # (b, h, r, n, r - 1)
-    sorted_loc = ReformerChunk(ReformerRows(other_loc, perm), chunk_size=chunk_size)
+    by_round = op.Transpose(ReformerRows(other_loc, perm), perm=[0, 1, 2, 4, 3])  # (b, h, r, r - 1, n)
+    pairs = op.Mul(rounds, op.Sub(rounds, one))
+    flat = op.Concat(op.Shape(buckets, end=2), pairs, op.Shape(buckets, start=3), axis=0)
+    sorted_loc = ReformerChunk(op.Reshape(by_round, flat, allowzero=1), chunk_size=chunk_size)
     gap = op.Sub(op.Unsqueeze(sorted_loc, [5]), op.Unsqueeze(ReformerLookBack(sorted_loc), [4]))
     found = op.And(
         op.GreaterOrEqual(gap, op.CastLike(op.Constant(value_int=0), gap)),
         op.LessOrEqual(gap, op.CastLike(limit, gap)),
     )
-    return op.ReduceSum(op.CastLike(found, like), [-1], keepdims=0)
+    split = op.Concat(op.Shape(buckets, end=3), op.Sub(rounds, one), op.Shape(gap, start=3), axis=0)
+    return op.ReduceSum(op.Reshape(op.CastLike(found, like), split, allowzero=1), [3], keepdims=0)
 
 
 @onnxscript.script(LIBRARY, default_opset=op)
@@ -184,9 +191,10 @@ def ReformerLSH(
     extra = op.Sub(n_pad, n)
     padded = op.Concat(op.Constant(value_ints=[0, 0, 0, 0, 0, 0]), extra, op.Constant(value_ints=[0]), axis=0)
     qk = op.Pad(qk, padded)
-    v = op.Pad(v, padded)
-    ones = op.Expand(op.CastLike(op.Constant(value_float=1.0), v), op.Concat(op.Shape(v, end=3), [1], axis=0))
-    v = op.Concat(v, ones, axis=-1)
+    # [v, 1] in one Pad: the padding rows get ones instead of torch's zeros, which no output row < n sees
+    # (padding rows are in a bucket of their own and only see themselves).
+    v_pads = op.Add(padded, op.Constant(value_ints=[0, 0, 0, 0, 0, 0, 0, 1]))
+    v = op.Pad(v, v_pads, op.CastLike(op.Constant(value_float=1.0), v))
     mask = op.Pad(
         op.Cast(key_padding_mask, to=INT64.dtype), op.Concat(op.Constant(value_ints=[0, 0, 0]), extra, axis=0)
     )
@@ -196,8 +204,8 @@ def ReformerLSH(
 
     wide = AttnxWiden(qk)  # the squared norm of |qk| > 256 overflows fp16
     perm, rank = ReformerSort(buckets, wide)
-    norm = op.Sqrt(op.Add(op.ReduceSumSquare(wide, [-1], keepdims=1), op.CastLike(NORM_EPS, wide)))
-    keys = op.CastLike(op.Div(wide, norm), qk)
+    norm = op.Sqrt(op.Add(op.ReduceSumSquare(wide, [-1], keepdims=0), op.CastLike(NORM_EPS, wide)))
+    keys = op.CastLike(op.Div(wide, op.Unsqueeze(norm, [-1])), qk)
     q_sorted = ReformerChunk(ReformerRows(qk, perm), chunk_size=chunk_size)
     k_window = ReformerLookBack(ReformerChunk(ReformerRows(keys, perm), chunk_size=chunk_size))
     v_window = ReformerLookBack(ReformerChunk(ReformerRows(v, perm), chunk_size=chunk_size))

@@ -58,20 +58,13 @@ def SoftmaxScores(q: FLOAT, k: FLOAT, scale: float) -> FLOAT:
 
 
 @onnxscript.script(LIBRARY, default_opset=op)
-def SoftmaxHideFuture(scores: FLOAT, causal: int) -> FLOAT:
-    """Causal: -inf where key j is in query i's future (j > i + nk - nq); else the scores unchanged.
-
-    An ``If`` on a constant, which ONNX Runtime folds, so bidirectional calls build no (nq, nk) mask.
-    """
-    if op.Cast(op.Constant(value_int=causal), to=BOOL.dtype):
-        shape = op.Shape(scores, start=-2)
-        offset = op.Squeeze(op.Sub(op.Slice(shape, [1], [2]), op.Slice(shape, [0], [1])), [0])
-        everywhere = op.ConstantOfShape(shape, value=onnxscript.ir.tensor([True]))
-        future = op.Trilu(everywhere, op.Add(offset, op.Constant(value_int=1)), upper=1)
-        hidden = op.Where(future, op.CastLike(op.Constant(value_float=NEG_INF), scores), scores)
-    else:
-        hidden = op.Identity(scores)
-    return hidden
+def SoftmaxCausalBias(scores: FLOAT, pad: FLOAT) -> FLOAT:
+    """``pad``, or -inf where key j is in query i's future (j > i + nk - nq): (nq, nk) or (b, 1, nq, nk)."""
+    shape = op.Shape(scores, start=-2)
+    offset = op.Squeeze(op.Sub(op.Slice(shape, [1], [2]), op.Slice(shape, [0], [1])), [0])
+    everywhere = op.ConstantOfShape(shape, value=onnxscript.ir.tensor([True]))
+    future = op.Trilu(everywhere, op.Add(offset, op.Constant(value_int=1)), upper=1)
+    return op.Where(future, op.CastLike(op.Constant(value_float=NEG_INF), scores), pad)
 
 
 @onnxscript.script(LIBRARY, default_opset=op)
@@ -84,18 +77,30 @@ def SoftmaxMix(scores: FLOAT, v: FLOAT) -> FLOAT:
 def SoftmaxAttention(
     q: FLOAT, k: FLOAT, v: FLOAT, key_padding_mask: BOOL, causal: int, scale: float
 ) -> FLOAT:
+    """The causal choice is an ``If`` on a constant, which ONNX Runtime folds: bidirectional calls build
+    no (nq, nk) mask and add the key padding bias (b, 1, 1, nk) to the scores as it is."""
     scores = SoftmaxScores(q, k, scale=scale)
     pad = op.Where(
         op.Unsqueeze(key_padding_mask, [1, 2]),
         op.CastLike(op.Constant(value_float=0.0), scores),
         op.CastLike(op.Constant(value_float=MASKED_SCORE), scores),
     )
-    return SoftmaxMix(SoftmaxHideFuture(op.Add(scores, pad), causal=causal), v)
+    if op.Cast(op.Constant(value_int=causal), to=BOOL.dtype):
+        biased = op.Add(scores, SoftmaxCausalBias(scores, pad))
+    else:
+        biased = op.Add(scores, pad)
+    return SoftmaxMix(biased, v)
 
 
 @onnxscript.script(OPSET, default_opset=op)
 def SoftmaxAttentionNoMask(q: FLOAT, k: FLOAT, v: FLOAT, causal: int, scale: float) -> FLOAT:
-    return SoftmaxMix(SoftmaxHideFuture(SoftmaxScores(q, k, scale=scale), causal=causal), v)
+    scores = SoftmaxScores(q, k, scale=scale)
+    if op.Cast(op.Constant(value_int=causal), to=BOOL.dtype):
+        zero = op.CastLike(op.Constant(value_float=0.0), scores)
+        biased = op.Add(scores, SoftmaxCausalBias(scores, zero))
+    else:
+        biased = op.Identity(scores)
+    return SoftmaxMix(biased, v)
 
 
 SOFTMAX_OP = AttentionOp(
