@@ -3,7 +3,7 @@
 Public API (heavy parts import lazily, so ``import attnx`` stays cheap)::
 
     import attnx
-    result = attnx.export("linear", "out", model="encoder", lowering="function")
+    result = attnx.export("linear", "out", model="encoder", options={"export.lowering": "function"})
     report = attnx.verify("out")
 """
 
@@ -33,8 +33,8 @@ __all__ = [
 ]
 
 _LAZY = {
-    "export": ("attnx.exporter.export", "export"),
-    "verify": ("attnx.parity.verify", "verify"),
+    "export": ("attnx.api", "export"),
+    "verify": ("attnx.api", "verify"),
     "generate": ("attnx.decode.generate", "generate"),
     "bench": ("attnx.bench", "bench"),
     "get_registry": ("attnx.registry", "get_registry"),

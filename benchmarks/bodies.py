@@ -40,12 +40,13 @@ import torch
 from torch import nn
 
 import attnx
-from attnx.bench.backends import ExportedModel, ort_session_options
 from attnx.bench.machine import machine_info
 from attnx.bench.profile import ort_op_profile
 from attnx.bench.timing import feed_for
 from attnx.config import Config
+from attnx.exporter.directory import ExportDir
 from attnx.models.spec import ModelSpec, TensorSpec
+from attnx.parity.runners import ort_session_options
 from attnx.registry import Registry, set_registry
 from attnx.variant import AttentionSpec
 
@@ -112,12 +113,12 @@ def export_cases(directory: Path, variants: list[str] | None, cases: list[str], 
             if plan is not None:
                 model, options = plan
                 out = directory / f"{variant}-{case}"
-                attnx.export(variant, out, model=model, options=options, lowering=lowering, verify=False,
-                             force=True)
+                settings = {"export.lowering": lowering, "verify.enabled": False}
+                attnx.export(variant, out, model=model, options={**options, **settings}, force=True)
                 print(f"exported {out}", flush=True)
 
 
-def timed_runs(models: list[ExportedModel], seq_len: int, threads: int, repeat: int,
+def timed_runs(models: list[ExportDir], seq_len: int, threads: int, repeat: int,
                rng: np.random.Generator) -> list[list[tuple[float, float]]]:
     """Per model, ``repeat`` (wall, process CPU) run times in s after one warm-up; the models' runs
     alternate. With one thread the CPU time is the work done, whatever else the machine runs."""
@@ -144,14 +145,14 @@ def run_cases(
     rng = np.random.default_rng(0)
     rows = []
     for first in sorted(p for p in directories[0].iterdir() if (p / "attnx.json").is_file()):
-        models = [ExportedModel.open(d / first.name) for d in directories]
+        models = [ExportDir.open(d / first.name) for d in directories]
         for n in seq_lens:
             times = timed_runs(models, n, threads, repeat, rng)
             row: dict[str, Any] = {"case": first.name, "seq_len": n, "runs": []}
             for model, run in zip(models, times, strict=True):
                 ops = ort_op_profile(model, batch=1, seq_len=n, threads=threads, runs=2)
                 wall, cpu = ([t[i] * 1e3 for t in run] for i in (0, 1))
-                row["runs"].append({"export": str(model.directory), "median_ms": statistics.median(wall),
+                row["runs"].append({"export": str(model.path), "median_ms": statistics.median(wall),
                                     "min_ms": min(wall), "cpu_median_ms": statistics.median(cpu),
                                     "ops": [dataclasses.asdict(o) for o in ops]})
             rows.append(row)

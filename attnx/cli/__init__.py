@@ -13,8 +13,8 @@ import click
 from attnx import __version__
 from attnx.cli import bench, build, doctor, export, generate, listing, new_plugin, verify
 from attnx.errors import AttnxError
+from attnx.registry import get_registry
 
-EXIT_CHECK_FAILED = 1
 EXIT_BAD_INPUT = 2
 
 
@@ -37,8 +37,6 @@ for command in (listing.command, doctor.command, export.command, verify.command,
 
 
 def _add_plugin_commands() -> None:
-    from attnx.registry import get_registry
-
     get_registry().add_commands(cli)
 
 

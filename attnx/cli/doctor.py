@@ -43,8 +43,8 @@ def plugin_status(registry: Any) -> dict[str, list[dict[str, Any]]]:
 
 def doctor_data() -> dict:
     from attnx.exporter.manifest import package_versions
-    from attnx.parity.runners import BACKENDS
     from attnx.ortkernels import kernels_missing
+    from attnx.parity.backends import BACKENDS
     from attnx.registry import get_registry
     from attnx.trt import tensorrt_missing, tensorrt_version
 

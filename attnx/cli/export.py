@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 
 import click
@@ -116,34 +117,36 @@ def command(
     the model is compared with its torch original by Polygraphy at several sequence
     lengths, and OUT/parity.json records the result; a mismatch exits with code 1.
     """
-    from attnx.exporter.export import export
+    from attnx.api import export
 
+    flags = {
+        "export.lowering": lowering,
+        "export.opset": opset,
+        "export.dtype": dtype,
+        "export.seed": seed,
+        "export.decode": decode or None,
+        "verify.enabled": verify,
+        "verify.seq_lens": parse_int_list(seq_lens, "--seq-lens"),
+        "verify.atol": atol,
+        "verify.rtol": rtol,
+    }
     result = export(
         variant,
         out,
         model=model,
         recipe=recipe,
         cross_variant=cross_variant,
-        lowering=lowering,
-        options=parse_assignments(assignments),
-        seed=seed,
-        opset=opset,
-        dtype=dtype,
-        verify=verify,
+        options={**parse_assignments(assignments), **{k: v for k, v in flags.items() if v is not None}},
         force=force,
-        seq_lens=parse_int_list(seq_lens, "--seq-lens"),
-        atol=atol,
-        rtol=rtol,
         checkpoint=checkpoint,
         save_checkpoint=save_checkpoint,
-        decode=decode,
         progress=progress_printer(quiet or as_json),
     )
     if as_json:
         echo_json(
             {
                 "out": str(result.out),
-                "manifest": result.manifest.__dict__,
+                "manifest": json.loads(result.manifest.to_json()),
                 "attnx_nodes": result.attnx_nodes,
                 "parity": result.parity.to_dict() if result.parity else None,
             }
@@ -156,10 +159,10 @@ def command(
             f"lowering, {result.attnx_nodes} attnx nodes, opset {result.manifest.opset})"
         )
         if result.manifest.decode:
-            entry = result.manifest.decode
+            section = result.manifest.decode
             click.echo(
-                f"wrote {result.out}/prefill.onnx and {result.out}/decode.onnx ({entry['mode']} state, "
-                f"{len(entry['state'])} tensors; run `attnx generate {result.out} --prompt-ids 1,2,3`)"
+                f"wrote {result.out}/prefill.onnx and {result.out}/decode.onnx ({section.mode} state, "
+                f"{len(section.state)} tensors; run `attnx generate {result.out} --prompt-ids 1,2,3`)"
             )
         if save_checkpoint:
             click.echo(f"saved weights to {save_checkpoint}")

@@ -46,7 +46,10 @@ def parse_ids(text: str, what: str) -> list[int]:
 )
 @click.option("--max-new-tokens", "-n", default=32, show_default=True, type=int, help="Tokens to generate.")
 @click.option(
-    "--backend", default="ort", show_default=True, type=click.Choice(["ort", "torch"]), help="Runtime."
+    "--backend",
+    default="ort-cpu",
+    show_default=True,
+    help="Runtime of the prefill/decode graphs: ort-cpu, ort-cuda or torch (the rebuilt model).",
 )
 @click.option("--greedy", is_flag=True, help="Pick the likeliest token (default without --temperature).")
 @click.option("--temperature", default=None, type=float, help="Sample from softmax(logits / T).")

@@ -8,22 +8,19 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import torch
-from torch import nn
-
 from attnx.config import Config
 from attnx.errors import AttnxError, unknown_choice
-from attnx.models import PAPER_ARCHITECTURE
-from attnx.models.spec import ModelSpec, TensorSpec, in_dtype
-from attnx.ops import AttentionOp, VariantImpl
+from attnx.exporter.manifest import Manifest
+from attnx.models.spec import ACTIVATION_DTYPES, ModelSpec, TensorSpec, in_dtype
 from attnx.registry import Registry, get_registry
 from attnx.variant import AttentionSpec, Variant, describe
 
 if TYPE_CHECKING:
-    from attnx.exporter.manifest import Manifest
+    from torch import nn
+
+    from attnx.ops import AttentionOp, VariantImpl
 
 SCOPES = ("model", "variant", "cross")
-TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16}
 
 
 @dataclasses.dataclass
@@ -143,8 +140,8 @@ def assemble(
         AttnxError: unknown names or options, or a variant that cannot serve the model
             (e.g. a causal ``lm`` around a bidirectional-only variant).
     """
-    if dtype not in TORCH_DTYPES:
-        raise unknown_choice("dtype", dtype, TORCH_DTYPES)
+    if dtype not in ACTIVATION_DTYPES:
+        raise unknown_choice("dtype", dtype, ACTIVATION_DTYPES)
     registry = registry or get_registry()
     model_spec = registry.model(model)
     variant_spec = registry.variant(variant)
@@ -154,15 +151,17 @@ def assemble(
     model_options, variant_options, cross_options = split_options(
         options or {}, model_spec, variant_spec, cross_spec
     )
-    model_fields = {f.name for f in dataclasses.fields(model_spec.config)}
-    for key, value in PAPER_ARCHITECTURE.get(variant_spec.name, {}).items():
-        if key in model_fields:
-            model_options.setdefault(key, value)
-    model_config = model_spec.make_config(model_options)
-    variant_config = variant_spec.make_config(variant_options)
-    roles = {"self": (variant_spec, variant_config)}
+    model_config = model_spec.make_config(
+        with_defaults(model_options, variant_spec.model_defaults, model_spec.config)
+    )
+    roles = {"self": (variant_spec, variant_options)}
     if cross_spec is not None:
-        roles["cross"] = (cross_spec, cross_spec.make_config(cross_options))
+        roles["cross"] = (cross_spec, cross_options)
+    roles = {
+        role: (spec, spec.make_config(decoder_options(spec, given, model_spec)))
+        for role, (spec, given) in roles.items()
+    }
+    variant_config = roles["self"][1]
     _check_padding_masks(model_spec.name, model_config, roles.values())
     _check_dtype(dtype, roles.values())
     impls = {spec.name: spec.load() for spec, _ in roles.values()}
@@ -175,10 +174,12 @@ def assemble(
             raise AttnxError(f"model '{model_spec.name}' needs {_describe_need(spec)}: {exc}") from None
         return impls[chosen.name].build(config, spec)
 
+    import torch
+
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         module = model_spec.build(model_config, attention)
-    module.to(TORCH_DTYPES[dtype]).eval()
+    module.to(getattr(torch, ACTIVATION_DTYPES[dtype])).eval()
     cross_variant_spec, cross_config = roles.get("cross", (None, None))
     return Assembly(
         module,
@@ -215,6 +216,19 @@ def rebuild(manifest: Manifest, weights: str | Path | None = None) -> Assembly:
     if weights is not None:
         load_model(assembly.module, str(weights), strict=True)
     return assembly
+
+
+def with_defaults(
+    given: Mapping[str, Any], defaults: Mapping[str, Any], config: type[Config]
+) -> dict[str, Any]:
+    """``given`` plus the ``defaults`` it lacks that ``config`` has a field for."""
+    fields = {f.name for f in dataclasses.fields(config)}
+    return {**{k: v for k, v in defaults.items() if k in fields}, **given}
+
+
+def decoder_options(variant: Variant, given: Mapping[str, Any], model: ModelSpec) -> dict[str, Any]:
+    """A variant's options in ``model``: its ``decoder_defaults`` apply when the model generates."""
+    return with_defaults(given, variant.decoder_defaults if model.generates else {}, variant.config)
 
 
 def _describe_need(spec: AttentionSpec) -> str:

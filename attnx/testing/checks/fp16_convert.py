@@ -14,7 +14,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from attnx.testing.checks.common import Skip, first_line
+import onnx
+
+from attnx.api import export
+from attnx.errors import first_line
+from attnx.exporter.assemble import assemble
+from attnx.exporter.directory import ExportDir
+from attnx.parity.backends import backends
+from attnx.parity.check import Cases, check_parity
+from attnx.testing.checks.common import Skip
 from attnx.testing.checks.export import EXPORT_SEQ_LENS, export_options, parity_problems
 from attnx.testing.subject import Subject
 
@@ -53,18 +61,11 @@ def converters() -> dict[str, Converter]:
 def check_fp16_convert(subject: Subject) -> list[str]:
     """Export a tiny fp32 encoder in the function and decomposed lowerings, convert it with every
     installed fp16 converter, and compare it with the torch model in fp16 at the fp16 tolerance."""
-    from attnx.exporter.assemble import assemble
-    from attnx.exporter.export import export
-    from attnx.exporter.manifest import MODEL_FILE
-    from attnx.parity.verify import verify_assembly
-
     if not subject.variant.capabilities.fp16:
         raise Skip("the variant exports in fp32 only (Capabilities.fp16=False), so no fp16 model is promised")
     found = converters()
     if not found:
         raise Skip("no fp16 converter is installed (onnxruntime.transformers, onnxconverter-common)")
-    import onnx
-
     options = export_options(subject)
     tolerance = subject.variant.tolerance_for("fp16")
     problems = []
@@ -72,20 +73,21 @@ def check_fp16_convert(subject: Subject) -> list[str]:
         half = assemble(subject.variant.name, "encoder", options, subject.seed, dtype="fp16")
         for lowering in LOWERINGS:
             out = Path(tmp) / lowering
+            settings = {"export.lowering": lowering, "export.seed": subject.seed, "verify.enabled": False}
             try:
-                result = export(subject.variant.name, out, lowering=lowering, options=options,
-                                seed=subject.seed, verify=False)
+                export(subject.variant.name, out, options={**options, **settings})
             except Exception as exc:
                 problems.append(f"export with the {lowering} lowering failed: {type(exc).__name__}: "
                                 f"{first_line(exc)}")
                 continue
-            model = onnx.load(str(out / MODEL_FILE))
+            exported = ExportDir.open(out)  # checked as written; its model.onnx is replaced below
+            model = onnx.load(str(exported.model_path))
             for name, convert in found.items():
                 what = f"the {lowering}-lowered export converted to fp16 by {name}"
                 try:
-                    onnx.save(convert(model), str(out / MODEL_FILE))
-                    report = verify_assembly(out, result.manifest, half, seq_lens=EXPORT_SEQ_LENS,
-                                             atol=tolerance.atol, rtol=tolerance.rtol)
+                    onnx.save(convert(model), str(exported.model_path))
+                    cases = Cases.make(exported, EXPORT_SEQ_LENS, tolerance=tolerance, seed=subject.seed)
+                    report = check_parity(exported, half, backends(["ort-cpu"]), cases)
                 except Exception as exc:
                     problems.append(f"{what} does not run in ONNX Runtime: {type(exc).__name__}: "
                                     f"{first_line(exc)}")
