@@ -15,7 +15,8 @@ from collections.abc import Iterator
 import onnx
 import pytest
 
-from attnx.ops import AttentionOp, function_protos
+from attnx.exporter.lowering import function_protos
+from attnx.ops import AttentionOp
 from attnx.registry import Registry
 from tests.testing import seeded_plugins
 
