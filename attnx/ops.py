@@ -22,6 +22,7 @@ from typing import Any
 import onnxscript
 import torch
 from onnx import defs
+from onnxscript import opset18
 
 from attnx.domains import DOMAIN, LIBRARY_DOMAIN
 from attnx.variant import AttentionSpec
@@ -29,6 +30,21 @@ from attnx.variant import AttentionSpec
 OPSET = onnxscript.values.Opset(DOMAIN, 1)
 LIBRARY = onnxscript.values.Opset(LIBRARY_DOMAIN, 1)
 FLOAT_TYPES = ["tensor(float)", "tensor(float16)", "tensor(bfloat16)"]
+
+# Where a body must compute in float32 (sums that would overflow fp16), Cast(to=FLOAT) breaks the fp16
+# converters (onnxconverter-common, onnxruntime.transformers.float16): they retype every float tensor of
+# the graphs they visit to float16, so an inlined (decomposed) Cast output no longer matches its declared
+# type. They convert constant tensors too, so CastLike against one widens to float32 in a model-local
+# function (converters do not visit those) and to whatever the converted graph computes in once
+# inlined. Constants meet tensors the same way: CastLike(constant, tensor), never a float32 literal.
+_ACCUMULATOR = onnxscript.ir.tensor([0.0], dtype=onnxscript.ir.DataType.FLOAT)
+
+
+@onnxscript.script(LIBRARY, default_opset=opset18)
+def AttnxWiden(x):
+    """x in float32, the dtype-generic way (float16 after an fp16 converter inlined it)."""
+    return opset18.CastLike(x, opset18.Constant(value=_ACCUMULATOR))
+
 
 _ATTRIBUTE_TYPES: dict[str, tuple[Any, type]] = {
     "bool": (defs.OpSchema.AttrType.INT, int),

@@ -8,7 +8,9 @@ for one flaw each:
 * ``seeded_scale``: the ONNX body forgets the ``scale`` attribute;
 * ``seeded_leak``: causal mode lets query i see key i + 1 (in torch and ONNX alike);
 * ``seeded_clash``: an unprefixed ONNX library function named like the softmax variant's;
-* ``seeded_upcast``: the ONNX body returns float32 whatever its inputs (fine in fp32 only).
+* ``seeded_upcast``: the ONNX body returns float32 whatever its inputs (fine in fp32 only);
+* ``seeded_float32``: the ONNX body widens q with ``Cast(to=FLOAT)`` and scales it by a float32
+  literal: right in fp32 and in a native fp16 export, broken once an fp16 converter inlined it.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from attnx.attention import MultiHeadAttention
 from attnx.config import Config
 from attnx.ops import LIBRARY, OPSET, AttentionOp, VariantImpl
 
-FLAWS = ("sound", "fake", "scale", "leak", "clash", "upcast")
+FLAWS = ("sound", "fake", "scale", "leak", "clash", "upcast", "float32")
 NEG_INF = float("-inf")
 
 
@@ -92,6 +94,14 @@ def SeededAttentionUpcast(q: FLOAT, k: FLOAT, v: FLOAT, causal: int, scale: floa
     return op.Cast(SeededMix(q, k, v, scale=scale, causal=causal, diagonal=0), to=FLOAT.dtype)
 
 
+@onnxscript.script(OPSET, default_opset=op)
+def SeededAttentionFloat32(q: FLOAT, k: FLOAT, v: FLOAT, causal: int, scale: float) -> FLOAT:
+    scaled = op.Mul(op.Cast(q, to=FLOAT.dtype), op.Constant(value_float=scale))
+    wide = SeededMix(scaled, op.Cast(k, to=FLOAT.dtype), op.Cast(v, to=FLOAT.dtype), scale=1.0, causal=causal,
+                     diagonal=0)
+    return op.CastLike(wide, q)
+
+
 BODIES = {
     "sound": SeededAttention,
     "fake": SeededAttention,
@@ -99,6 +109,7 @@ BODIES = {
     "leak": SeededAttentionLeaky,
     "clash": SeededAttentionClashing,
     "upcast": SeededAttentionUpcast,
+    "float32": SeededAttentionFloat32,
 }
 OPS = {
     flaw: AttentionOp(
@@ -127,7 +138,7 @@ def _impl(flaw: str) -> VariantImpl:
     return VariantImpl(build=lambda config, spec: SeededLayer(flaw, spec), ops=(OPS[flaw],))
 
 
-IMPL_SOUND, IMPL_FAKE, IMPL_SCALE, IMPL_LEAK, IMPL_CLASH, IMPL_UPCAST = (_impl(flaw) for flaw in FLAWS)
+IMPL_SOUND, IMPL_FAKE, IMPL_SCALE, IMPL_LEAK, IMPL_CLASH, IMPL_UPCAST, IMPL_FLOAT32 = map(_impl, FLAWS)
 VARIANTS = {
     flaw: attnx.Variant(
         name=f"seeded_{flaw}",

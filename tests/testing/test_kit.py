@@ -12,6 +12,7 @@ from attnx.ops import AttentionOp
 from attnx.registry import Registry
 from attnx.testing import CHECKS, ConformanceError, check_variant, conformance_tests
 from attnx.testing.checks.causality import ROUNDING_ULPS, rounding_bound
+from attnx.testing.checks.fp16_convert import converters
 from attnx.testing.checks.onnx_body import schema_problems
 from attnx.testing.checks.plugin import ShapeExpr
 from tests.testing import seeded_plugins
@@ -60,6 +61,26 @@ def test_a_body_that_computes_in_float32_passes_in_fp32_and_is_named_in_fp16(reg
     assert "export with the function lowering in fp16 failed" in failures(report)["export-fp16"]
     control = check_variant("seeded_sound", registry=registry, checks=["export-fp16"])
     assert control.passed, str(control)
+
+
+def test_a_float32_literal_in_a_body_is_named_only_once_a_converter_rewrote_the_export(registry):
+    """The body widens with Cast(to=FLOAT) and scales by a float32 literal: right in fp32 and in a native
+    fp16 export, but an fp16 converter retypes the inlined Cast's output and the Mul mixes types.
+    (causality is left out: it tests the torch op, which is the sound one, and is BLAS-sensitive.)"""
+    checks = [c for c in LIGHT if c != "causality"] + ["export-fp16", "fp16-convert"]
+    report = check_variant("seeded_float32", registry=registry, checks=checks)
+    assert set(failures(report)) == {"fp16-convert"}, str(report)
+    message = failures(report)["fp16-convert"]
+    for converter in converters():
+        assert f"the decomposed-lowered export converted to fp16 by {converter} does not run" in message
+    assert "function-lowered" not in message  # converters do not visit function bodies
+
+
+@pytest.mark.slow
+def test_the_sound_control_survives_the_fp16_converters(registry):
+    assert converters(), "no fp16 converter installed"
+    report = check_variant("seeded_sound", registry=registry, checks=["fp16-convert"])
+    assert report.passed, str(report)
 
 
 def test_a_causal_mode_that_leaks_future_tokens_is_named(registry):

@@ -3,7 +3,8 @@
 Shapes: ``qk``/``v`` (b, h, n, d), rotations (h, d, n_hashes, n_buckets/2); inside,
 ``r`` indexes hash rounds, ``n_pad`` is n rounded up to a multiple of the chunk size
 ``c`` and ``nc = n_pad / c``. The ONNX bodies in :mod:`attnx.plugins.reformer.kernel`
-follow these steps one for one, so both backends round the same way.
+follow these steps, so both backends round the same way; only their masks and duplicate
+counts are arranged more cheaply, to the same (boolean and integer) values.
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ from attnx.testing.checks.causality import check_causality
 from attnx.testing.checks.common import Broken, Skip
 from attnx.testing.checks.contract import check_capabilities, check_contract
 from attnx.testing.checks.export import export_check
+from attnx.testing.checks.fp16_convert import check_fp16_convert
 from attnx.testing.checks.onnx_body import check_onnx_body, check_onnx_schema
 from attnx.testing.checks.plugin import check_plugin_kernel
 from attnx.testing.checks.torch_op import check_fake_impl, check_fp16
@@ -95,6 +96,14 @@ CHECKS: tuple[Check, ...] = (
         "unless the variant declares fp32 only, the model exports in fp16 (function lowering) and "
         "matches torch in fp16 in ORT at the variant's fp16 tolerance",
         export_check("function", "fp16"),
+        heavy=True,
+    ),
+    Check(
+        "fp16-convert",
+        "unless the variant declares fp32 only, its fp32 export (function and decomposed lowerings) still "
+        "loads and matches torch in fp16 once an fp16 converter (ONNX Runtime's, onnxconverter-common's) "
+        "rewrote it: the bodies are dtype-generic",
+        check_fp16_convert,
         heavy=True,
     ),
 )
