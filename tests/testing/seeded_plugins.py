@@ -22,8 +22,8 @@ from onnxscript import BOOL, FLOAT
 from onnxscript import opset18 as op
 
 import attnx
-from attnx.config import Config
 from attnx.attention import MultiHeadAttention
+from attnx.config import Config
 from attnx.ops import LIBRARY, OPSET, AttentionOp, VariantImpl
 
 FLAWS = ("sound", "fake", "scale", "leak", "clash", "upcast")

@@ -16,9 +16,9 @@ from onnxscript import BOOL, FLOAT, INT64
 from onnxscript import opset18 as op
 from torch import nn
 
-from attnx.errors import AttnxError
 from attnx.attention import merge_heads, split_heads
-from attnx.ops import LIBRARY, OPSET, AttentionOp, VariantImpl
+from attnx.errors import AttnxError
+from attnx.ops import LIBRARY, OPSET, AttentionOp, VariantImpl, trainable_op
 from attnx.plugins.reformer import ReformerConfig
 from attnx.plugins.reformer.lsh import NORM_EPS, SELF_SCORE, lsh_attention
 from attnx.variant import AttentionSpec
@@ -26,7 +26,7 @@ from attnx.variant import AttentionSpec
 NEG_INF = float("-inf")
 
 
-@torch.library.custom_op("attnx::reformer_attention", mutates_args=())
+@trainable_op("attnx::reformer_attention")
 def reformer_attention(
     qk: torch.Tensor,
     v: torch.Tensor,
