@@ -1,9 +1,8 @@
-"""Build a model around a variant from names, options and a seed (deterministically)."""
+"""The model an export is made of: :func:`attnx.models.factory.construct` in an export dtype, in eval mode."""
 
 from __future__ import annotations
 
 import dataclasses
-import difflib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -13,16 +12,15 @@ from torch import nn
 
 from attnx.config import Config
 from attnx.errors import AttnxError, unknown_choice
-from attnx.models import PAPER_ARCHITECTURE
+from attnx.models.factory import construct
 from attnx.models.spec import ModelSpec, TensorSpec, in_dtype
 from attnx.ops import AttentionOp, VariantImpl
-from attnx.registry import Registry, get_registry
-from attnx.variant import AttentionSpec, Variant, describe
+from attnx.registry import Registry
+from attnx.variant import Variant, describe
 
 if TYPE_CHECKING:
     from attnx.exporter.manifest import Manifest
 
-SCOPES = ("model", "variant", "cross")
 TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16}
 
 
@@ -68,59 +66,6 @@ class Assembly:
         return in_dtype(self.module.output_specs(), self.dtype)
 
 
-def split_options(
-    options: Mapping[str, Any], model: ModelSpec, variant: Variant, cross: Variant | None = None
-) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
-    """Route option keys to the model, variant and cross-variant configs.
-
-    A bare key goes to the model config if it has the key, else to every attention
-    config that has it (the self-attention variant and the cross-attention variant, so
-    ``eps`` reaches both when both are ``linear``); a key in the model and a variant
-    config is ambiguous. "model.x", "variant.x" and "cross.x" say where explicitly.
-    Later keys win.
-    """
-    specs = {"model": model, "variant": variant, "cross": cross}
-    fields = {
-        scope: {f.name for f in dataclasses.fields(spec.config)} if spec else set()
-        for scope, spec in specs.items()
-    }
-    routed: dict[str, dict[str, Any]] = {scope: {} for scope in SCOPES}
-    for key, value in options.items():
-        scope, dot, name = key.partition(".")
-        if dot and scope in SCOPES:
-            if scope == "cross" and cross is None:
-                raise AttnxError(
-                    f"option '{key}' is for a cross-attention variant, but model '{model.name}' "
-                    "has no cross-attention"
-                )
-            routed[scope][name] = value
-            continue
-        owners = [scope for scope in SCOPES if key in fields[scope]]
-        if "model" in owners and len(owners) > 1:
-            raise AttnxError(
-                f"option '{key}' exists in both the model and the variant; "
-                f"write model.{key} or {owners[1]}.{key}"
-            )
-        if not owners:
-            raise _unknown_option(key, specs, fields)
-        for owner in owners:
-            routed[owner][key] = value
-    return routed["model"], routed["variant"], routed["cross"]
-
-
-def _unknown_option(key: str, specs: Mapping[str, Any], fields: Mapping[str, set[str]]) -> AttnxError:
-    valid = sorted(set().union(*fields.values()))
-    close = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
-    hint = f"; did you mean '{close[0]}'?" if close else ""
-    titles = {"model": "model", "variant": "variant", "cross": "cross variant"}
-    listed = [
-        f"{titles[scope]} {spec.name}: {', '.join(sorted(fields[scope])) or 'none'}"
-        for scope, spec in specs.items()
-        if spec is not None
-    ]
-    return AttnxError(f"unknown option '{key}'{hint} ({'; '.join(listed)})")
-
-
 def assemble(
     variant: str = "softmax",
     model: str = "encoder",
@@ -134,7 +79,7 @@ def assemble(
     """Build ``model`` with ``variant`` attention; the same arguments give the same weights.
 
     Args:
-        options: model and variant options, see :func:`split_options`.
+        options: model and variant options, see :func:`attnx.models.factory.split_options`.
         cross_variant: variant of the cross-attention layers (models with cross-attention
             only; default softmax).
         dtype: "fp32", or "fp16": the fp32 initialisation rounded to half precision.
@@ -145,51 +90,19 @@ def assemble(
     """
     if dtype not in TORCH_DTYPES:
         raise unknown_choice("dtype", dtype, TORCH_DTYPES)
-    registry = registry or get_registry()
-    model_spec = registry.model(model)
-    variant_spec = registry.variant(variant)
-    if cross_variant is not None and not model_spec.uses_cross_attention:
-        raise AttnxError(f"model '{model}' has no cross-attention; a cross variant applies to seq2seq models")
-    cross_spec = registry.variant(cross_variant or "softmax") if model_spec.uses_cross_attention else None
-    model_options, variant_options, cross_options = split_options(
-        options or {}, model_spec, variant_spec, cross_spec
-    )
-    model_fields = {f.name for f in dataclasses.fields(model_spec.config)}
-    for key, value in PAPER_ARCHITECTURE.get(variant_spec.name, {}).items():
-        if key in model_fields:
-            model_options.setdefault(key, value)
-    model_config = model_spec.make_config(model_options)
-    variant_config = variant_spec.make_config(variant_options)
-    roles = {"self": (variant_spec, variant_config)}
-    if cross_spec is not None:
-        roles["cross"] = (cross_spec, cross_spec.make_config(cross_options))
-    _check_padding_masks(model_spec.name, model_config, roles.values())
-    _check_dtype(dtype, roles.values())
-    impls = {spec.name: spec.load() for spec, _ in roles.values()}
-
-    def attention(spec: AttentionSpec, role: str = "self") -> nn.Module:
-        chosen, config = roles[role]
-        try:
-            chosen.check_spec(spec)
-        except AttnxError as exc:
-            raise AttnxError(f"model '{model_spec.name}' needs {_describe_need(spec)}: {exc}") from None
-        return impls[chosen.name].build(config, spec)
-
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        module = model_spec.build(model_config, attention)
-    module.to(TORCH_DTYPES[dtype]).eval()
-    cross_variant_spec, cross_config = roles.get("cross", (None, None))
+    built = construct(variant, model, options, seed, registry, cross_variant=cross_variant)
+    _check_dtype(dtype, [v for v in (built.variant, built.cross_variant) if v is not None])
+    built.module.to(TORCH_DTYPES[dtype]).eval()
     return Assembly(
-        module,
-        model_spec,
-        model_config,
-        variant_spec,
-        variant_config,
-        impls,
+        built.module,
+        built.model,
+        built.model_config,
+        built.variant,
+        built.variant_config,
+        built.impls,
         seed,
-        cross_variant_spec,
-        cross_config,
+        built.cross_variant,
+        built.cross_variant_config,
         dtype,
     )
 
@@ -217,29 +130,11 @@ def rebuild(manifest: Manifest, weights: str | Path | None = None) -> Assembly:
     return assembly
 
 
-def _describe_need(spec: AttentionSpec) -> str:
-    if spec.cross:
-        return "cross-attention"
-    return "causal self-attention" if spec.causal else "bidirectional self-attention"
-
-
-def _check_dtype(dtype: str, roles: Any) -> None:
+def _check_dtype(dtype: str, variants: list[Variant]) -> None:
     """Refuse an fp16 build around a variant that declares fp32 only (``Capabilities.fp16``)."""
-    for variant, _ in roles:
+    for variant in variants:
         if dtype == "fp16" and not variant.capabilities.fp16:
             raise AttnxError(
                 f"variant '{variant.name}' cannot be exported in fp16 ({describe(variant.capabilities)}); "
                 "export it in fp32 (dtype=fp32)"
-            )
-
-
-def _check_padding_masks(model: str, config: Config, roles: Any) -> None:
-    if not getattr(config, "uses_key_padding_mask", False):
-        return
-    for variant, _ in roles:
-        if not variant.capabilities.key_padding_mask:
-            hint = "; set attention_mask=false" if hasattr(config, "attention_mask") else ""
-            raise AttnxError(
-                f"model '{model}' passes key padding masks, but variant '{variant.name}' "
-                f"does not support them{hint}"
             )

@@ -7,6 +7,9 @@ This module stays free of torch: the architectures are imported when built.
 * ``seq2seq``: encoder-decoder ("Attention Is All You Need"); cross-attention may use
   another variant (``cross_variant``, default softmax).
 
+``build(model, variant, **options)`` (torch, imported on first use) returns one ready to train;
+see :mod:`attnx.models.factory`.
+
 Every architecture shares :class:`TransformerConfig`, including the paper-specific
 structure options: ``reversible`` (Reformer RevNet residuals), ``ff_chunks`` (Reformer
 chunked feed-forward) and ``share_layers`` (one attention module for every layer, as
@@ -26,6 +29,7 @@ from attnx.models.spec import ModelSpec, TensorSpec
 
 __all__ = [
     "PAPER_ARCHITECTURE",
+    "build",
     "EncoderConfig",
     "LMConfig",
     "ModelSpec",
@@ -153,3 +157,12 @@ SEQ2SEQ = ModelSpec(
 @hookimpl
 def attnx_register_models() -> list[ModelSpec]:
     return [ENCODER, LM, SEQ2SEQ]
+
+
+def __getattr__(name: str) -> Any:
+    """``build`` from :mod:`attnx.models.factory`, imported on first use (it needs torch)."""
+    if name == "build":
+        from attnx.models.factory import build
+
+        return build
+    raise AttributeError(f"module 'attnx.models' has no attribute '{name}'")

@@ -112,7 +112,7 @@ class Recipe:
 
     ``options`` are scoped option keys in application order ("model.d_model",
     "variant.n_hashes", "cross.eps", or bare keys added by overrides), as
-    :func:`attnx.exporter.assemble.split_options` routes them.
+    :func:`attnx.models.factory.split_options` routes them.
     """
 
     name: str
