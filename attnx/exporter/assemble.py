@@ -8,13 +8,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torch import nn
 
-from attnx.config import Config
 from attnx.errors import AttnxError, unknown_choice
-from attnx.models.factory import construct
-from attnx.models.spec import ModelSpec, TensorSpec, in_dtype
-from attnx.ops import AttentionOp, VariantImpl
+from attnx.models.factory import Built, construct
+from attnx.models.spec import TensorSpec, in_dtype
+from attnx.ops import AttentionOp
 from attnx.registry import Registry
 from attnx.variant import Variant, describe
 
@@ -25,21 +23,11 @@ TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16}
 
 
 @dataclasses.dataclass
-class Assembly:
-    """A built model and everything that describes it (``cross_*`` only for cross-attention models).
+class Assembly(Built):
+    """A built model as exported: its seed, and ``dtype`` ("fp32"/"fp16"), the dtype of the module's
+    weights and activations."""
 
-    ``dtype`` ("fp32"/"fp16") is the dtype of the module's weights and activations.
-    """
-
-    module: nn.Module
-    model: ModelSpec
-    model_config: Config
-    variant: Variant
-    variant_config: Config
-    impls: dict[str, VariantImpl]
-    seed: int
-    cross_variant: Variant | None = None
-    cross_variant_config: Config | None = None
+    seed: int = 0
     dtype: str = "fp32"
 
     @property
@@ -93,18 +81,7 @@ def assemble(
     built = construct(variant, model, options, seed, registry, cross_variant=cross_variant)
     _check_dtype(dtype, [v for v in (built.variant, built.cross_variant) if v is not None])
     built.module.to(TORCH_DTYPES[dtype]).eval()
-    return Assembly(
-        built.module,
-        built.model,
-        built.model_config,
-        built.variant,
-        built.variant_config,
-        built.impls,
-        seed,
-        built.cross_variant,
-        built.cross_variant_config,
-        dtype,
-    )
+    return Assembly(**vars(built), seed=seed, dtype=dtype)
 
 
 def rebuild(manifest: Manifest, weights: str | Path | None = None) -> Assembly:

@@ -82,7 +82,8 @@ def export(
         example_lengths: per-axis lengths of the example inputs traced by torch.export.
         verify: compare torch and ONNX Runtime with Polygraphy and write ``parity.json``.
         checkpoint: weights to export (safetensors or a torch state dict) instead of the
-            seeded initialisation; they must match the model exactly.
+            seeded initialisation (default: the recipe's ``[export] checkpoint``); they must match
+            the model exactly.
         save_checkpoint: also write the exported weights there (``attnx.save_checkpoint``).
         decode: also write ``prefill.onnx`` and ``decode.onnx`` (KV cache or recurrent state,
             :mod:`attnx.decode`), recorded in the manifest and verified with the model.
@@ -105,6 +106,7 @@ def export(
             "dtype": dtype,
             "dynamic_axes": dynamic_axes,
             "example_lengths": example_lengths,
+            "checkpoint": None if checkpoint is None else str(checkpoint),
         },
     )
     plan = plan.with_settings(
@@ -135,9 +137,9 @@ def export(
         f"built {plan.model} with {plan.variant} attention ({parameters / 1e6:.2f}M parameters, "
         f"{settings.dtype}, seed {settings.seed})"
     )
-    if checkpoint is not None:
-        load_checkpoint(assembly.module, checkpoint)
-        report(f"loaded weights from {checkpoint}")
+    if settings.checkpoint is not None:
+        load_checkpoint(assembly.module, settings.checkpoint)
+        report(f"loaded weights from {settings.checkpoint}")
     inputs, outputs, sizes = export_shapes(assembly, settings)
     with staged_directory(out, force) as staging:
         report("exporting with torch.onnx (dynamo)")

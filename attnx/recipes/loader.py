@@ -43,6 +43,9 @@ class ExportSettings(Config):
             any other axis is fixed to its example length.
         example_lengths: length per axis of the example inputs torch.export traces with
             (None: distinct primes 17, 19, ... and batch 2); a dynamic axis needs >= 2.
+        checkpoint: weights to export instead of the seeded initialisation (safetensors or a
+            torch state dict); in a recipe file a relative path is relative to that file, so a
+            recipe can ship its trained weights next to it.
     """
 
     opset: int = 18
@@ -51,6 +54,7 @@ class ExportSettings(Config):
     seed: int = 0
     dynamic_axes: tuple[str, ...] | None = None
     example_lengths: dict[str, int] | None = None
+    checkpoint: str | None = None
 
     def validate(self) -> None:
         require(self.seed >= 0, f"export setting seed={self.seed} must be >= 0")
@@ -249,6 +253,7 @@ def load_recipe(name_or_path: str | Path, registry: Registry | None = None) -> R
             settings[section] = make_config(cls, entries, what=f"{section} setting")
         except AttnxError as exc:
             raise fail(f"[{section}] {exc}") from None
+    settings["export"] = _checkpoint_beside(settings["export"], path, fail)
     return Recipe(
         name=name,
         model=names["model"],
@@ -303,6 +308,16 @@ def summaries() -> list[dict[str, Any]]:
             }
         )
     return result
+
+
+def _checkpoint_beside(export: Config, recipe: Path, fail: Any) -> Config:
+    """``[export] checkpoint`` resolved against the recipe's folder; it must exist."""
+    if export.checkpoint is None:
+        return export
+    path = recipe.parent / export.checkpoint
+    if not path.is_file():
+        raise fail(f"[export] checkpoint '{export.checkpoint}' does not exist (looked for {path})")
+    return dataclasses.replace(export, checkpoint=str(path))
 
 
 def _table(data: dict[str, Any], table: str, fail: Any) -> dict[str, Any]:
