@@ -9,8 +9,9 @@ them, exports the model with its O(1)-state decoder (``attnx.export(..., checkpo
 and draws every digit greedily with ONNX Runtime and with torch, which must agree token for token.
 
     pip install 'attnx[examples]'
-    python examples/train_digits.py                    # ~2,000 steps: a few minutes on 2 CPU cores
-    python examples/train_digits.py --quick            # a few steps, for a smoke test
+    python examples/train_digits.py                    # 2,000 steps: ~5 minutes on one CPU core
+    python examples/train_digits.py --quick            # 20 steps, for a smoke test
+    python examples/train_digits.py --threads 1        # faster on a busy machine
     attnx generate digits-run/export --prompt-ids 20 -n 64    # a "3", as 64 grey levels
 
 The full run's weights ship with attnx as the ``digits-lm`` recipe (attnx/recipes/digits-lm.*).
