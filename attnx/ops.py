@@ -101,7 +101,9 @@ def _recompute_backward(fn: Callable[..., Any]) -> Callable[..., tuple[Any, ...]
                 create_graph=higher_order,
             )
             for position, gradient in zip(wanted, found, strict=True):
-                gradients[position] = gradient
+                # contiguous: eager and fake kernels may lay a gradient out differently, and a backward
+                # traced by torch.compile (AOTAutograd) relies on the traced strides
+                gradients[position] = None if gradient is None else gradient.contiguous()
         return tuple(gradients)
 
     return backward

@@ -43,7 +43,10 @@ def test_loss_backward_reaches_every_parameter(variant, model):
     assert any(parameter.grad.abs().max() > 0 for parameter in module.parameters())
 
 
-@pytest.mark.parametrize("variant", ["softmax", "linear", "cosformer", "reformer"])
+@pytest.mark.parametrize(
+    "variant",
+    ["linear", "reformer", *(pytest.param(v, marks=pytest.mark.slow) for v in ("softmax", "cosformer"))],
+)
 def test_a_few_steps_of_adam_lower_the_lm_loss(variant):
     """Next-token cross-entropy on one fixed batch of a repeating pattern falls by half in 30 steps."""
     torch.manual_seed(0)
@@ -63,13 +66,22 @@ def test_a_few_steps_of_adam_lower_the_lm_loss(variant):
     assert float(loss()) < 0.5 * first
 
 
-def test_compiled_gradients_equal_eager_ones():
+SLOW = [("softmax", "lm"), ("cosformer", "lm"), ("reformer", "lm"), ("fastformer", "encoder")]
+COMPILED = [
+    pytest.param("linear", "lm", "aot_eager", id="linear-lm"),
+    *(pytest.param(v, m, "aot_eager", id=f"{v}-{m}", marks=pytest.mark.slow) for v, m in SLOW),
+    pytest.param("reformer", "lm", "inductor", id="reformer-lm-inductor", marks=pytest.mark.slow),  # ~2 min
+]
+
+
+@pytest.mark.parametrize(("variant", "model", "backend"), COMPILED)
+def test_compiled_gradients_equal_eager_ones(variant, model, backend):
     """torch.compile traces the recomputing backward (AOTAutograd) and gives eager's gradients."""
-    module = build("linear", "lm")
-    (ids,) = inputs(module, seed=2)
-    eager = torch.autograd.grad(loss_of(module(ids)), list(module.parameters()))
-    compiled = torch.compile(module, backend="aot_eager", fullgraph=True)
-    traced = torch.autograd.grad(loss_of(compiled(ids)), list(module.parameters()))
+    module = build(variant, model)
+    arguments = inputs(module, seed=2)
+    eager = torch.autograd.grad(loss_of(module(*arguments)), list(module.parameters()))
+    compiled = torch.compile(module, backend=backend, fullgraph=True)
+    traced = torch.autograd.grad(loss_of(compiled(*arguments)), list(module.parameters()))
     for a, b in zip(traced, eager, strict=True):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
 
@@ -88,14 +100,14 @@ def test_build_is_seeded_and_matches_the_export_assembly():
 
 
 def test_build_refuses_bad_input_in_one_line():
-    cases = {
-        ("lm", "fastformer", {}): "model 'lm' needs causal self-attention",
-        ("lm", "linear", {"d_modle": 8}): "unknown option 'd_modle'; did you mean 'd_model'?",
-        ("lm", "lineer", {}): "unknown variant 'lineer'; did you mean 'linear'?",
-        ("lmm", "linear", {}): "unknown model 'lmm'; did you mean 'lm'?",
-        ("lm", "linear", {"eps": -1}): "linear option eps=-1.0 must be > 0",
-    }
-    for (model, variant, options), message in cases.items():
+    cases = [
+        ("lm", "fastformer", {}, "model 'lm' needs causal self-attention"),
+        ("lm", "linear", {"d_modle": 8}, "unknown option 'd_modle'; did you mean 'd_model'?"),
+        ("lm", "lineer", {}, "unknown variant 'lineer'; did you mean 'linear'?"),
+        ("lmm", "linear", {}, "unknown model 'lmm'; did you mean 'lm'?"),
+        ("lm", "linear", {"eps": -1}, "linear option eps=-1.0 must be > 0"),
+    ]
+    for model, variant, options, message in cases:
         with pytest.raises(AttnxError) as error:
             attnx.models.build(model, variant, **options)
         assert message in str(error.value) and "\n" not in str(error.value)
@@ -123,15 +135,15 @@ def test_attention_layer_trains_in_a_model_of_ones_own(variant, causal, cross):
 
 
 def test_attention_layer_refuses_bad_input_in_one_line():
-    cases = {
-        ("lineer", {}): "unknown variant 'lineer'; did you mean 'linear'?",
-        ("linear", {"esp": 1e-6}): "unknown linear option 'esp'; did you mean 'eps'?",
-        ("linear", {"chunk_size": 0}): "chunk_size=0",
-        ("fastformer", {"causal": True}): "variant 'fastformer' does not support causal attention",
-        ("reformer", {"cross": True}): "variant 'reformer' does not support cross attention",
-        ("linear", {"n_heads": 3}): "d_model=16 must be divisible by n_heads=3",
-    }
-    for (variant, options), message in cases.items():
+    cases = [
+        ("lineer", {}, "unknown variant 'lineer'; did you mean 'linear'?"),
+        ("linear", {"esp": 1e-6}, "unknown linear option 'esp'; did you mean 'eps'?"),
+        ("linear", {"chunk_size": 0}, "chunk_size=0"),
+        ("fastformer", {"causal": True}, "variant 'fastformer' does not support causal attention"),
+        ("reformer", {"cross": True}, "variant 'reformer' does not support cross attention"),
+        ("linear", {"n_heads": 3}, "d_model=16 must be divisible by n_heads=3"),
+    ]
+    for variant, options, message in cases:
         arguments = {"d_model": 16, "n_heads": 2, **options}
         with pytest.raises(AttnxError) as error:
             attnx.nn.Attention(variant, **arguments)

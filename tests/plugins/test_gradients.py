@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import pytest
 import torch
@@ -65,16 +66,21 @@ class Subject:
     """A variant's op and reference, both as functions of the differentiable inputs.
 
     ``inputs(case, g)`` draws the float64 inputs that get gradients; ``fixed(case, g)`` whatever else the
-    op takes (reformer's rotations); ``op``/``reference`` take (inputs, fixed, mask, causal).
-    ``autograd``: the reference is tensor code autograd can differentiate (else Python scalars).
+    op takes (reformer's rotations); ``arguments`` (the op's, in schema order) and ``reference`` take
+    (inputs, fixed, mask, causal). ``autograd``: the reference is tensor code autograd can
+    differentiate (else Python scalars).
     """
 
-    op: Callable[..., torch.Tensor]
+    torch_op: Any
+    arguments: Callable[..., tuple]
     reference: Callable[..., torch.Tensor]
     inputs: Callable[[Case, torch.Generator], list[torch.Tensor]]
     cases: Sequence[Case]
     fixed: Callable[[Case, torch.Generator], list[torch.Tensor]] = lambda case, g: []
     autograd: bool = True
+
+    def op(self, inputs: Tensors, fixed: Tensors, mask: torch.Tensor | None, causal: bool) -> torch.Tensor:
+        return self.torch_op(*self.arguments(inputs, fixed, mask, causal))
 
 
 def qkv(case: Case, g: torch.Generator) -> list[torch.Tensor]:
@@ -111,33 +117,38 @@ CROSS = [
 
 SUBJECTS = {
     "softmax": Subject(
-        op=lambda x, _, mask, causal: softmax_attention(*x, mask, causal, scale(x)),
+        torch_op=softmax_attention,
+        arguments=lambda x, _, mask, causal: (*x, mask, causal, scale(x)),
         reference=lambda x, _, mask, causal: naive_softmax_attention(*x, mask, causal, scale(x)),
         inputs=qkv,
         cases=SELF + CAUSAL + CROSS,
         autograd=False,
     ),
     "linear": Subject(
-        op=lambda x, _, mask, causal: linear_attention(*x, mask, causal, EPS, CHUNK),
+        torch_op=linear_attention,
+        arguments=lambda x, _, mask, causal: (*x, mask, causal, EPS, CHUNK),
         reference=lambda x, _, mask, causal: naive_linear(*x, mask, causal, EPS),
         inputs=qkv,
         cases=SELF + CAUSAL + CROSS,
     ),
     "cosformer": Subject(
-        op=lambda x, _, mask, causal: cosformer_attention(*x, mask, causal, MAX_LEN * causal, EPS, CHUNK),
+        torch_op=cosformer_attention,
+        arguments=lambda x, _, mask, causal: (*x, mask, causal, MAX_LEN * causal, EPS, CHUNK),
         reference=lambda x, _, mask, causal: naive_cosformer(*x, mask, causal, MAX_LEN if causal else None),
         inputs=qkv,
         cases=SELF + CAUSAL + CROSS,
     ),
     "reformer": Subject(
-        op=lambda x, fixed, mask, causal: reformer_attention(*x, *fixed, mask, causal, CHUNK),
+        torch_op=reformer_attention,
+        arguments=lambda x, fixed, mask, causal: (*x, *fixed, mask, causal, CHUNK),
         reference=lambda x, fixed, mask, causal: naive_lsh(*x, *fixed, mask, causal, CHUNK),
         inputs=qk_v,
         fixed=rotations,
         cases=[*SELF, *CAUSAL, Case("padded-rows", 3, 1, 8, 8, 3, mask="empty-row")],
     ),
     "fastformer": Subject(
-        op=lambda x, _, mask, causal: fastformer_attention(*x, mask, scale(x)),
+        torch_op=fastformer_attention,
+        arguments=lambda x, _, mask, causal: (*x, mask, scale(x)),
         reference=lambda x, _, mask, causal: naive_fastformer(*x, mask, scale(x)),
         inputs=qkv_weights,
         cases=[*SELF, Case("empty-row", 3, 1, 5, 5, 2, mask="empty-row")],
@@ -226,6 +237,27 @@ def test_gradients_match_the_paper_reference(name, case, larger):
                 float(got),
                 float(expected),
             )
+
+
+OPCHECKS = [
+    pytest.param(("test_schema", "test_autograd_registration", "test_faketensor"), id="registration"),
+    pytest.param(("test_aot_dispatch_dynamic",), id="aot-dispatch", marks=pytest.mark.slow),  # ~10 s each
+]
+
+
+@pytest.mark.parametrize("utils", OPCHECKS)
+@pytest.mark.parametrize("name", SUBJECTS)
+def test_opcheck(name, utils):
+    """torch.library.opcheck on a padded (causal where supported) float32 call whose inputs need
+    gradients: the schema, the autograd registration, the fake kernel's shapes and strides (which
+    torch.compile relies on), and (slow) the backward as AOTAutograd traces it against eager."""
+    subject = SUBJECTS[name]
+    case = max(subject.cases, key=lambda c: (c.mask != "none", c.causal))
+    inputs, fixed, mask = draw(name, case, seed=11)
+    leaves = [t.float().requires_grad_() for t in inputs]
+    arguments = subject.arguments(leaves, [t.float() for t in fixed], mask, case.causal)
+    results = torch.library.opcheck(subject.torch_op, arguments, test_utils=utils)
+    assert set(results.values()) == {"SUCCESS"}, results
 
 
 def test_second_order_gradients():

@@ -36,7 +36,8 @@ def reformer_attention(
     chunk_size: int,
 ) -> torch.Tensor:
     """LSH attention: qk, v (b, h, n, d), rotations (h, d, n_hashes, n_buckets/2); see ``lsh_attention``."""
-    return lsh_attention(qk, v, rotations, key_padding_mask, causal, chunk_size)
+    # contiguous, as the fake kernel promises (torch.compile checks the strides; the result is a slice)
+    return lsh_attention(qk, v, rotations, key_padding_mask, causal, chunk_size).contiguous()
 
 
 @reformer_attention.register_fake
