@@ -3,7 +3,7 @@
 Public API (heavy parts import lazily, so ``import attnx`` stays cheap)::
 
     import attnx
-    result = attnx.export("linear", "out", model="encoder", lowering="function")
+    result = attnx.export("linear", "out", model="encoder", options={"export.lowering": "function"})
     report = attnx.verify("out")
 """
 
@@ -29,20 +29,22 @@ __all__ = [
     "get_registry",
     "hookimpl",
     "save_checkpoint",
+    "triton",
     "verify",
 ]
 
 _LAZY = {
-    "export": ("attnx.exporter.export", "export"),
-    "verify": ("attnx.parity.verify", "verify"),
+    "export": ("attnx.api", "export"),
+    "verify": ("attnx.api", "verify"),
     "generate": ("attnx.decode.generate", "generate"),
     "bench": ("attnx.bench", "bench"),
     "get_registry": ("attnx.registry", "get_registry"),
     "save_checkpoint": ("attnx.checkpoint", "save_checkpoint"),
+    "triton": ("attnx.api", "triton"),
 }
 
 
-_SUBMODULES = ("models", "nn")  # attnx.nn.Attention(...) after a plain `import attnx`
+_SUBMODULES = ("nn",)  # attnx.nn.Attention(...) after a plain `import attnx`
 
 
 def __getattr__(name: str) -> Any:

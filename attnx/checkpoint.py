@@ -17,8 +17,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from attnx.errors import AttnxError
 from attnx.atomic import write_atomic
+from attnx.errors import AttnxError
 
 SAFETENSORS_SUFFIX = ".safetensors"
 LISTED = 5  # names shown per mismatch kind before "..."

@@ -8,6 +8,8 @@ unknown keys (naming the valid ones) and runs the class's own ``validate``.
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import re
 import types
 import typing
 from collections.abc import Mapping
@@ -58,7 +60,9 @@ def convert_value(name: str, value: Any, annotation: Any, what: str = "option") 
         for choice in choices:
             if text == choice or str(choice) == str(text):
                 return choice
-        raise AttnxError(f"{what} {name}={value!r} must be one of {', '.join(map(str, choices))}")
+        close = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1, cutoff=0.5)
+        hint = f"; did you mean '{close[0]}'?" if close else ""
+        raise AttnxError(f"{what} {name}={value!r} must be one of {', '.join(map(str, choices))}{hint}")
     if origin in (tuple, list):
         (item_type, *_) = get_args(annotation) or (str,)
         items = value.split(",") if isinstance(value, str) else list(value)
@@ -97,7 +101,79 @@ def parse_assignments(pairs: tuple[str, ...] | list[str]) -> dict[str, str]:
     return result
 
 
+_SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "kb": 10**3, "m": 1 << 20, "mib": 1 << 20,
+               "mb": 10**6, "g": 1 << 30, "gib": 1 << 30, "gb": 10**9, "t": 1 << 40, "tib": 1 << 40,
+               "tb": 10**12}
+
+
+def parse_size(text: str, what: str = "size") -> int:
+    """"8GiB", "512M", "2GB", "1e9" -> bytes: K/M/G/T and KiB/MiB/GiB/TiB are binary (2^10...), KB/MB/GB/TB
+    decimal (10^3...), as IEC and SI define them.
+
+    Raises:
+        AttnxError: not a positive size in those units (naming ``what``).
+    """
+    match = re.fullmatch(r"\s*([0-9.]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*", text)
+    unit = match.group(2).lower() if match else ""
+    try:
+        value = float(match.group(1)) if match else -1.0
+    except ValueError:
+        value = -1.0
+    if not match or unit not in _SIZE_UNITS or not value > 0:
+        raise AttnxError(f"{what} '{text}' is not understood; write e.g. 8GiB, 512MiB or 2GB")
+    return int(value * _SIZE_UNITS[unit])
+
+
 def require(condition: bool, message: str) -> None:
     """Raise :class:`AttnxError` with ``message`` when ``condition`` is false."""
     if not condition:
         raise AttnxError(message)
+
+
+def expected_type(value: Any, annotation: Any) -> str | None:
+    """None if the parsed ``value`` (TOML or JSON: no coercion) has the type ``annotation`` asks for,
+    else that type in words."""
+    origin = get_origin(annotation)
+    if origin in (Union, types.UnionType):
+        members = get_args(annotation)
+        if value is None and type(None) in members:
+            return None
+        wanted = [expected_type(value, member) for member in members if member is not type(None)]
+        return None if None in wanted else " or ".join(str(w) for w in wanted)
+    if origin is Literal:
+        choices = get_args(annotation)
+        return None if value in choices else "one of " + ", ".join(repr(c) for c in choices)
+    if origin in (tuple, list):
+        (item, *_) = get_args(annotation) or (str,)
+        if not isinstance(value, list):
+            return f"an array of {_words(item)}s"
+        return next((f"an array of {_words(item)}s" for v in value if expected_type(v, item)), None)
+    if origin is dict:
+        _, item = get_args(annotation)
+        ok = isinstance(value, dict) and all(not expected_type(v, item) for v in value.values())
+        return None if ok else f"a table of {_words(item)}s"
+    checks = {
+        bool: lambda v: isinstance(v, bool),
+        int: lambda v: isinstance(v, int) and not isinstance(v, bool),
+        float: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+        str: lambda v: isinstance(v, str),
+    }
+    check = checks.get(annotation)
+    return None if check is None or check(value) else _words(annotation, article=True)
+
+
+def _words(annotation: Any, article: bool = False) -> str:
+    word = {bool: "boolean", int: "integer", float: "number", str: "string"}.get(annotation, str(annotation))
+    return f"{'an' if word[0] in 'aeiou' else 'a'} {word}" if article else word
+
+
+def value_type(value: Any) -> str:
+    kinds = [
+        (bool, "a boolean"),
+        (int, "an integer"),
+        (float, "a float"),
+        (str, "a string"),
+        (list, "an array"),
+        (dict, "a table"),
+    ]
+    return next((word for kind, word in kinds if isinstance(value, kind)), type(value).__name__)

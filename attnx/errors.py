@@ -23,3 +23,13 @@ def unknown_choice(kind: str, value: str, choices: Iterable[str]) -> AttnxError:
         message += f"; did you mean '{close[0]}'?"
     listed = ", ".join(options) if options else "none registered"
     return AttnxError(f"{message} (choices: {listed})")
+
+
+def first_line(exc: BaseException, *, with_type: bool = False, limit: int = 300) -> str:
+    """The first line of an exception's message (its type name when empty), "Type: message" with
+    ``with_type``, cut to ``limit`` characters (compiler errors run to pages)."""
+    text = str(exc).strip()
+    line = text.splitlines()[0] if text else ""
+    if with_type or not line:
+        line = f"{type(exc).__name__}: {line}".rstrip(": ")
+    return line if len(line) <= limit else line[: limit - 3] + "..."

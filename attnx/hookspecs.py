@@ -14,6 +14,7 @@ import pluggy
 if TYPE_CHECKING:
     import click
 
+    from attnx.adapter import Adapter
     from attnx.models.spec import ModelSpec
     from attnx.variant import Variant
 
@@ -39,6 +40,15 @@ def attnx_register_models() -> list[ModelSpec]:
     """Return the model architectures (encoder, lm, ...) this plugin provides.
 
     Calling rule: as for :func:`attnx_register_variants`.
+    """
+
+
+@hookspec
+def attnx_register_adapters() -> list[Adapter]:
+    """Return adapters that take models of other libraries into attnx (``attnx.adapter``).
+
+    Calling rule: as for :func:`attnx_register_variants`; keep the implementing module light
+    (the library and torch load behind :attr:`attnx.adapter.Adapter.impl`).
     """
 
 

@@ -8,12 +8,13 @@
     y = attention(x)                                    # x (batch, n, 256) -> (batch, n, 256)
     y = attention(x, key_padding_mask=mask)             # mask (batch, n) bool, True = real token
 
+    model = attnx.nn.Model("lm", "cosformer", d_model=256, n_layers=4, seed=0)   # a whole architecture
+
 A layer's forward is ``forward(x, context=None, key_padding_mask=None)``: queries from ``x``,
 keys and values from ``context`` (cross-attention, built with ``cross=True``) or ``x``. Its
 attention runs through the variant's ``attnx::`` op, so the model exports with one attnx node
 per call, and trains (every built-in variant declares ``Capabilities.trainable``). The
-building blocks attnx's own models use are here too; whole architectures come from
-``attnx.models.build``. See docs/training.md.
+building blocks attnx's own models use are here too. See docs/training.md.
 """
 
 from __future__ import annotations
@@ -25,10 +26,11 @@ from torch import nn
 
 from attnx.errors import AttnxError, unknown_choice
 from attnx.models.blocks import FeedForward, SinusoidalPositions, TokenEmbedding
+from attnx.models.factory import construct
 from attnx.registry import Registry, get_registry
 from attnx.variant import AttentionSpec
 
-__all__ = ["Attention", "FeedForward", "SinusoidalPositions", "TokenEmbedding"]
+__all__ = ["Attention", "FeedForward", "Model", "SinusoidalPositions", "TokenEmbedding"]
 
 
 def Attention(
@@ -44,10 +46,9 @@ def Attention(
     """The attention layer of ``variant`` (a registered name) with ``options`` (its config's fields).
 
     A factory, named like a class because it stands for one: the layer it returns is the variant's
-    own module class (``LinearAttentionLayer``, ...), so its state dict is what attnx's models hold.
-
-    The layer is the variant's own module (the one attnx's models hold), in train mode and
-    initialised from torch's global RNG like any ``nn.Module``: seed with ``torch.manual_seed``.
+    own module class (``LinearAttentionLayer``, ...), the one attnx's models hold, so its state dict
+    has the same names. It is in train mode and initialised from torch's global RNG like any
+    ``nn.Module``: seed with ``torch.manual_seed``.
 
     Args:
         d_model: model width; n_heads must divide it.
@@ -70,3 +71,33 @@ def Attention(
     spec = AttentionSpec(d_model, n_heads, causal=causal, cross=cross)
     found.check_spec(spec)
     return found.load().build(found.make_config(options), spec).train()
+
+
+def Model(
+    model: str,
+    variant: str = "softmax",
+    *,
+    cross_variant: str | None = None,
+    seed: int = 0,
+    registry: Registry | None = None,
+    **options: Any,
+) -> nn.Module:
+    """``model`` ("encoder", "lm", "seq2seq", or a plugin's) around ``variant`` attention, in train mode.
+
+    Built exactly as ``attnx export`` builds it: the same names, options and seed give the same
+    initial weights (drawn under ``torch.manual_seed(seed)`` in a forked RNG, the global RNG is
+    untouched), and the variant's paper architecture applies unless given (docs/models.md). So
+    ``attnx.export(variant, out, model=model, options=options, checkpoint=...)`` exports the
+    trained weights. Inputs and outputs are ``module.input_specs()``/``output_specs()``.
+
+    Args:
+        cross_variant: variant of the cross-attention layers (seq2seq only; default softmax).
+        options: model and variant options (``d_model=256``, ``eps=1e-6``); a key both have is
+            written ``**{"model.x": ..., "variant.x": ...}``.
+
+    Raises:
+        AttnxError: unknown names or options (with the closest valid one), a bad value, or a variant
+            that cannot serve the model (e.g. a causal ``lm`` around a bidirectional-only variant).
+    """
+    built = construct(registry or get_registry(), variant, model, options, seed, cross_variant=cross_variant)
+    return built.module.train()

@@ -21,15 +21,13 @@ import inspect
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import onnx
 import onnxscript
 import torch
 from onnx import defs
 
+from attnx.domains import DOMAIN, LIBRARY_DOMAIN
 from attnx.variant import AttentionSpec
 
-DOMAIN = "attnx"
-LIBRARY_DOMAIN = "attnx.lib"
 OPSET = onnxscript.values.Opset(DOMAIN, 1)
 LIBRARY = onnxscript.values.Opset(LIBRARY_DOMAIN, 1)
 FLOAT_TYPES = ["tensor(float)", "tensor(float16)", "tensor(bfloat16)"]
@@ -149,6 +147,8 @@ class AttentionOp:
             in input order); dims may be ints or TensorRT shape expressions, so the rule
             may only index and do + - * // on them. TensorRT plugins need it because the
             torch fake kernel cannot be evaluated on symbolic dimensions.
+        kernel: "module:attribute" of an :class:`attnx.kernels.TritonKernel` computing the op in
+            one launch (TensorRT's AOT plugins, GPU benchmarks), imported only when asked; None: none.
     """
 
     name: str
@@ -159,6 +159,7 @@ class AttentionOp:
     output_shape: Callable[[Mapping[str, Sequence[Any]]], tuple[Any, ...]] = query_shaped_output
     output_names: Sequence[str] = ()
     output_types: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    kernel: str | None = None
 
     @functools.cached_property
     def overload(self) -> torch._ops.OpOverload:
@@ -275,23 +276,6 @@ def _attribute_value(arg: OpArgument, value: Any) -> Any:
     if arg.attribute_type == "bool":
         return int(bool(value))
     return value
-
-
-def function_protos(body: onnxscript.OnnxFunction) -> list[onnx.FunctionProto]:
-    """``body`` and every library function it calls, transitively, as FunctionProtos."""
-    seen: dict[tuple[str, str], onnx.FunctionProto] = {}
-
-    def visit(fn: onnxscript.OnnxFunction) -> None:
-        proto = fn.to_function_proto()
-        key = (proto.domain, proto.name)
-        if key in seen:
-            return
-        seen[key] = proto
-        for callee in fn.function_ir.get_called_functions().values():
-            visit(callee)
-
-    visit(body)
-    return list(seen.values())
 
 
 @dataclasses.dataclass(frozen=True)

@@ -26,14 +26,18 @@ from __future__ import annotations
 import itertools
 import json
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import onnx
 from onnx import AttributeProto, TensorProto, helper
 
+from attnx.domains import DOMAIN
 from attnx.errors import AttnxError
-from attnx.ops import DOMAIN, AttentionOp
+from attnx.registry import get_registry
 from attnx.trt.spec import FLOAT_INPUT, PluginSpec, describe
+
+if TYPE_CHECKING:
+    from attnx.ops import AttentionOp
 
 INSTALL_HINT = "pip install onnxruntime-extensions"
 _LISTS = (AttributeProto.INTS, AttributeProto.FLOATS)
@@ -135,8 +139,6 @@ def register_all(extra: Any = ()) -> None:
 
 
 def _known_specs() -> Iterator[PluginSpec]:
-    from attnx.registry import get_registry
-
     for variant in get_registry().variants.values():
         try:
             ops = variant.load().ops

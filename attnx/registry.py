@@ -61,8 +61,10 @@ class Registry:
         self.pm.check_pending()
         self._variants: dict[str, Any] | None = None
         self._models: dict[str, Any] | None = None
+        self._adapters: dict[str, Any] | None = None
         self._variant_conflicts: dict[str, list[str]] = {}
         self._model_conflicts: dict[str, list[str]] = {}
+        self._adapter_conflicts: dict[str, list[str]] = {}
 
     # -- loading -----------------------------------------------------------------
     def _load_entry_points(self) -> None:
@@ -137,6 +139,16 @@ class Registry:
         if self._models is None:
             self._models, self._model_conflicts = self._index("attnx_register_models", "model")
         return self._models
+
+    @property
+    def adapters(self) -> dict[str, Any]:
+        """Adapters by name (:class:`attnx.adapter.Adapter`)."""
+        if self._adapters is None:
+            self._adapters, self._adapter_conflicts = self._index("attnx_register_adapters", "adapter")
+        return self._adapters
+
+    def adapter(self, name: str):
+        return self._lookup(name, self.adapters, self._adapter_conflicts, "adapter")
 
     def variant(self, name: str):
         """The variant called ``name``, or an :class:`AttnxError` naming the closest match."""

@@ -25,7 +25,7 @@ Two kinds of state exist (:attr:`attnx.variant.Capabilities.decode`):
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 GROWING = "past_seq"  # the axis of a kv-cache that holds one entry per earlier token
 
@@ -65,3 +65,24 @@ def recurrent_state(heads: int, features: int, d_value: int, what: str) -> list[
         ),
         StateTensor("k_sum", ("batch", heads, features), "float32", doc=f"Z = sum_j {what}(k_j)"),
     ]
+
+
+@runtime_checkable
+class DecodableAttention(Protocol):
+    """An attention layer that decodes token by token (its variant declares ``Capabilities.decode``)."""
+
+    def decode_state(self) -> list[StateTensor]:
+        """The layer's state tensors."""
+
+    def attend_step(
+        self, q: Any, k: Any, v: Any, state: tuple[Any, ...] | None, position: Any
+    ) -> tuple[Any, tuple[Any, ...]]:
+        """Per-head attention of new tokens after ``state`` (None: none) at ``position``: (out, state)."""
+
+
+@runtime_checkable
+class PositionalCrossAttention(Protocol):
+    """A cross-attention layer whose output depends on where its queries sit in the target (cosFormer)."""
+
+    def attend_cross_step(self, q: Any, k: Any, v: Any, key_padding_mask: Any, position: Any) -> Any:
+        """Cross-attention of target queries from ``position`` on over cached keys/values."""

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
 from attnx.config import Config, make_config
+from attnx.cost import AttentionCost, Shape
 from attnx.errors import AttnxError
 
 if TYPE_CHECKING:
@@ -59,6 +61,22 @@ FP16_TOLERANCE = Tolerance(atol=2e-2, rtol=1e-2)
 
 
 @dataclasses.dataclass(frozen=True)
+class TestOptions:
+    """What the conformance kit and attnx's own test tables try a variant with.
+
+    ``options``: variant options that make small test inputs exercise the variant's interesting
+    paths (e.g. Reformer's chunk_size 4, so 11 tokens span several chunks); ``bad_options``:
+    ``{option: value}`` pairs ``validate()`` must reject, each tried alone.
+    """
+
+    options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    bad_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+
+CostModel = Callable[[Shape, Any], AttentionCost]
+
+
+@dataclasses.dataclass(frozen=True)
 class AttentionSpec:
     """What a model asks of an attention layer."""
 
@@ -86,6 +104,16 @@ class Variant:
         impl: "module:attribute" of the :class:`attnx.ops.VariantImpl` (torch module
             builder, ONNX ops, TensorRT plugins), imported on first use.
         fp16_tolerance: default parity tolerance of an fp16 export (ORT fp16 vs torch fp16).
+        cost: ``cost(shape, config) -> AttentionCost`` of one layer (:mod:`attnx.cost`): FLOPs for
+            achieved-rate reports and a memory bound that lets ``attnx bench`` skip cases that
+            cannot fit. None: the benchmark assumes quadratic memory and reports no FLOPs.
+        model_defaults: model options the variant's paper pairs it with (Reformer: reversible
+            residuals, chunked FFN), applied when the user does not set them.
+        decoder_defaults: variant options applied, unless given, when the variant serves a
+            model that generates (``lm``, ``seq2seq``): e.g. cosFormer's fixed M.
+        position_limit_option: the option that bounds the positions a model can use (cosFormer's
+            ``max_len``); generation and benchmarks respect it. None: no limit.
+        testing: options for tests and the conformance kit.
     """
 
     name: str
@@ -96,6 +124,17 @@ class Variant:
     tolerance: Tolerance
     impl: str
     fp16_tolerance: Tolerance = FP16_TOLERANCE
+    cost: CostModel | None = None
+    model_defaults: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    decoder_defaults: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    position_limit_option: str | None = None
+    testing: TestOptions = dataclasses.field(default_factory=TestOptions)
+
+    def position_limit(self, config: Config) -> int | None:
+        """The largest position a model with this ``config`` handles (None: no limit)."""
+        if self.position_limit_option is None:
+            return None
+        return getattr(config, self.position_limit_option) or None
 
     def tolerance_for(self, dtype: str) -> Tolerance:
         """The parity tolerance of an export in ``dtype`` ("fp32" or "fp16")."""

@@ -42,8 +42,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=None, help="write every number to this JSON file")
     args = parser.parse_args(argv)
     registry = attnx.get_registry()
-    variants = args.variants.split(",") if args.variants else sorted(
-        name for name, v in registry.variants.items() if v.capabilities.fp16
+    variants = (
+        args.variants.split(",")
+        if args.variants
+        else sorted(name for name, v in registry.variants.items() if v.capabilities.fp16)
     )
     model = SMALL if args.quick else STANDARD
     lengths = [int(n) for n in (args.seq_lens or ("64,256" if args.quick else "512,2048")).split(",")]
@@ -56,12 +58,25 @@ def main(argv: list[str] | None = None) -> int:
             for dtype in DTYPES:
                 out = Path(work) / f"{variant}-{dtype}"
                 console.print(f"· exporting {variant} in {dtype}", style="dim")
-                attnx.export(variant, out, options=model, dtype=dtype, verify=False, force=True)
+                attnx.export(
+                    variant,
+                    out,
+                    options={**model, "export.dtype": dtype, "verify.enabled": False},
+                    force=True,
+                )
                 outs.append(out)
         sizes = {out.name: (out / "model.onnx").stat().st_size for out in outs}
         with progress_bar(False) as progress:
-            report = attnx.bench(outs, backends=backends, seq_lens=lengths, warmup=1, repeat=5,
-                                 threads=args.threads, max_time=20.0, progress=progress)
+            report = attnx.bench(
+                outs,
+                backends=backends,
+                seq_lens=lengths,
+                warmup=1,
+                repeat=5,
+                threads=args.threads,
+                max_time=20.0,
+                progress=progress,
+            )
     print_report(report, console)
     table = Table(title="fp16 / fp32 median latency (same model, same inputs)")
     for column in ("variant", "backend", "N", "fp32 ms", "fp16 ms", "fp16/fp32", "model.onnx fp16/fp32"):
@@ -77,14 +92,35 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 ratio = half.median_s / full.median_s
                 size = sizes[f"{variant}-fp16"] / sizes[f"{variant}-fp32"]
-                rows.append({"variant": variant, "backend": backend, "seq_len": n, "fp32_s": full.median_s,
-                             "fp16_s": half.median_s, "ratio": ratio, "onnx_size_ratio": size})
-                table.add_row(variant, backend, str(n), f"{full.median_s * 1e3:.1f}",
-                              f"{half.median_s * 1e3:.1f}", f"{ratio:.2f}", f"{size:.2f}")
+                rows.append(
+                    {
+                        "variant": variant,
+                        "backend": backend,
+                        "seq_len": n,
+                        "fp32_s": full.median_s,
+                        "fp16_s": half.median_s,
+                        "ratio": ratio,
+                        "onnx_size_ratio": size,
+                    }
+                )
+                table.add_row(
+                    variant,
+                    backend,
+                    str(n),
+                    f"{full.median_s * 1e3:.1f}",
+                    f"{half.median_s * 1e3:.1f}",
+                    f"{ratio:.2f}",
+                    f"{size:.2f}",
+                )
     console.print(table)
     if args.json:
-        data = {"machine": machine_info(), "model": model, "threads": args.threads, "rows": rows,
-                "report": report.to_dict()}
+        data = {
+            "machine": machine_info(),
+            "model": model,
+            "threads": args.threads,
+            "rows": rows,
+            "report": report.to_dict(),
+        }
         args.json.write_text(json.dumps(data, indent=2) + "\n")
         console.print(f"wrote {args.json}")
     return 0

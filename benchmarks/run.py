@@ -7,16 +7,16 @@
 
 It exports the standard set (each registered variant in a 6-layer encoder, d_model 512,
 8 heads, FFN 2048, the variant's paper architecture defaults) with
-``attnx.export(..., verify=False)`` into a work directory, then measures with
+``attnx.export(...)`` without verification into a work directory, then measures with
 ``attnx.bench``:
 
 P1      ORT-cpu latency / torch eager latency at N=4096 (batch 1) and N=512 (batch 8)
 P2      ORT-cpu latency(N=16384) / latency(N=1024)
-P5      achieved FLOP rate of the model (attnx.bench.cost) / fp32 GEMM rate (a 2048³
+P5      achieved FLOP rate of the model (attnx.exporter.budget) / fp32 GEMM rate (a 2048³
         torch matmul measured in the same run, before and after; the higher rate is used)
 P6      wall time of ``attnx export --variant softmax -o DIR --no-verify`` (default encoder)
 P7      peak RSS of a fresh process running the linear encoder in ORT at N=32768
-decode  per-token latency vs position (attnx.decode.bench: a causal LM per decoding
+decode  per-token latency vs position (attnx.bench.decode: a causal LM per decoding
         variant, prefill then timed decode steps in ORT), reported, no target
 
 With ``--profile`` (default) ORT's profiler gives each variant's op-type breakdown at
@@ -41,15 +41,17 @@ from rich.console import Console
 from rich.table import Table
 
 import attnx
-from attnx.bench.backends import ExportedModel, one_line
+from attnx.bench.decode import decode_latency as measure_decode
 from attnx.bench.machine import default_threads, machine_info
 from attnx.bench.profile import ort_op_profile
 from attnx.bench.report import BenchReport, Measurement, print_report, progress_bar
 from attnx.bench.worker import request, run_isolated
+from attnx.cost import Shape
+from attnx.decode.export import decoders
+from attnx.errors import first_line
+from attnx.exporter.directory import ExportDir
 
 GiB = 1 << 30
-DECODE_SKIP = "decode export not available yet (attnx.decode.bench is missing)"
-LINEAR_TIME = ("linear", "cosformer", "fastformer", "reformer")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,16 +75,33 @@ class Plan:
 
 FULL = Plan(
     model={"d_model": 512, "n_heads": 8, "n_layers": 6, "d_ff": 2048},
-    sweep=(256, 1024, 4096, 16384), p1_long=4096, p1_batch=(8, 512), p2=(1024, 16384), p7=32768,
-    decode=(16, 256, 1024, 4096), decode_steps=32, decode_model=None,
-    gemm=2048, warmup=1, repeat=5, max_time=20.0,
+    sweep=(256, 1024, 4096, 16384),
+    p1_long=4096,
+    p1_batch=(8, 512),
+    p2=(1024, 16384),
+    p7=32768,
+    decode=(16, 256, 1024, 4096),
+    decode_steps=32,
+    decode_model=None,
+    gemm=2048,
+    warmup=1,
+    repeat=5,
+    max_time=20.0,
 )
 QUICK = Plan(
     model={"d_model": 64, "n_heads": 2, "n_layers": 2, "d_ff": 128, "vocab_size": 1000},
-    sweep=(64, 256, 1024), p1_long=1024, p1_batch=(8, 64), p2=(256, 1024), p7=4096,
-    decode=(16, 256), decode_steps=8,
+    sweep=(64, 256, 1024),
+    p1_long=1024,
+    p1_batch=(8, 64),
+    p2=(256, 1024),
+    p7=4096,
+    decode=(16, 256),
+    decode_steps=8,
     decode_model={"vocab_size": 1000, "d_model": 64, "n_heads": 2, "n_layers": 2, "d_ff": 128},
-    gemm=512, warmup=1, repeat=3, max_time=2.0,
+    gemm=512,
+    warmup=1,
+    repeat=3,
+    max_time=2.0,
 )
 
 
@@ -102,9 +121,13 @@ def gemm_rate(size: int, threads: int, repeat: int = 10) -> dict[str, Any]:
         timings.append(time.perf_counter() - start)
     torch.set_num_threads(previous)
     flops = 2 * size**3
-    return {"size": size, "threads": threads, "timings_s": timings,
-            "median_flops_per_s": flops / statistics.median(timings),
-            "best_flops_per_s": flops / min(timings)}
+    return {
+        "size": size,
+        "threads": threads,
+        "timings_s": timings,
+        "median_flops_per_s": flops / statistics.median(timings),
+        "best_flops_per_s": flops / min(timings),
+    }
 
 
 def export_set(variants: list[str], plan: Plan, work: Path, console: Console) -> tuple[list[Path], dict]:
@@ -113,10 +136,10 @@ def export_set(variants: list[str], plan: Plan, work: Path, console: Console) ->
     for variant in variants:
         console.print(f"· exporting {variant} ({plan.model})", style="dim")
         try:
-            attnx.export(variant, work / variant, options=plan.model, verify=False, force=True)
+            attnx.export(variant, work / variant, options={**plan.model, "verify.enabled": False}, force=True)
             outs.append(work / variant)
         except Exception as exc:
-            failures[variant] = one_line(exc)
+            failures[variant] = first_line(exc, with_type=True)
             console.print(f"  export of {variant} failed: {failures[variant]}", style="red")
     return outs, failures
 
@@ -131,40 +154,60 @@ def export_wall_time(work: Path) -> dict[str, Any]:
     start = time.perf_counter()
     done = subprocess.run(command, capture_output=True, text=True)
     wall = time.perf_counter() - start
-    return {"command": " ".join(["attnx", *arguments]), "wall_s": wall, "exit_code": done.returncode,
-            "error": done.stderr.strip().splitlines()[-1] if done.returncode else ""}
+    return {
+        "command": " ".join(["attnx", *arguments]),
+        "wall_s": wall,
+        "exit_code": done.returncode,
+        "error": done.stderr.strip().splitlines()[-1] if done.returncode else "",
+    }
 
 
 def peak_rss(out: Path, n: int, threads: int) -> Measurement:
     """P7: one ORT run at length ``n`` in a fresh process (no torch imported), its whole-life peak RSS."""
-    model = ExportedModel.open(out)
-    args = request(model, "ort-cpu", batch=1, seq_len=n, warmup=0, repeat=1, threads=threads, seed=0,
-                   max_time=None)
+    model = ExportDir.open(out)
+    args = request(
+        model, "ort-cpu", batch=1, seq_len=n, warmup=0, repeat=1, threads=threads, seed=0, max_time=None
+    )
     return run_isolated(model, args)
 
 
 def profile(out: Path, plan: Plan, threads: int) -> list[dict[str, Any]]:
     """ORT's op-type breakdown of one run at P1's long length."""
-    ops = ort_op_profile(ExportedModel.open(out), batch=1, seq_len=plan.p1_long, threads=threads)
+    ops = ort_op_profile(ExportDir.open(out), batch=1, seq_len=plan.p1_long, threads=threads)
     return [dataclasses.asdict(t) for t in ops]
 
 
 def decode_latency(plan: Plan, variants: list[str], console: Console) -> dict[str, Any]:
-    """Per-token decode latency vs position from ``attnx.decode.bench`` (the decode work owns
-    the measurement); a labelled skip where it is missing, a one-line reason where it fails."""
-    try:
-        from attnx.decode.bench import decode_latency as measure_decode
-        from attnx.decode.export import decoders
-    except ImportError:
-        return {"status": "skipped", "reason": DECODE_SKIP, "timings": []}
+    """Per-token decode latency vs position from ``attnx.bench.decode``; a one-line reason where it fails."""
     chosen = [v for v in decoders() if v in variants]
     try:
-        timings = measure_decode(chosen, positions=plan.decode, steps=plan.decode_steps,
-                                 model=plan.decode_model,
-                                 progress=lambda message: console.print(f"· {message}", style="dim"))
+        timings = measure_decode(
+            chosen,
+            positions=plan.decode,
+            steps=plan.decode_steps,
+            model=plan.decode_model,
+            progress=lambda message: console.print(f"· {message}", style="dim"),
+        )
     except Exception as exc:
-        return {"status": "failed", "reason": f"decode benchmark failed: {one_line(exc)}", "timings": []}
+        reason = f"decode benchmark failed: {first_line(exc, with_type=True)}"
+        return {"status": "failed", "reason": reason, "timings": []}
     return {"status": "ok", "reason": "", "timings": [dataclasses.asdict(t) for t in timings]}
+
+
+def is_linear_time(variant: str, plan: Plan) -> bool:
+    """Whether the variant's declared cost model grows linearly with the length (P2's ≤ 18 applies):
+    its attention FLOPs at P2's long length over the short one, against the length ratio."""
+    declared = attnx.get_registry().variant(variant)
+    if declared.cost is None:
+        return False
+    short, long = plan.p2
+    config = declared.make_config({})
+    d, heads = plan.model["d_model"], plan.model["n_heads"]
+    ratio = (
+        declared.cost(Shape(1, long, d, heads), config).flops
+        / declared.cost(Shape(1, short, d, heads), config).flops
+    )
+    return ratio < 2 * long / short
 
 
 def _median(report: BenchReport, variant: str, backend: str, n: int, batch: int = 1) -> Measurement | None:
@@ -177,15 +220,31 @@ def _why(report: BenchReport, variant: str, backend: str, n: int, batch: int = 1
     return "not measured" if m is None else f"{m.status}: {m.reason}"
 
 
-def targets(sweep: BenchReport, batched: BenchReport, plan: Plan, gemm: float, p6: dict[str, Any],
-            p7: Measurement | None, decode: dict[str, Any], variants: list[str]) -> list[dict[str, Any]]:
+def targets(
+    sweep: BenchReport,
+    batched: BenchReport,
+    plan: Plan,
+    gemm: float,
+    p6: dict[str, Any],
+    p7: Measurement | None,
+    decode: dict[str, Any],
+    variants: list[str],
+) -> list[dict[str, Any]]:
     """One row per (target, variant): the measured value, the target and the verdict."""
     rows: list[dict[str, Any]] = []
 
     def row(target: str, variant: str, value: float | None, goal: str, met: bool | None, detail: str) -> None:
         verdict = "n/a" if met is None else "met" if met else "MISSED"
-        rows.append({"target": target, "variant": variant, "value": value, "goal": goal, "verdict": verdict,
-                     "detail": detail})
+        rows.append(
+            {
+                "target": target,
+                "variant": variant,
+                "value": value,
+                "goal": goal,
+                "verdict": verdict,
+                "detail": detail,
+            }
+        )
 
     for variant in variants:
         batch, short_n = plan.p1_batch
@@ -197,21 +256,33 @@ def targets(sweep: BenchReport, batched: BenchReport, plan: Plan, gemm: float, p
             if ort and eager:
                 ratio = ort.median_s / eager.median_s
                 stretch = " (stretch met)" if limit == 0.8 and ratio <= 0.6 else ""
-                row(label, variant, ratio, goal, ratio <= limit,
+                row(
+                    label,
+                    variant,
+                    ratio,
+                    goal,
+                    ratio <= limit,
                     f"ORT {ort.median_s * 1e3:.0f} ms / torch {eager.median_s * 1e3:.0f} ms{stretch}; "
-                    f"ratio of minima {ort.min_s / eager.min_s:.2f}")
+                    f"ratio of minima {ort.min_s / eager.min_s:.2f}",
+                )
             else:
                 missing = "ort-cpu" if not ort else "torch"
                 row(label, variant, None, goal, None, _why(report, variant, missing, n, b))
         short, long = plan.p2
         first, last = _median(sweep, variant, "ort-cpu", short), _median(sweep, variant, "ort-cpu", long)
-        linear_time = variant in LINEAR_TIME
+        linear_time = is_linear_time(variant, plan)
         label, goal = f"P2 ORT t({long})/t({short})", "≤ 18" if linear_time else "reported (quadratic)"
         if first and last:
             ratio = last.median_s / first.median_s
-            row(label, variant, ratio, goal, ratio <= 18 if linear_time else None,
+            row(
+                label,
+                variant,
+                ratio,
+                goal,
+                ratio <= 18 if linear_time else None,
                 f"{last.median_s * 1e3:.0f} ms / {first.median_s * 1e3:.0f} ms; "
-                f"ratio of minima {last.min_s / first.min_s:.2f}")
+                f"ratio of minima {last.min_s / first.min_s:.2f}",
+            )
         else:
             row(label, variant, None, goal, None, _why(sweep, variant, "ort-cpu", long if first else short))
         for backend in ("ort-cpu", "torch"):
@@ -222,30 +293,59 @@ def targets(sweep: BenchReport, batched: BenchReport, plan: Plan, gemm: float, p
             if m and m.flops and m.flops_per_s:
                 share = m.flops_per_s / gemm
                 rate = f"{m.flops_per_s / 1e9:.1f} GFLOP/s of {gemm / 1e9:.1f}"
-                row(label, variant, share, goal, share >= 0.6 if judged else None,
-                    f"{rate} (model {m.flops / 1e9:.1f} GFLOP)")
+                row(
+                    label,
+                    variant,
+                    share,
+                    goal,
+                    share >= 0.6 if judged else None,
+                    f"{rate} (model {m.flops / 1e9:.1f} GFLOP)",
+                )
             else:
                 row(label, variant, None, goal, None, _why(sweep, variant, backend, plan.p1_long))
     ok = p6["exit_code"] == 0
-    row("P6 attnx export wall time (s)", "softmax", p6["wall_s"] if ok else None, "≤ 10 s",
-        p6["wall_s"] <= 10 if ok else None, p6["command"] if ok else f"failed: {p6['error']}")
+    row(
+        "P6 attnx export wall time (s)",
+        "softmax",
+        p6["wall_s"] if ok else None,
+        "≤ 10 s",
+        p6["wall_s"] <= 10 if ok else None,
+        p6["command"] if ok else f"failed: {p6['error']}",
+    )
     if p7 is not None and p7.ok and p7.process_peak_rss_bytes:
         peak = p7.process_peak_rss_bytes / GiB
         delta = p7.peak_rss_bytes
         delta = "" if delta is None else f"; load+run {delta / GiB:.2f} GiB over the process baseline"
-        row(f"P7 ORT peak RSS N={plan.p7} (GiB)", "linear", peak, "≤ 2 GiB", peak <= 2,
-            f"whole process, one run of {p7.median_s:.1f} s{delta}")
+        row(
+            f"P7 ORT peak RSS N={plan.p7} (GiB)",
+            "linear",
+            peak,
+            "≤ 2 GiB",
+            peak <= 2,
+            f"whole process, one run of {p7.median_s:.1f} s{delta}",
+        )
     else:
-        row(f"P7 ORT peak RSS N={plan.p7} (GiB)", "linear", None, "≤ 2 GiB", None,
-            "linear not exported" if p7 is None else f"{p7.status}: {p7.reason}")
+        row(
+            f"P7 ORT peak RSS N={plan.p7} (GiB)",
+            "linear",
+            None,
+            "≤ 2 GiB",
+            None,
+            "linear not exported" if p7 is None else f"{p7.status}: {p7.reason}",
+        )
     by_variant: dict[str, list[dict[str, Any]]] = {}
     for t in decode["timings"]:
         by_variant.setdefault(t["variant"], []).append(t)
     for variant, points in by_variant.items():
         first, last = min(points, key=lambda t: t["position"]), max(points, key=lambda t: t["position"])
-        row(f"decode ms/token P={last['position']} / P={first['position']}", variant,
-            last["ms_per_token"] / first["ms_per_token"], "reported", None,
-            " · ".join(f"P={t['position']}: {t['ms_per_token']:.3f} ms" for t in points))
+        row(
+            f"decode ms/token P={last['position']} / P={first['position']}",
+            variant,
+            last["ms_per_token"] / first["ms_per_token"],
+            "reported",
+            None,
+            " · ".join(f"P={t['position']}: {t['ms_per_token']:.3f} ms" for t in points),
+        )
     if not by_variant:
         row("decode per-token latency", "-", None, "reported", None, decode["reason"])
     return rows
@@ -280,20 +380,27 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="attnx-bench-") as scratch:
         work = args.work or Path(scratch)
         work.mkdir(parents=True, exist_ok=True)
-        console.print(f"attnx benchmark ({'quick' if args.quick else 'full'}), {args.threads} threads, "
-                      f"variants {', '.join(variants)}; work dir {work}")
+        console.print(
+            f"attnx benchmark ({'quick' if args.quick else 'full'}), {args.threads} threads, "
+            f"variants {', '.join(variants)}; work dir {work}"
+        )
         gemm_before = gemm_rate(plan.gemm, args.threads)
         outs, export_failures = export_set(variants, plan, work, console)
         exported = [p.name for p in outs]
         backends = args.backends.split(",")
-        common = {"warmup": plan.warmup, "repeat": plan.repeat, "max_time": plan.max_time,
-                  "threads": args.threads}
+        common = {
+            "warmup": plan.warmup,
+            "repeat": plan.repeat,
+            "max_time": plan.max_time,
+            "threads": args.threads,
+        }
         with progress_bar(False) as progress:
             sweep = attnx.bench(outs, backends=backends, seq_lens=plan.sweep, progress=progress, **common)
         batch, n = plan.p1_batch
         with progress_bar(False) as progress:
-            batched = attnx.bench(outs, backends=["torch", "ort-cpu"], seq_lens=[n], batch=batch,
-                                  progress=progress, **common)
+            batched = attnx.bench(
+                outs, backends=["torch", "ort-cpu"], seq_lens=[n], batch=batch, progress=progress, **common
+            )
         gemm_after = gemm_rate(plan.gemm, args.threads)
         gemm = max(gemm_before["median_flops_per_s"], gemm_after["median_flops_per_s"])
         console.print(f"· timing `attnx export` (P6) and the N={plan.p7} peak RSS (P7)", style="dim")
@@ -304,8 +411,10 @@ def main(argv: list[str] | None = None) -> int:
 
     print_report(sweep, console)
     print_report(batched, console)
-    console.print(f"fp32 GEMM {plan.gemm}³: {gemm_before['median_flops_per_s'] / 1e9:.1f} GFLOP/s before, "
-                  f"{gemm_after['median_flops_per_s'] / 1e9:.1f} after (median); P5 uses {gemm / 1e9:.1f}")
+    console.print(
+        f"fp32 GEMM {plan.gemm}³: {gemm_before['median_flops_per_s'] / 1e9:.1f} GFLOP/s before, "
+        f"{gemm_after['median_flops_per_s'] / 1e9:.1f} after (median); P5 uses {gemm / 1e9:.1f}"
+    )
     for name, ops in profiles.items():
         top = ", ".join(f"{o['op_type']} {o['share']:.0%}" for o in ops[:6])
         console.print(f"ORT profile {name} N={plan.p1_long}: {top}")
@@ -316,11 +425,21 @@ def main(argv: list[str] | None = None) -> int:
     elapsed = time.perf_counter() - started
     console.print(f"total wall time {elapsed / 60:.1f} min")
     if args.json:
-        data = {"plan": dataclasses.asdict(plan), "quick": args.quick, "machine": machine_info(),
-                "elapsed_s": elapsed, "targets": rows, "gemm": [gemm_before, gemm_after], "p6": p6,
-                "p7": p7.to_dict() if p7 else None, "decode": decode,
-                "export_failures": export_failures, "ort_profiles": profiles,
-                "sweep": sweep.to_dict(), "batched": batched.to_dict()}
+        data = {
+            "plan": dataclasses.asdict(plan),
+            "quick": args.quick,
+            "machine": machine_info(),
+            "elapsed_s": elapsed,
+            "targets": rows,
+            "gemm": [gemm_before, gemm_after],
+            "p6": p6,
+            "p7": p7.to_dict() if p7 else None,
+            "decode": decode,
+            "export_failures": export_failures,
+            "ort_profiles": profiles,
+            "sweep": sweep.to_dict(),
+            "batched": batched.to_dict(),
+        }
         args.json.write_text(json.dumps(data, indent=2) + "\n")
         console.print(f"wrote {args.json}")
     if args.plot:

@@ -5,7 +5,8 @@ scikit-learn's 1,797 8x8 digits (shipped inside scikit-learn, no download) is a 
 tokens, its 17 grey levels 0..16, after a start token that names the digit (17 + digit), so the model
 draws the digit it is asked for. A causal ``lm`` with ``linear`` attention learns next-pixel
 prediction; the script prints the loss falling, saves the weights (safetensors) and a recipe naming
-them, exports the model with its O(1)-state decoder (``attnx.export(..., checkpoint=..., decode=True)``),
+them, exports the model with its O(1)-state decoder (``attnx.export(..., checkpoint=...)`` with the
+``export.decode`` setting),
 and draws every digit greedily with ONNX Runtime and with torch, which must agree token for token.
 
     pip install 'attnx[examples]'
@@ -78,7 +79,7 @@ def pixel_loss(model: torch.nn.Module, batch: torch.Tensor) -> torch.Tensor:
 def train(steps: int, batch_size: int = 32, seed: int = 0, log_every: int = 100) -> torch.nn.Module:
     data = sequences()
     train_set, held_out = data[:TRAIN_IMAGES], data[TRAIN_IMAGES:]
-    model = attnx.models.build("lm", VARIANT, seed=seed, **ARCHITECTURE)
+    model = attnx.nn.Model("lm", VARIANT, seed=seed, **ARCHITECTURE)
     optimiser = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
     warmup = max(1, min(100, steps // 10))
     schedule = torch.optim.lr_scheduler.LambdaLR(
@@ -122,10 +123,10 @@ def draw_all(out: Path) -> bool:
     for digit in range(10):
         drawn = {
             backend: attnx.generate(out, [START + digit], max_new_tokens=PIXELS, backend=backend).tokens
-            for backend in ("ort", "torch")
+            for backend in ("ort-cpu", "torch")
         }
-        same = same and drawn["ort"] == drawn["torch"]
-        for row, text in zip(rows, picture(drawn["ort"]), strict=True):
+        same = same and drawn["ort-cpu"] == drawn["torch"]
+        for row, text in zip(rows, picture(drawn["ort-cpu"]), strict=True):
             row.append(f"{text:8s}")
     print("greedy digits 0-9 (ONNX Runtime):")
     print("\n".join("  ".join(row) for row in rows))
@@ -151,9 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"saved {weights} ({weights.stat().st_size // 1024} KB) and {args.out / f'{NAME}.toml'}")
 
     export = args.out / "export"
-    result = attnx.export(
-        VARIANT, export, model="lm", options=ARCHITECTURE, checkpoint=weights, decode=True, force=True
-    )
+    options = {**ARCHITECTURE, "export.decode": True}
+    result = attnx.export(VARIANT, export, model="lm", options=options, checkpoint=weights, force=True)
     parity = "passed" if result.parity.passed else "FAILED"
     print(f"exported {export} (model.onnx, prefill.onnx, decode.onnx); parity torch vs ONNX Runtime {parity}")
     same = draw_all(export)

@@ -163,7 +163,8 @@ def round_trip(tmp_path_factory):
 def test_round_trip_reproduces_weights_and_outputs(round_trip):
     a, b, _ = round_trip
     manifests = [json.loads((out / "attnx.json").read_text()) for out in (a, b)]
-    assert manifests[0]["weights_sha256"] == manifests[1]["weights_sha256"] and manifests[1]["seed"] == 2
+    weights = [m["files"]["weights"]["sha256"] for m in manifests]
+    assert weights[0] == weights[1] and manifests[1]["seed"] == 2
     ids = np.random.default_rng(0).integers(0, 50, size=(2, 13))
     outputs = [ort.InferenceSession(str(out / MODEL_FILE)).run(None, {"input_ids": ids})[0] for out in (a, b)]
     np.testing.assert_array_equal(outputs[0], outputs[1])

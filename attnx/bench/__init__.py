@@ -14,13 +14,11 @@ import sys
 import types
 from typing import Any
 
-from attnx.bench.api import DEFAULT_SEQ_LENS, bench, parse_size
-from attnx.bench.backends import BENCH_BACKENDS
+from attnx.bench.api import DEFAULT_SEQ_LENS, bench
 from attnx.bench.report import BenchReport, Measurement, Scaling
 from attnx.bench.scaling import fit_slope
 
-__all__ = ["BENCH_BACKENDS", "DEFAULT_SEQ_LENS", "BenchReport", "Measurement", "Scaling", "bench",
-           "fit_slope", "parse_size"]
+__all__ = ["DEFAULT_SEQ_LENS", "BenchReport", "Measurement", "Scaling", "bench", "fit_slope"]
 
 
 class _CallableModule(types.ModuleType):

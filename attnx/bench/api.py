@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import secrets
 from collections.abc import Callable, Sequence
 from importlib import metadata
@@ -11,14 +10,16 @@ from typing import Any
 
 import numpy as np
 
-from attnx.bench.backends import BENCH_BACKENDS, BenchBackend, ExportedModel
-from attnx.bench.cost import model_cost
 from attnx.bench.machine import available_memory, default_threads, machine_info
 from attnx.bench.report import BenchReport, Measurement
 from attnx.bench.timing import measure
 from attnx.bench.worker import request, run_isolated
-from attnx.errors import AttnxError, unknown_choice
+from attnx.errors import AttnxError
+from attnx.exporter.budget import model_cost
+from attnx.exporter.directory import ExportDir
 from attnx.exporter.manifest import package_versions
+from attnx.parity.backends import Backend
+from attnx.parity.backends import backends as backend_list
 
 DEFAULT_SEQ_LENS = (256, 1024, 4096)
 DEFAULT_WARMUP = 2
@@ -26,21 +27,6 @@ DEFAULT_REPEAT = 10
 MEMORY_FRACTION = 0.8  # default limit: this share of the memory available when the run starts
 GiB = 1 << 30
 Progress = Callable[[int, int, str], None]  # (cases done, cases in all, the case starting)
-_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "kb": 10**3, "m": 1 << 20, "mib": 1 << 20, "mb": 10**6,
-          "g": GiB, "gib": GiB, "gb": 10**9, "t": 1 << 40, "tib": 1 << 40, "tb": 10**12}
-
-
-def parse_size(text: str) -> int:
-    """"8GiB", "512M", "2GB", "1e9" -> bytes (K/M/G and KiB/MiB/GiB binary, KB/MB/GB decimal)."""
-    match = re.fullmatch(r"\s*([0-9.eE+]+)\s*([A-Za-z]*)\s*", text)
-    unit = match.group(2).lower() if match else ""
-    try:
-        value = float(match.group(1)) if match else -1.0
-    except ValueError:
-        value = -1.0
-    if not match or unit not in _UNITS or value <= 0:
-        raise AttnxError(f"memory size '{text}' is not understood; write e.g. 8GiB, 512MiB or 2GB")
-    return int(value * _UNITS[unit])
 
 
 def default_memory_limit() -> int | None:
@@ -66,11 +52,11 @@ def bench(
     """Time each exported model (``attnx export`` OUT) on each backend at each length.
 
     Args:
-        backends: names from :data:`BENCH_BACKENDS` (default: all); one that cannot run
-            here is reported as skipped with its reason.
+        backends: names from :data:`attnx.parity.backends.BACKENDS` (default: all); one that cannot
+            run here is reported as skipped with its reason.
         threads: intra-op threads for torch and ONNX Runtime (default: the usable cores).
         max_memory: bytes; a case whose estimated peak exceeds it is skipped with the
-            estimate: the :mod:`attnx.bench.cost` activation bound times the backend's
+            estimate: the :mod:`attnx.exporter.budget` activation bound times the backend's
             ``memory_factor`` (2 for ONNX backends), plus ``weight_copies`` (2 for torch, 3 for
             ONNX backends) of the weights file it loads.
             Default: 80% of the memory available at the start.
@@ -82,76 +68,117 @@ def bench(
         AttnxError: an OUT is not an attnx export, an unknown backend, or a bad number.
     """
     outs = [outs] if isinstance(outs, (str, Path)) else list(outs)
-    names = list(BENCH_BACKENDS) if backends is None else list(backends)
-    if not names:
-        raise AttnxError(f"no backend given; choose from {', '.join(BENCH_BACKENDS)}")
-    for name in names:
-        if name not in BENCH_BACKENDS:
-            raise unknown_choice("backend", name, BENCH_BACKENDS)
+    chosen = backend_list(None if backends is None else list(backends))
     lengths = sorted(set(seq_lens or DEFAULT_SEQ_LENS))
     threads = default_threads() if threads is None else threads
     if not outs:
         raise AttnxError("no OUT directory given; pass the output directory of an `attnx export`")
     if min(lengths) < 1 or batch < 1 or repeat < 1 or warmup < 0 or threads < 1:
         raise AttnxError("sequence lengths, batch, repeat and threads must be >= 1 and warmup >= 0")
-    models = [ExportedModel.open(out) for out in outs]
+    models = [ExportDir.open(out) for out in outs]
     limit = default_memory_limit() if max_memory is None else max_memory
     seed = secrets.randbits(31) if seed is None else seed
     rng = np.random.default_rng(seed)
-    reasons = {(name, model.directory): BENCH_BACKENDS[name].unavailable(model.directory)
-               for name in names for model in models}
+    reasons = {(b.name, model.path): b.unavailable(model) for b in chosen for model in models}
 
     # Backends are adjacent in time for each length, so a load change on a shared machine
     # hits both sides of a comparison (e.g. ORT/torch) alike.
-    cases = [(model, name, n) for model in models for n in lengths for name in names]
+    cases = [(model, backend, n) for model in models for n in lengths for backend in chosen]
     measurements: list[Measurement] = []
-    for done, (model, name, n) in enumerate(cases):
+    for done, (model, backend, n) in enumerate(cases):
+        name = backend.name
         if progress:
             progress(done, len(cases), f"{model.label} {name} N={n}")
-        backend = BENCH_BACKENDS[name]
         estimate, flops = _estimate(model, backend, batch, n)
-        reason = reasons[name, model.directory]
+        reason = reasons[name, model.path]
         if not reason and estimate is not None and limit is not None and estimate > limit:
-            reason = (f"estimated peak {estimate / GiB:.1f} GiB exceeds the memory limit "
-                      f"{limit / GiB:.1f} GiB (--max-memory)")
+            reason = (
+                f"estimated peak {estimate / GiB:.1f} GiB exceeds the memory limit "
+                f"{limit / GiB:.1f} GiB (--max-memory)"
+            )
         if reason:
-            result = Measurement(model.label, str(model.directory), model.manifest.variant, name, batch, n,
-                                 status="skipped", reason=reason)
+            result = Measurement(
+                model.label,
+                str(model.path),
+                model.manifest.variant,
+                name,
+                batch,
+                n,
+                status="skipped",
+                reason=reason,
+            )
         elif isolate:
-            args = request(model, name, batch=batch, seq_len=n, warmup=warmup, repeat=repeat, threads=threads,
-                           seed=int(rng.integers(2**31)), max_time=max_time)
+            args = request(
+                model,
+                name,
+                batch=batch,
+                seq_len=n,
+                warmup=warmup,
+                repeat=repeat,
+                threads=threads,
+                seed=int(rng.integers(2**31)),
+                max_time=max_time,
+            )
             result = run_isolated(model, args)
         else:
-            result = measure(model, backend, batch=batch, seq_len=n, warmup=warmup, repeat=repeat,
-                             threads=threads, rng=rng, max_time=max_time)
+            result = measure(
+                model,
+                backend,
+                batch=batch,
+                seq_len=n,
+                warmup=warmup,
+                repeat=repeat,
+                threads=threads,
+                rng=rng,
+                max_time=max_time,
+            )
         result.estimated_bytes, result.flops = estimate, flops
         measurements.append(result)
     if progress:
         progress(len(cases), len(cases), "done")
 
-    settings = {"backends": names, "seq_lens": lengths, "batch": batch, "warmup": warmup, "repeat": repeat,
-                "max_time_s": max_time, "threads": threads, "max_memory_bytes": limit, "isolate": isolate,
-                "seed": seed, "graph_optimization": "ORT_ENABLE_ALL"}
-    return BenchReport(machine_info() | _providers(), versions(), settings, [_describe(m) for m in models],
-                       measurements)
+    settings = {
+        "backends": [b.name for b in chosen],
+        "seq_lens": lengths,
+        "batch": batch,
+        "warmup": warmup,
+        "repeat": repeat,
+        "max_time_s": max_time,
+        "threads": threads,
+        "max_memory_bytes": limit,
+        "isolate": isolate,
+        "seed": seed,
+        "graph_optimization": "ORT_ENABLE_ALL",
+    }
+    return BenchReport(
+        machine_info() | _providers(), versions(), settings, [_describe(m) for m in models], measurements
+    )
 
 
-def _estimate(model: ExportedModel, backend: BenchBackend, batch: int, n: int) -> tuple[int | None, ...]:
-    """(estimated peak bytes, FLOPs) of one case; (None, None) for a model the cost model lacks."""
-    m = model.manifest
-    cost = model_cost(m.variant, m.variant_config, m.model, m.model_config, batch, n,
-                      cross_variant=m.cross_variant, cross_variant_config=m.cross_variant_config)
+def _estimate(export: ExportDir, backend: Backend, batch: int, n: int) -> tuple[int | None, ...]:
+    """(estimated peak bytes, FLOPs) of one case; (None, None) for a model without a cost model."""
+    model, config, roles = export.specs()
+    cost = model_cost(model, config, roles, batch, n)
     if cost is None:
         return None, None
-    weights = model.weights_bytes() if backend.uses_weights_file else model.onnx_bytes()
+    weights = export.size("weights") if backend.loads_weights else export.size("model")
     return int(backend.memory_factor * cost.working_bytes) + backend.weight_copies * weights, cost.flops
 
 
-def _describe(model: ExportedModel) -> dict[str, Any]:
-    m = model.manifest
-    return {"label": model.label, "out": str(model.directory), "variant": m.variant,
-            "variant_config": m.variant_config, "model": m.model, "model_config": m.model_config,
-            "lowering": m.lowering, "opset": m.opset, "dtype": m.dtype, "weights_sha256": m.weights_sha256}
+def _describe(export: ExportDir) -> dict[str, Any]:
+    m = export.manifest
+    return {
+        "label": export.label,
+        "out": str(export.path),
+        "variant": m.variant,
+        "variant_config": m.variant_config,
+        "model": m.model,
+        "model_config": m.model_config,
+        "lowering": m.lowering,
+        "opset": m.opset,
+        "dtype": m.dtype,
+        "weights_sha256": m.files["weights"].sha256,
+    }
 
 
 def versions() -> dict[str, str | None]:

@@ -22,6 +22,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from attnx.exporter.budget import available_memory
+
 _STATUS = Path("/proc/self/status")
 _MEMINFO = Path("/proc/meminfo")
 
@@ -51,10 +53,6 @@ def _meminfo(key: str) -> int | None:
 
 def total_memory() -> int | None:
     return _meminfo("MemTotal")
-
-
-def available_memory() -> int | None:
-    return _meminfo("MemAvailable")
 
 
 def machine_info() -> dict[str, Any]:

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from attnx.atomic import write_atomic
 from attnx.bench.report import BenchReport
 from attnx.errors import AttnxError
-from attnx.atomic import write_atomic
 
 INSTALL_HINT = "pip install 'attnx[plot]'"
 STYLES = ("-", "--", ":", "-.")  # one per backend; colours are per model

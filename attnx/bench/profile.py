@@ -16,8 +16,9 @@ from pathlib import Path
 
 import numpy as np
 
-from attnx.bench.backends import ExportedModel, ort_session_options
 from attnx.bench.timing import feed_for
+from attnx.exporter.directory import ExportDir
+from attnx.parity.runners import ort_session_options
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,7 +29,7 @@ class OpTime:
     nodes: int  # node executions per run
 
 
-def ort_op_profile(model: ExportedModel, *, batch: int, seq_len: int, threads: int, runs: int = 1,
+def ort_op_profile(export: ExportDir, *, batch: int, seq_len: int, threads: int, runs: int = 1,
                    seed: int = 0) -> list[OpTime]:
     """Per-op-type node time of ``runs`` CPU runs, after one warm-up run whose events are dropped."""
     import onnxruntime
@@ -39,9 +40,9 @@ def ort_op_profile(model: ExportedModel, *, batch: int, seq_len: int, threads: i
         options.enable_profiling = True
         options.profile_file_prefix = str(Path(directory) / "ort")
         providers = ["CPUExecutionProvider"]
-        session = onnxruntime.InferenceSession(str(model.model_path), options, providers=providers)
+        session = onnxruntime.InferenceSession(str(export.model_path), options, providers=providers)
         for _ in range(1 + runs):
-            session.run(None, feed_for(model, batch, seq_len, rng))
+            session.run(None, feed_for(export, batch, seq_len, rng))
         events = json.loads(Path(session.end_profiling()).read_text())
     windows = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("name") == "model_run")[1:]
     totals: dict[str, list[float]] = {}

@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from attnx.bench.scaling import fit_slope
 from attnx.atomic import write_atomic
+from attnx.bench.scaling import fit_slope
 
 SCHEMA_VERSION = 1
 MiB = 1 << 20

@@ -15,19 +15,20 @@ from typing import Any
 
 import numpy as np
 
-from attnx.bench.backends import BENCH_BACKENDS, ExportedModel
 from attnx.bench.machine import lifetime_peak_bytes
 from attnx.bench.report import Measurement
 from attnx.bench.timing import measure
+from attnx.exporter.directory import ExportDir
+from attnx.parity.backends import BACKENDS
 
 
-def request(model: ExportedModel, backend: str, *, batch: int, seq_len: int, warmup: int, repeat: int,
+def request(export: ExportDir, backend: str, *, batch: int, seq_len: int, warmup: int, repeat: int,
             threads: int, seed: int, max_time: float | None) -> dict[str, Any]:
-    return {"out": str(model.directory), "backend": backend, "batch": batch, "seq_len": seq_len,
+    return {"out": str(export.path), "backend": backend, "batch": batch, "seq_len": seq_len,
             "warmup": warmup, "repeat": repeat, "threads": threads, "seed": seed, "max_time": max_time}
 
 
-def run_isolated(model: ExportedModel, args: dict[str, Any], timeout: float | None = None) -> Measurement:
+def run_isolated(export: ExportDir, args: dict[str, Any], timeout: float | None = None) -> Measurement:
     """Run ``request(...)`` in a child process; a crash (e.g. killed out of memory) is a failed case."""
     command = [sys.executable, "-m", "attnx.bench.worker", json.dumps(args)]
     try:
@@ -40,14 +41,14 @@ def run_isolated(model: ExportedModel, args: dict[str, Any], timeout: float | No
             return Measurement.from_dict(json.loads(lines[-1]))
         tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
         reason = f"measuring process exited with code {done.returncode}: {tail}"
-    return Measurement(model.label, str(model.directory), model.manifest.variant, args["backend"],
+    return Measurement(export.label, str(export.path), export.manifest.variant, args["backend"],
                        args["batch"], args["seq_len"], "failed", reason, threads=args["threads"])
 
 
 def main(argv: list[str]) -> None:
     args = json.loads(argv[0])
-    model = ExportedModel.open(args["out"])
-    result = measure(model, BENCH_BACKENDS[args["backend"]], batch=args["batch"], seq_len=args["seq_len"],
+    export = ExportDir.open(args["out"])
+    result = measure(export, BACKENDS[args["backend"]], batch=args["batch"], seq_len=args["seq_len"],
                      warmup=args["warmup"], repeat=args["repeat"], threads=args["threads"],
                      rng=np.random.default_rng(args["seed"]), max_time=args["max_time"])
     result.process_peak_rss_bytes = lifetime_peak_bytes()

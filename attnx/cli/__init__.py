@@ -11,10 +11,10 @@ import sys
 import click
 
 from attnx import __version__
-from attnx.cli import bench, build, doctor, export, generate, listing, new_plugin, verify
+from attnx.cli import bench, build, doctor, export, generate, listing, new_plugin, triton, verify
 from attnx.errors import AttnxError
+from attnx.registry import get_registry
 
-EXIT_CHECK_FAILED = 1
 EXIT_BAD_INPUT = 2
 
 
@@ -32,13 +32,11 @@ def cli() -> None:
 
 
 for command in (listing.command, doctor.command, export.command, verify.command, build.command, bench.command,
-                new_plugin.command, generate.command):
+                new_plugin.command, generate.command, triton.command):
     cli.add_command(command)
 
 
 def _add_plugin_commands() -> None:
-    from attnx.registry import get_registry
-
     get_registry().add_commands(cli)
 
 

@@ -58,11 +58,12 @@ def command(outs: tuple[str, ...], backends: str | None, seq_lens: str, batch: i
     progress bar to stderr. Exit code 0: every case ran or was skipped with a reason;
     1: a backend failed on a case; 2: bad input.
     """
-    from attnx.bench import bench, parse_size
+    from attnx.bench import bench
+    from attnx.config import parse_size
 
     names = parse_name_list(backends) if backends is not None else None
     lengths = parse_int_list(seq_lens, "--seq-lens")
-    limit = parse_size(max_memory) if max_memory is not None else None
+    limit = parse_size(max_memory, "--max-memory") if max_memory is not None else None
     if plot_path:
         from attnx.bench.plot import require_matplotlib
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -54,17 +55,18 @@ def command(out: str, fp16: bool, workspace: str | None, min_seq: int, opt_seq: 
     the attnx TensorRT plugins first. The settings are recorded in OUT/attnx.json;
     `attnx verify OUT --backends trt` then compares the engine with torch.
     """
-    from attnx.trt.build import BuildSettings, build, parse_size
+    from attnx.config import parse_size
+    from attnx.trt.build import BuildSettings, build
 
     settings = BuildSettings(
         fp16=fp16,
-        workspace=parse_size(workspace) if workspace is not None else None,
+        workspace=parse_size(workspace, "--workspace") if workspace is not None else None,
         batch=(min_batch, opt_batch, max_batch),
         seq=(min_seq, opt_seq, max_seq),
     )
     result = build(out, settings, progress=progress_printer(quiet or as_json))
     if as_json:
-        echo_json({"engine": str(result.engine), **result.record})
+        echo_json({"engine": str(result.engine), **dataclasses.asdict(result.record)})
     else:
-        click.echo(f"wrote {result.engine} (TensorRT {result.record['tensorrt']}, "
-                   f"{'fp16' if result.record['fp16'] else 'fp32'}, {result.record['device']})")
+        click.echo(f"wrote {result.engine} (TensorRT {result.record.tensorrt}, "
+                   f"{'fp16' if result.record.fp16 else 'fp32'}, {result.record.device})")

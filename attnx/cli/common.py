@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -100,7 +100,3 @@ def parity_summary(report: Any) -> str:
         return "parity: NOT CHECKED (every backend was skipped)"
     failed = [b.backend for b in report.ran if b.status == "failed"]
     return "parity: FAILED on " + ", ".join(failed)
-
-
-def choice_list(values: Sequence[str]) -> str:
-    return ", ".join(values)

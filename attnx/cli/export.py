@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 
 import click
@@ -27,6 +28,7 @@ Examples:
   attnx export --recipe tiny-lm --checkpoint lm.safetensors --save-checkpoint copy.pt -o lm
   attnx export --recipe linear-lm --decode -o lm-decode
   attnx export --variant linear --model lm --dtype fp16 -o lm-fp16
+  attnx export --recipe tiny-lm --decode --tokenizer tokenizer.json -o chat   # + genai, text in/out
 """
 
 
@@ -81,7 +83,15 @@ Examples:
 @click.option(
     "--decode",
     is_flag=True,
-    help="Also export prefill.onnx + decode.onnx (KV cache or recurrent state) for generation.",
+    help="Also export prefill.onnx + decode.onnx (KV cache or recurrent state) for generation "
+    "(an lm also gets genai.onnx + genai_config.json for onnxruntime-genai).",
+)
+@click.option(
+    "--tokenizer",
+    default=None,
+    type=click.Path(),
+    metavar="FILE",
+    help="A Hugging Face tokenizer.json to ship with the export (attnx generate --prompt TEXT).",
 )
 @click.option("--verify/--no-verify", default=None, help="Check parity torch vs ORT.  [default: verify]")
 @tolerance_options
@@ -102,6 +112,7 @@ def command(
     checkpoint: str | None,
     save_checkpoint: str | None,
     decode: bool,
+    tokenizer: str | None,
     verify: bool | None,
     seq_lens: str | None,
     atol: float | None,
@@ -116,34 +127,37 @@ def command(
     the model is compared with its torch original by Polygraphy at several sequence
     lengths, and OUT/parity.json records the result; a mismatch exits with code 1.
     """
-    from attnx.exporter.export import export
+    from attnx.api import export
 
+    flags = {
+        "export.lowering": lowering,
+        "export.opset": opset,
+        "export.dtype": dtype,
+        "export.seed": seed,
+        "export.decode": decode or None,
+        "export.tokenizer": tokenizer,
+        "verify.enabled": verify,
+        "verify.seq_lens": parse_int_list(seq_lens, "--seq-lens"),
+        "verify.atol": atol,
+        "verify.rtol": rtol,
+    }
     result = export(
         variant,
         out,
         model=model,
         recipe=recipe,
         cross_variant=cross_variant,
-        lowering=lowering,
-        options=parse_assignments(assignments),
-        seed=seed,
-        opset=opset,
-        dtype=dtype,
-        verify=verify,
+        options={**parse_assignments(assignments), **{k: v for k, v in flags.items() if v is not None}},
         force=force,
-        seq_lens=parse_int_list(seq_lens, "--seq-lens"),
-        atol=atol,
-        rtol=rtol,
         checkpoint=checkpoint,
         save_checkpoint=save_checkpoint,
-        decode=decode,
         progress=progress_printer(quiet or as_json),
     )
     if as_json:
         echo_json(
             {
                 "out": str(result.out),
-                "manifest": result.manifest.__dict__,
+                "manifest": json.loads(result.manifest.to_json()),
                 "attnx_nodes": result.attnx_nodes,
                 "parity": result.parity.to_dict() if result.parity else None,
             }
@@ -156,11 +170,16 @@ def command(
             f"lowering, {result.attnx_nodes} attnx nodes, opset {result.manifest.opset})"
         )
         if result.manifest.decode:
-            entry = result.manifest.decode
+            section = result.manifest.decode
             click.echo(
-                f"wrote {result.out}/prefill.onnx and {result.out}/decode.onnx ({entry['mode']} state, "
-                f"{len(entry['state'])} tensors; run `attnx generate {result.out} --prompt-ids 1,2,3`)"
+                f"wrote {result.out}/prefill.onnx and {result.out}/decode.onnx ({section.mode} state, "
+                f"{len(section.state)} tensors; run `attnx generate {result.out} --prompt-ids 1,2,3`)"
             )
+        if result.manifest.genai:
+            where = f"onnxruntime_genai.Model('{result.out}')"
+            click.echo(f"wrote {result.out}/genai.onnx + genai_config.json ({where})")
+        if result.manifest.tokenizer:
+            click.echo(f"wrote {result.out}/tokenizer.json ({result.manifest.tokenizer.vocab_size} tokens)")
         if save_checkpoint:
             click.echo(f"saved weights to {save_checkpoint}")
         if result.parity:

@@ -7,6 +7,8 @@ import dataclasses
 import click
 
 from attnx.cli.common import echo_json, json_option
+from attnx.recipes import summaries
+from attnx.registry import get_registry
 
 LOWERINGS = {
     "function": "one attnx::<Op> node per attention call, body as an ONNX local function (default)",
@@ -16,9 +18,6 @@ LOWERINGS = {
 
 
 def listing_data() -> dict:
-    from attnx.recipes import summaries
-    from attnx.registry import get_registry
-
     registry = get_registry()
     variants = [
         {

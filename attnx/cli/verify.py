@@ -30,11 +30,15 @@ Examples:
     "--backends",
     default="ort-cpu",
     show_default=True,
-    help="Comma-separated: ort-cpu, ort-cuda, ort-trt, trt (unavailable ones are skipped with the reason).",
+    help="Comma-separated: torch-compile, ort-cpu, ort-cuda, ort-trt, trt (compared with torch eager; "
+    "unavailable ones are skipped with the reason).",
 )
 @tolerance_options
 @click.option("--batch", default=2, show_default=True, type=int, help="Batch size of the random inputs.")
 @click.option("--seed", default=None, type=int, help="Seed of the random inputs (default: fresh; recorded).")
+@click.option(
+    "--write/--no-write", default=True, show_default=True, help="Record the report in OUT/parity.json."
+)
 @json_option
 def command(
     out: str,
@@ -44,6 +48,7 @@ def command(
     rtol: float | None,
     batch: int,
     seed: int | None,
+    write: bool,
     as_json: bool,
 ) -> None:
     """Compare the torch model with OUT/model.onnx on fresh random inputs (Polygraphy).
@@ -51,7 +56,7 @@ def command(
     The torch model is rebuilt from OUT/attnx.json and OUT/weights.safetensors. Writes
     OUT/parity.json. Exit code 0: parity holds; 1: a mismatch; 2: bad input.
     """
-    from attnx.parity.verify import verify
+    from attnx.api import verify
 
     report = verify(
         out,
@@ -61,6 +66,7 @@ def command(
         atol=atol,
         rtol=rtol,
         seed=seed,
+        write=write,
     )
     if as_json:
         echo_json(report.to_dict())

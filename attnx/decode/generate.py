@@ -3,7 +3,8 @@
 No tokenizer: a prompt is a list of ids below the model's ``vocab_size``. The next token
 is the argmax of the last logits (greedy) or a draw from softmax(logits / temperature),
 optionally restricted to the ``top_k`` largest, with a numpy Generator seeded by ``seed``:
-given the same logits, the ONNX Runtime and torch backends pick the same ids.
+given the same logits, every backend picks the same ids. A variant whose positions are bounded
+(``Variant.position_limit``, cosFormer's M) refuses a prompt plus new tokens past the bound.
 """
 
 from __future__ import annotations
@@ -16,7 +17,11 @@ from typing import Any
 
 import numpy as np
 
+from attnx.decode.runtime import open_stepper
 from attnx.errors import AttnxError
+from attnx.exporter.directory import ExportDir
+from attnx.exporter.manifest import Manifest
+from attnx.registry import get_registry
 
 Progress = Callable[[str], None]
 
@@ -100,7 +105,7 @@ def generate(
     max_new_tokens: int = 32,
     *,
     source_ids: Sequence[int] | None = None,
-    backend: str = "ort",
+    backend: str = "ort-cpu",
     temperature: float | None = None,
     top_k: int = 0,
     seed: int = 0,
@@ -113,23 +118,26 @@ def generate(
     Args:
         prompt_ids: the first tokens (of the target, for a seq2seq export: e.g. its start token).
         source_ids: the source sequence of a seq2seq export (required there, refused for an lm).
-        backend: "ort" (ONNX Runtime CPU on prefill.onnx/decode.onnx) or "torch" (the model
-            rebuilt from the manifest and weights, run step by step).
+        backend: a backend of :data:`attnx.parity.backends.BACKENDS` that runs decode graphs:
+            "ort-cpu" (default), "ort-cuda", or "torch" (the model rebuilt from the manifest and
+            weights, run step by step).
         temperature: None for greedy decoding, else the sampling temperature (> 0).
         top_k: sample among the ``top_k`` most likely tokens (0: all).
         seed: seed of the sampler's numpy Generator.
         on_token: called with each new token as soon as it is picked.
 
     Raises:
-        AttnxError: not a decode export, a bad prompt or bad sampling settings.
+        AttnxError: not a decode export, a bad prompt, bad sampling settings, or more positions
+            than the model handles.
     """
-    from attnx.decode.runtime import open_stepper
-
     report = progress or (lambda message: None)
     sampler = Sampler(temperature, top_k)
     if max_new_tokens < 1:
         raise AttnxError(f"--max-new-tokens must be >= 1 (got {max_new_tokens})")
-    stepper, manifest = open_stepper(out, backend, threads)
+    if threads is not None and threads < 1:
+        raise AttnxError(f"--threads must be >= 1 (got {threads})")
+    export = ExportDir.open(out)
+    manifest = export.manifest
     vocab = int(manifest.model_config["vocab_size"])
     prompt = check_prompt(prompt_ids, vocab)
     source = None
@@ -142,22 +150,46 @@ def generate(
         source = {"input_ids": ids, "attention_mask": np.ones(ids.shape, dtype=bool)}
     elif source_ids is not None:
         raise AttnxError(f"--source-ids is for seq2seq exports; this one is a '{manifest.model}' model")
+    check_positions(manifest, len(prompt) + max_new_tokens)
     rng = np.random.default_rng(seed)
-    max_len = manifest.variant_config.get("max_len")
-    if max_len and len(prompt) + max_new_tokens > max_len:
-        report(f"note: positions past max_len={max_len} (cosFormer's M) turn the re-weighting negative")
-    report(f"prefill: {len(prompt)} prompt tokens on {backend}")
-    start = time.perf_counter()
-    logits, state = stepper.prefill(np.asarray([prompt], dtype=np.int64), source)
-    tokens = [sampler.pick(logits[0, -1], rng)]
-    prefill_seconds = time.perf_counter() - start
-    if on_token:
-        on_token(tokens[-1])
-    report(f"decoding {max_new_tokens - 1} more tokens")
-    start = time.perf_counter()
-    while len(tokens) < max_new_tokens:
-        logits, state = stepper.decode(np.asarray([[tokens[-1]]], dtype=np.int64), state)
-        tokens.append(sampler.pick(logits[0, -1], rng))
+    with open_stepper(export, backend, threads) as stepper:
+        report(f"prefill: {len(prompt)} prompt tokens on {backend}")
+        start = time.perf_counter()
+        logits, state = stepper.prefill(np.asarray([prompt], dtype=np.int64), source)
+        tokens = [sampler.pick(logits[0, -1], rng)]
+        prefill_seconds = time.perf_counter() - start
         if on_token:
             on_token(tokens[-1])
+        report(f"decoding {max_new_tokens - 1} more tokens")
+        start = time.perf_counter()
+        while len(tokens) < max_new_tokens:
+            logits, state = stepper.decode(np.asarray([[tokens[-1]]], dtype=np.int64), state)
+            tokens.append(sampler.pick(logits[0, -1], rng))
+            if on_token:
+                on_token(tokens[-1])
     return Generation(backend, prompt, tokens, prefill_seconds, time.perf_counter() - start)
+
+
+def check_positions(manifest: Manifest, positions: int) -> None:
+    """Refuse more positions than the export's variants handle (``Variant.position_limit``; the cross
+    variant's too, whose queries sit at their target positions).
+
+    Raises:
+        AttnxError: the prompt and the new tokens need more positions than a limit.
+    """
+    roles = [
+        ("", manifest.variant, manifest.variant_config),
+        ("cross.", manifest.cross_variant, manifest.cross_variant_config),
+    ]
+    for scope, name, config in roles:
+        if name is None:
+            continue
+        variant = get_registry().variant(name)
+        limit = variant.position_limit(variant.make_config(config))
+        if limit is not None and positions > limit:
+            option = f"{scope}{variant.position_limit_option}"
+            raise AttnxError(
+                f"the prompt and new tokens need {positions} positions, but this {name} model handles "
+                f"{limit} ({option}={limit}); generate fewer tokens or re-export with a larger "
+                f"--set {option}=N"
+            )

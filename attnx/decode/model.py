@@ -2,8 +2,9 @@
 
 * prefill: the prompt -> ``logits`` (batch, seq, vocab), ``present_length`` and every
   layer's ``present.<layer>.<name>`` state after the prompt;
-* decode: one token per row (batch, 1), ``past_length`` and every ``past.<layer>.<name>``
-  -> the logits of that token, ``present_length`` and the next state.
+* decode: the next tokens (batch, seq), usually one, ``past_length`` and every
+  ``past.<layer>.<name>`` -> their logits, ``present_length`` and the next state (from an empty
+  state, past_seq 0 or zero sums, it computes what prefill does).
 
 ``lm``: the prompt is ``input_ids``. ``seq2seq``: prefill takes the source (``input_ids``,
 ``attention_mask``) and the decoder prompt ``decoder_input_ids``; it runs the encoder once
@@ -35,16 +36,17 @@ from typing import Any
 import torch
 from torch import nn
 
-from attnx.state import GROWING, StateTensor
-from attnx.errors import AttnxError
-from attnx.models.spec import TensorSpec
 from attnx.attention import MultiHeadAttention, merge_heads, split_heads
+from attnx.errors import AttnxError
+from attnx.exporter.manifest import ContextInput, DecodeSection, GraphIO, StatePair
+from attnx.models.spec import ModelSpec, TensorSpec
+from attnx.state import GROWING, DecodableAttention, PositionalCrossAttention, StateTensor
+from attnx.variant import Variant
 
 PAST_LENGTH, PRESENT_LENGTH = "past_length", "present_length"
-PRESENT_SEQ = "present_seq"  # = past_seq + 1 in the decode graph
+PRESENT_SEQ = "present_seq"  # = past_seq + seq in the decode graph
 TOKENS, LOGITS = "input_ids", "logits"
 DECODER_TOKENS, SOURCE_MASK, MEMORY = "decoder_input_ids", "attention_mask", "encoder_hidden_states"
-DECODE_MODELS = ("lm", "seq2seq")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,10 +148,10 @@ class DecodeLayout:
         slots = [StateSlot(None, POSITION)]
         stack = causal_stack(model)
         for i, layer in enumerate(self_attention_layers(stack)):
-            if not (hasattr(layer, "decode_state") and hasattr(layer, "attend_step")):
+            if not isinstance(layer, DecodableAttention):
                 raise AttnxError(
                     f"attention layer {type(layer).__name__} declares decode={mode!r} but lacks "
-                    "decode_state()/attend_step() (see docs/decoding.md)"
+                    "decode_state()/attend_step() (attnx.state.DecodableAttention; see docs/decoding.md)"
                 )
             slots += [StateSlot(i, tensor) for tensor in layer.decode_state()]
         config = model.config
@@ -195,62 +197,55 @@ class DecodeLayout:
         return [*self.made(), self.source()[1]]
 
     def inputs(self, with_past: bool) -> list[TensorSpec]:
-        length = 1 if with_past else "seq"
-        tokens = TensorSpec(self.tokens, "int64", ("batch", length), high=self.vocab_size, doc="token ids")
+        tokens = TensorSpec(self.tokens, "int64", ("batch", "seq"), high=self.vocab_size, doc="token ids")
         if not with_past:
             return [*self.source(), tokens]
         return [tokens, *self.context(), *(s.spec("input", GROWING, self.activation) for s in self.slots)]
 
     def outputs(self, with_past: bool) -> list[TensorSpec]:
-        length = 1 if with_past else "seq"
-        shape = ("batch", length, self.vocab_size)
+        shape = ("batch", "seq", self.vocab_size)
         logits = TensorSpec(LOGITS, self.activation, shape, doc="next-token logits")
         made = [] if with_past else self.made()
         growing = PRESENT_SEQ if with_past else "seq"
         return [logits, *made, *(s.spec("output", growing, self.activation) for s in self.slots)]
 
-    def describe(self) -> dict[str, Any]:
-        """The manifest's ``decode`` entry: everything a runtime needs to drive the loop."""
-        return {
-            "mode": self.mode,
-            "tokens": self.tokens,
-            "prefill": {
-                "inputs": [s.to_dict() for s in self.inputs(False)],
-                "outputs": [s.to_dict() for s in self.outputs(False)],
-            },
-            "decode": {
-                "inputs": [s.to_dict() for s in self.inputs(True)],
-                "outputs": [s.to_dict() for s in self.outputs(True)],
-            },
-            "state": [
-                {
-                    "input": s.input,
-                    "output": s.output,
-                    "layer": s.layer,
-                    **s.tensor.to_dict(),
-                    "dtype": s.tensor.dtype or self.activation,
-                }
+    def describe(self) -> DecodeSection:
+        """The manifest's ``decode`` section: everything a runtime needs to drive the loop."""
+        made = {spec.name for spec in self.made()}
+        return DecodeSection(
+            mode=self.mode,
+            tokens=self.tokens,
+            prefill=GraphIO(self.inputs(False), self.outputs(False)),
+            decode=GraphIO(self.inputs(True), self.outputs(True)),
+            state=[
+                StatePair(
+                    s.input,
+                    s.output,
+                    s.layer,
+                    s.tensor.name,
+                    list(s.tensor.axes),
+                    s.tensor.dtype or self.activation,
+                    s.tensor.doc,
+                )
                 for s in self.slots
             ],
-            "context": [
-                {"input": c.name, "from": "prefill output" if c in self.made() else "prefill input"}
+            context=[
+                ContextInput(c.name, "prefill output" if c.name in made else "prefill input")
                 for c in self.context()
             ],
-            "dynamic_state_axes": sorted(
-                {a for s in self.slots for a in s.tensor.axes if isinstance(a, str)}
-            ),
-            "loop": (
+            dynamic_state_axes=sorted({a for s in self.slots for a in s.tensor.axes if isinstance(a, str)}),
+            loop=(
                 "run prefill on the prompt; pick the next token from logits[:, -1]; run decode with "
                 f"{self.tokens} = that token (batch, 1), each 'context' input as prefill took or made it, "
                 "and each state input = the previous call's output named next to it in 'state'; repeat"
             ),
-        }
+        )
 
 
 def attention_step(
     layer: nn.Module, x: torch.Tensor, state: tuple[torch.Tensor, ...] | None, position: torch.Tensor
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
-    """A :class:`attnx.attention.MultiHeadAttention` layer's forward for new tokens ``x``, continuing ``state``."""
+    """A :class:`attnx.attention.MultiHeadAttention` layer's forward for new tokens ``x`` after ``state``."""
     heads = layer.spec.n_heads
     q, k, v = (split_heads(project(x), heads) for project in (layer.q_proj, layer.k_proj, layer.v_proj))
     out, state = layer.attend_step(q, k, v, state, position)
@@ -274,8 +269,10 @@ def cross_attention_step(
     only the queries are projected. ``attend_cross_step`` serves a variant whose cross-attention
     depends on where the queries sit in the target (cosFormer's re-weighting); else ``attend``."""
     q = split_heads(layer.q_proj(x), layer.spec.n_heads)
-    step = getattr(layer, "attend_cross_step", None)
-    out = layer.attend(q, *cache, source_mask) if step is None else step(q, *cache, source_mask, position)
+    if isinstance(layer, PositionalCrossAttention):
+        out = layer.attend_cross_step(q, *cache, source_mask, position)
+    else:
+        out = layer.attend(q, *cache, source_mask)
     return layer.out_proj(merge_heads(out))
 
 
@@ -351,17 +348,16 @@ class StepModel(nn.Module):
         return self.model.decode(tokens, None, None, **hooks, cross_attention=cross)
 
 
-def check_decodable(model_name: str, variant: Any, decoders: Sequence[str]) -> None:
+def check_decodable(model: ModelSpec, variant: Variant, decoders: Sequence[str]) -> None:
     """Refuse a decode export the model or variant cannot serve, naming what can.
 
     Raises:
         AttnxError: a model without a causal stack to decode, or a (self-attention)
             variant without a decode capability.
     """
-    if model_name not in DECODE_MODELS:
+    if not model.generates:
         raise AttnxError(
-            f"--decode exports models that generate token by token (--model {', '.join(DECODE_MODELS)}), "
-            f"not '{model_name}'"
+            f"--decode exports models that generate token by token (lm, seq2seq), not '{model.name}'"
         )
     if variant.capabilities.decode is None:
         raise AttnxError(

@@ -1,4 +1,5 @@
-"""The model an export is made of: :func:`attnx.models.factory.construct` in an export dtype, in eval mode."""
+"""The model an export is made of: :func:`attnx.models.factory.construct`, in eval mode, and what
+the exporter asks of it (its ops, tolerance, inputs and outputs in the export dtype)."""
 
 from __future__ import annotations
 
@@ -7,28 +8,18 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import torch
-
-from attnx.errors import AttnxError, unknown_choice
+from attnx.exporter.manifest import Manifest
 from attnx.models.factory import Built, construct
 from attnx.models.spec import TensorSpec, in_dtype
-from attnx.ops import AttentionOp
-from attnx.registry import Registry
-from attnx.variant import Variant, describe
+from attnx.registry import Registry, get_registry
 
 if TYPE_CHECKING:
-    from attnx.exporter.manifest import Manifest
-
-TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16}
+    from attnx.ops import AttentionOp
 
 
 @dataclasses.dataclass
 class Assembly(Built):
-    """A built model as exported: its seed, and ``dtype`` ("fp32"/"fp16"), the dtype of the module's
-    weights and activations."""
-
-    seed: int = 0
-    dtype: str = "fp32"
+    """A built model as the exporter sees it."""
 
     @property
     def ops(self) -> list[AttentionOp]:
@@ -64,24 +55,15 @@ def assemble(
     cross_variant: str | None = None,
     dtype: str = "fp32",
 ) -> Assembly:
-    """Build ``model`` with ``variant`` attention; the same arguments give the same weights.
+    """Build ``model`` with ``variant`` attention in eval mode; the same arguments give the same weights.
 
-    Args:
-        options: model and variant options, see :func:`attnx.models.factory.split_options`.
-        cross_variant: variant of the cross-attention layers (models with cross-attention
-            only; default softmax).
-        dtype: "fp32", or "fp16": the fp32 initialisation rounded to half precision.
-
-    Raises:
-        AttnxError: unknown names or options, or a variant that cannot serve the model
-            (e.g. a causal ``lm`` around a bidirectional-only variant).
+    See :func:`attnx.models.factory.construct` for the arguments and errors.
     """
-    if dtype not in TORCH_DTYPES:
-        raise unknown_choice("dtype", dtype, TORCH_DTYPES)
-    built = construct(variant, model, options, seed, registry, cross_variant=cross_variant)
-    _check_dtype(dtype, [v for v in (built.variant, built.cross_variant) if v is not None])
-    built.module.to(TORCH_DTYPES[dtype]).eval()
-    return Assembly(**vars(built), seed=seed, dtype=dtype)
+    built = construct(
+        registry or get_registry(), variant, model, options, seed, cross_variant=cross_variant, dtype=dtype
+    )
+    built.module.eval()
+    return Assembly(**vars(built))
 
 
 def rebuild(manifest: Manifest, weights: str | Path | None = None) -> Assembly:
@@ -105,13 +87,3 @@ def rebuild(manifest: Manifest, weights: str | Path | None = None) -> Assembly:
     if weights is not None:
         load_model(assembly.module, str(weights), strict=True)
     return assembly
-
-
-def _check_dtype(dtype: str, variants: list[Variant]) -> None:
-    """Refuse an fp16 build around a variant that declares fp32 only (``Capabilities.fp16``)."""
-    for variant in variants:
-        if dtype == "fp16" and not variant.capabilities.fp16:
-            raise AttnxError(
-                f"variant '{variant.name}' cannot be exported in fp16 ({describe(variant.capabilities)}); "
-                "export it in fp32 (dtype=fp32)"
-            )

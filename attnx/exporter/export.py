@@ -1,4 +1,12 @@
-"""``attnx.export``: build a model around a variant, export it to ONNX, lower, verify."""
+"""Writing an export: the model's ONNX graph(s), its weights and the manifest, into a staged OUT.
+
+One typed job (:class:`ExportJob`: the resolved recipe plus where to write) goes through named
+steps that :func:`attnx.api.run_export` strings together: :func:`preflight` refuses what cannot
+be done before any work, :func:`build` makes the torch model, :func:`write` fills a staged
+directory (:func:`staged`), which becomes OUT only when everything, verification included,
+succeeded. Graphs beside model.onnx (decode) come from :class:`GraphExtension` objects the
+caller passes, so this module does not know them.
+"""
 
 from __future__ import annotations
 
@@ -9,121 +17,98 @@ import logging
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import onnx
 import torch
 from safetensors.torch import save_model
 
+from attnx.atomic import check_output_dir, staged_directory, write_atomic
 from attnx.checkpoint import load_checkpoint
-from attnx.checkpoint import save_checkpoint as write_checkpoint
+from attnx.domains import DOMAIN
 from attnx.errors import AttnxError, unknown_choice
 from attnx.exporter import lowering as lowering_mod
-from attnx.atomic import check_output_dir, staged_directory
 from attnx.exporter.assemble import Assembly, assemble
-from attnx.parity.inputs import random_feed
-from attnx.exporter.manifest import MODEL_FILE, WEIGHTS_FILE, Manifest, sha256_file
-from attnx.parity.verify import DEFAULT_BATCH, ParityReport, verify_assembly
+from attnx.exporter.budget import EXPORT_WEIGHT_COPIES, ORT_WEIGHT_COPIES, check_needs, require_memory
+from attnx.exporter.directory import ExportDir, record_file
+from attnx.exporter.inputs import random_feed
+from attnx.exporter.manifest import MANIFEST, MODEL_FILE, WEIGHTS_FILE, Manifest
 from attnx.models.spec import TensorSpec
-from attnx.recipes import ExportSettings, Recipe, resolve
+from attnx.recipes import ExportSettings, Recipe
 
-DEFAULT_OPSET = 18
 SUPPORTED_OPSETS = range(18, 22)
 EXTERNAL_DATA_THRESHOLD = 1_800_000_000  # protobuf caps a file at 2 GiB
 Progress = Callable[[str], None]
 
 
-@dataclasses.dataclass
-class ExportResult:
+@dataclasses.dataclass(frozen=True)
+class ExportJob:
+    """Everything one export needs: the resolved recipe (what to build; the ``[export]`` and
+    ``[verify]`` settings) and where its files go."""
+
+    plan: Recipe
     out: Path
-    manifest: Manifest
-    attnx_nodes: int
-    parity: ParityReport | None
+    force: bool = False
+    checkpoint: Path | None = None  # weights to export instead of the seeded initialisation
+    save_checkpoint: Path | None = None  # also write the exported weights there
+
+    @property
+    def settings(self) -> ExportSettings:
+        return self.plan.export
 
 
-def export(
-    variant: str | None = None,
-    out: str | Path = "out",
-    *,
-    model: str | None = None,
-    recipe: str | Path | Recipe | None = None,
-    cross_variant: str | None = None,
-    lowering: str | None = None,
-    options: Mapping[str, Any] | None = None,
-    seed: int | None = None,
-    opset: int | None = None,
-    dtype: str | None = None,
-    dynamic_axes: Sequence[str] | None = None,
-    example_lengths: Mapping[str, int] | None = None,
-    verify: bool | None = None,
-    force: bool = False,
-    seq_lens: Sequence[int] | None = None,
-    batch: int | None = None,
-    atol: float | None = None,
-    rtol: float | None = None,
-    checkpoint: str | Path | None = None,
-    save_checkpoint: str | Path | None = None,
-    decode: bool = False,
-    progress: Progress | None = None,
-) -> ExportResult:
-    """Export ``model`` built around ``variant`` to ``out`` (atomically), then verify it.
+@dataclasses.dataclass(frozen=True)
+class ExtraGraphs:
+    """What a :class:`GraphExtension` wrote: manifest file keys -> file names, the attnx ops in those
+    graphs, and the manifest section that describes them."""
 
-    Every setting left as None comes from ``recipe`` (a shipped name, a TOML path or a
-    :class:`attnx.recipes.Recipe`), else from the defaults: a softmax ``encoder``,
-    function lowering, opset 18, fp32, seed 0, every symbolic axis dynamic.
+    files: Mapping[str, str]
+    ops: Sequence[str]
+    section: Any
 
-    Args:
-        options: model and variant options (``{"d_model": 128}``; "model.x"/"variant.x"/"cross.x"
-            to disambiguate), applied on top of the recipe's; "export.x"/"verify.x"/"bench.x"
-            keys replace recipe settings.
-        cross_variant: the cross-attention variant of a seq2seq model (default softmax).
-        dynamic_axes: axes kept dynamic; others are fixed to their example length.
-        example_lengths: per-axis lengths of the example inputs traced by torch.export.
-        verify: compare torch and ONNX Runtime with Polygraphy and write ``parity.json``.
-        checkpoint: weights to export (safetensors or a torch state dict) instead of the
-            seeded initialisation (default: the recipe's ``[export] checkpoint``); they must match
-            the model exactly.
-        save_checkpoint: also write the exported weights there (``attnx.save_checkpoint``).
-        decode: also write ``prefill.onnx`` and ``decode.onnx`` (KV cache or recurrent state,
-            :mod:`attnx.decode`), recorded in the manifest and verified with the model.
+
+class GraphExtension(Protocol):
+    """Graphs an export carries beside model.onnx, described in the manifest section ``name``."""
+
+    name: str
+
+    def wanted(self, job: ExportJob) -> bool:
+        """Whether the job asks for these graphs."""
+
+    def check(self, job: ExportJob) -> None:
+        """Refuse, before any work, a job these graphs cannot serve (one-line AttnxError)."""
+
+    def export(self, assembly: Assembly, directory: Path, settings: ExportSettings) -> ExtraGraphs:
+        """Write the graphs into ``directory``."""
+
+
+def preflight(job: ExportJob, extensions: Sequence[GraphExtension] = ()) -> None:
+    """Refuse a job that cannot succeed before anything is built or written.
 
     Raises:
-        AttnxError: bad names, options or recipe, a checkpoint that does not fit, an
-            existing ``out`` (or ``save_checkpoint``) without ``force``, an unwritable ``out``.
+        AttnxError: an unsupported opset, an extension that cannot serve the job, an OUT (or
+            --save-checkpoint file) that exists without --force or cannot be written.
     """
-    report = progress or (lambda message: None)
-    out = Path(out)
-    if lowering is not None and lowering not in lowering_mod.LOWERINGS:
-        raise unknown_choice("lowering", lowering, lowering_mod.LOWERINGS)
-    plan = resolve(recipe, variant=variant, model=model, cross_variant=cross_variant, options=options)
-    plan = plan.with_settings(
-        "export",
-        {
-            "lowering": lowering,
-            "opset": opset,
-            "seed": seed,
-            "dtype": dtype,
-            "dynamic_axes": dynamic_axes,
-            "example_lengths": example_lengths,
-            "checkpoint": None if checkpoint is None else str(checkpoint),
-        },
-    )
-    plan = plan.with_settings(
-        "verify", {"enabled": verify, "seq_lens": seq_lens, "batch": batch, "atol": atol, "rtol": rtol}
-    )
-    settings = plan.export
-    if settings.opset not in SUPPORTED_OPSETS:
+    opset = job.settings.opset
+    if opset not in SUPPORTED_OPSETS:
         raise AttnxError(
-            f"opset {settings.opset} is not supported (choose {SUPPORTED_OPSETS[0]}..{SUPPORTED_OPSETS[-1]})"
+            f"opset {opset} is not supported (choose {SUPPORTED_OPSETS[0]}..{SUPPORTED_OPSETS[-1]})"
         )
-    if decode:
-        from attnx.decode.export import check as check_decode
+    for extension in extensions:
+        if extension.wanted(job):
+            extension.check(job)
+    check_output_dir(job.out, job.force)
+    if job.save_checkpoint is not None and job.save_checkpoint.exists() and not job.force:
+        raise AttnxError(
+            f"checkpoint file '{job.save_checkpoint}' already exists; pass --force to replace it"
+        )
 
-        check_decode(plan.model, plan.variant, settings.lowering)
-    check_output_dir(out, force)
-    if save_checkpoint is not None and Path(save_checkpoint).exists() and not force:
-        raise AttnxError(f"checkpoint file '{save_checkpoint}' already exists; pass --force to replace it")
+
+def build(job: ExportJob, progress: Progress | None = None) -> Assembly:
+    """The torch model the job exports: seeded initialisation, or the job's checkpoint."""
+    report = progress or (lambda message: None)
+    plan, settings = job.plan, job.settings
     assembly = assemble(
         plan.variant,
         plan.model,
@@ -137,66 +122,133 @@ def export(
         f"built {plan.model} with {plan.variant} attention ({parameters / 1e6:.2f}M parameters, "
         f"{settings.dtype}, seed {settings.seed})"
     )
-    if settings.checkpoint is not None:
-        load_checkpoint(assembly.module, settings.checkpoint)
-        report(f"loaded weights from {settings.checkpoint}")
-    inputs, outputs, sizes = export_shapes(assembly, settings)
-    with staged_directory(out, force) as staging:
-        report("exporting with torch.onnx (dynamo)")
-        proto = to_onnx(assembly, settings.opset, inputs, outputs, sizes)
-        proto = lowering_mod.lower(proto, assembly.ops, settings.lowering)
-        if settings.lowering != "plugin":
-            onnx.checker.check_model(proto, full_check=True)
-        save_onnx(proto, staging / MODEL_FILE)
-        save_model(assembly.module, str(staging / WEIGHTS_FILE))
-        decode_entry = None
-        if decode:
-            from attnx.decode.export import export_decode
+    checkpoint = job.checkpoint or settings.checkpoint  # given, else the recipe's [export] checkpoint
+    if checkpoint is not None:
+        load_checkpoint(assembly.module, checkpoint)
+        report(f"loaded weights from {checkpoint}")
+    return assembly
 
-            report("exporting prefill.onnx and decode.onnx")
-            decode_entry = export_decode(assembly, staging, settings.opset, settings.lowering)
-        cross = assembly.cross_variant
-        manifest = Manifest(
-            variant=assembly.variant.name,
-            variant_config=assembly.variant_config.to_dict(),
-            model=assembly.model.name,
-            model_config=assembly.model_config.to_dict(),
-            lowering=settings.lowering,
-            opset=settings.opset,
-            seed=settings.seed,
-            inputs=[s.to_dict() for s in inputs],
-            outputs=[s.to_dict() for s in outputs],
-            ops=[f"{lowering_mod.DOMAIN}::{op.name}" for op in assembly.ops],
-            weights_sha256=sha256_file(staging / WEIGHTS_FILE),
-            tolerance=assembly.tolerance(),
-            cross_variant=cross.name if cross else None,
-            cross_variant_config=assembly.cross_variant_config.to_dict() if cross else None,
-            recipe=plan.name or None,
-            decode=decode_entry,
-            dtype=assembly.dtype,
+
+@contextlib.contextmanager
+def staged(job: ExportJob) -> Iterator[Path]:
+    """A staging directory that replaces OUT when the block succeeds (``--force``: only an export)."""
+    with staged_directory(job.out, job.force) as staging:
+        yield staging
+
+
+def write(
+    assembly: Assembly,
+    job: ExportJob,
+    directory: Path,
+    extensions: Sequence[GraphExtension] = (),
+    progress: Progress | None = None,
+) -> ExportDir:
+    """Export, lower, check and save model.onnx, the weights, the extensions' graphs and the manifest
+    into ``directory``; returns it opened."""
+    report = progress or (lambda message: None)
+    settings = job.settings
+    inputs, outputs, example = export_shapes(assembly, settings)
+    report("exporting with torch.onnx (dynamo)")
+    proto = to_onnx(assembly, settings.opset, inputs, outputs, example)
+    used = attnx_ops(proto)
+    proto = lowering_mod.lower(proto, assembly.ops, settings.lowering)
+    if settings.lowering != "plugin":
+        onnx.checker.check_model(proto, full_check=True)
+    save_onnx(proto, directory / MODEL_FILE)
+    save_model(assembly.module, str(directory / WEIGHTS_FILE))
+    files = {"model": MODEL_FILE, "weights": WEIGHTS_FILE}
+    sections: dict[str, Any] = {}
+    for extension in extensions:
+        if extension.wanted(job):
+            report(f"exporting the {extension.name} graphs")
+            extra = extension.export(assembly, directory, settings)
+            files.update(extra.files)
+            used += [op for op in extra.ops if op not in used]
+            sections[extension.name] = extra.section
+    cross = assembly.cross_variant
+    manifest = Manifest(
+        variant=assembly.variant.name,
+        variant_config=assembly.variant_config.to_dict(),
+        model=assembly.model.name,
+        model_config=assembly.model_config.to_dict(),
+        lowering=settings.lowering,
+        opset=settings.opset,
+        seed=settings.seed,
+        inputs=inputs,
+        outputs=outputs,
+        ops=used,
+        files={key: record_file(directory, name) for key, name in files.items()},
+        tolerance=assembly.tolerance(),
+        dtype=assembly.dtype,
+        cross_variant=cross.name if cross else None,
+        cross_variant_config=assembly.cross_variant_config.to_dict() if cross else None,
+        recipe=job.plan.name or None,
+        **sections,
+    )
+    write_atomic(directory / MANIFEST, manifest.to_json())
+    return ExportDir.open(directory)
+
+
+def attnx_ops(proto: onnx.ModelProto) -> list[str]:
+    """The distinct ``attnx::`` ops of a graph, in order of first use."""
+    return list(dict.fromkeys(f"{DOMAIN}::{node.op_type}" for node in lowering_mod.attnx_nodes(proto)))
+
+
+def verify_lengths(job: ExportJob, assembly: Assembly) -> list[int]:
+    """The sequence lengths to verify at: the [verify] setting, or the one length of a model whose
+    length axes were all fixed (its longest example length)."""
+    inputs, _, sizes = export_shapes(assembly, job.settings)
+    if any(isinstance(a, str) and a != "batch" for s in inputs for a in s.axes):
+        return list(job.plan.verify.seq_lens)
+    return [max((n for axis, n in sizes.items() if axis != "batch"), default=1)]
+
+
+def check_memory(job: ExportJob) -> None:
+    """Refuse an export that cannot fit in memory before building it: the model is built on torch's
+    meta device (no memory) to count its weights, and the parity check's largest case is costed.
+
+    Raises:
+        AttnxError: the estimate exceeds the memory available, naming both and the fix.
+    """
+    import torch
+
+    plan, settings = job.plan, job.settings
+    with torch.device("meta"):
+        assembly = assemble(
+            plan.variant,
+            plan.model,
+            plan.options,
+            settings.seed,
+            cross_variant=plan.cross_variant,
+            dtype=settings.dtype,
         )
-        if decode_entry:
-            manifest.files.update(decode_entry["files"])
-        manifest.write(staging)
-        parity = None
-        if plan.verify.enabled:
-            report("verifying parity (torch vs ONNX Runtime)")
-            checks = plan.verify
-            lengths = checks.seq_lens if _has_dynamic_length(inputs) else [_static_length(sizes)]
-            parity = verify_assembly(
-                staging,
-                manifest,
-                assembly,
-                seq_lens=lengths,
-                batch=checks.batch or DEFAULT_BATCH,
-                atol=checks.atol,
-                rtol=checks.rtol,
-            )
-            parity.write(staging)
-    if save_checkpoint is not None:
-        report(f"saving weights to {save_checkpoint}")
-        write_checkpoint(assembly, save_checkpoint)
-    return ExportResult(out, manifest, len(lowering_mod.attnx_nodes(proto)), parity)
+    weights = sum(p.numel() * p.element_size() for p in assembly.module.parameters())
+    roles = {"self": (assembly.variant, assembly.variant_config)}
+    if assembly.cross_variant is not None:
+        roles["cross"] = (assembly.cross_variant, assembly.cross_variant_config)
+    checks = plan.verify
+    if checks.enabled:  # the parity check's largest case, torch and ORT side by side
+        copies, batch, seq = EXPORT_WEIGHT_COPIES, checks.batch, max(checks.seq_lens)
+    else:  # only the export's own trace
+        copies, batch, seq = (
+            EXPORT_WEIGHT_COPIES - ORT_WEIGHT_COPIES,
+            2,
+            max(example_sizes(assembly.inputs).values()),
+        )
+    needed = check_needs(
+        assembly.model,
+        assembly.model_config,
+        roles,
+        weights_bytes=weights,
+        weight_copies=copies,
+        batch=batch,
+        seq=seq,
+    )
+    require_memory(
+        needed,
+        f"exporting this {plan.model} ({weights / 2**30:.2f} GiB of weights)",
+        "make it smaller (vocab_size, d_model, n_layers) or verify at shorter --seq-lens",
+    )
 
 
 def example_sizes(specs: Sequence[TensorSpec]) -> dict[str, int]:
@@ -236,15 +288,6 @@ def export_shapes(
         return dataclasses.replace(spec, axes=fixed)
 
     return [fix(s) for s in inputs], [fix(s) for s in outputs], sizes
-
-
-def _has_dynamic_length(specs: Sequence[TensorSpec]) -> bool:
-    return any(isinstance(a, str) and a != "batch" for s in specs for a in s.axes)
-
-
-def _static_length(sizes: Mapping[str, int]) -> int:
-    """The length a model with only static length axes is verified at (its longest)."""
-    return max((n for axis, n in sizes.items() if axis != "batch"), default=1)
 
 
 def to_onnx(

@@ -10,17 +10,20 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import onnx
 import onnx.inliner
 from onnx import helper
 
+from attnx.domains import DOMAIN, LIBRARY_DOMAIN, PLUGIN_NAMESPACE, PLUGIN_VERSION, Lowering
 from attnx.errors import AttnxError
-from attnx.ops import DOMAIN, LIBRARY_DOMAIN, AttentionOp, function_protos
 
-LOWERINGS = ("function", "decomposed", "plugin")
-PLUGIN_NAMESPACE = DOMAIN
-PLUGIN_VERSION = "1"
+if TYPE_CHECKING:
+    import onnxscript
+
+    from attnx.ops import AttentionOp
+
 OVERLOAD_IR_VERSION = 10  # ONNX function overloads need IR v10
 
 
@@ -28,10 +31,8 @@ def attnx_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
     return [node for node in model.graph.node if node.domain == DOMAIN]
 
 
-def lower(model: onnx.ModelProto, ops: Sequence[AttentionOp], mode: str) -> onnx.ModelProto:
-    """Apply lowering ``mode`` to ``model`` in place and return it."""
-    if mode not in LOWERINGS:
-        raise AttnxError(f"unknown lowering '{mode}' (choices: {', '.join(LOWERINGS)})")
+def lower(model: onnx.ModelProto, ops: Sequence[AttentionOp], mode: Lowering) -> onnx.ModelProto:
+    """Apply lowering ``mode`` (validated where settings are read) to ``model`` in place and return it."""
     if mode == "plugin":
         return _mark_plugins(model)
     attach_functions(model, ops)
@@ -110,3 +111,20 @@ def _drop_opsets(model: onnx.ModelProto, domains: set[str]) -> None:
     kept = [o for o in model.opset_import if o.domain not in domains]
     del model.opset_import[:]
     model.opset_import.extend(kept)
+
+
+def function_protos(body: onnxscript.OnnxFunction) -> list[onnx.FunctionProto]:
+    """``body`` and every library function it calls, transitively, as FunctionProtos."""
+    seen: dict[tuple[str, str], onnx.FunctionProto] = {}
+
+    def visit(fn: onnxscript.OnnxFunction) -> None:
+        proto = fn.to_function_proto()
+        key = (proto.domain, proto.name)
+        if key in seen:
+            return
+        seen[key] = proto
+        for callee in fn.function_ir.get_called_functions().values():
+            visit(callee)
+
+    visit(body)
+    return list(seen.values())

@@ -1,24 +1,34 @@
-"""``OUT/attnx.json``: everything needed to rebuild, verify and serve an export."""
+"""``OUT/attnx.json``: everything needed to rebuild, verify and serve an export, as typed sections.
+
+The manifest is read strictly (:meth:`Manifest.from_json`): an unknown schema version, a
+missing or wrongly typed field, an unknown lowering, or a file entry that points outside OUT is
+a one-line :class:`AttnxError`. Every file of the export is listed with its SHA-256, so a
+replaced ``model.onnx`` (or decode graph, or weights file) is refused, not compared.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
 import json
+import types
+import typing
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, TypeVar, Union, get_args, get_origin
 
+from attnx.config import expected_type, value_type
+from attnx.domains import Lowering
 from attnx.errors import AttnxError
-from attnx.atomic import write_atomic
 from attnx.models.spec import TensorSpec
 
 MANIFEST = "attnx.json"
 MODEL_FILE = "model.onnx"
 WEIGHTS_FILE = "weights.safetensors"
 PARITY_FILE = "parity.json"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 _PACKAGES = ("attnx", "torch", "onnx", "onnxscript", "onnxruntime", "polygraphy", "tensorrt")
+T = TypeVar("T")
 
 
 def package_versions() -> dict[str, str | None]:
@@ -39,8 +49,136 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def dynamic_axes(specs: list[TensorSpec]) -> dict[str, dict[str, str]]:
-    return {s.name: {str(i): a for i, a in enumerate(s.axes) if isinstance(a, str)} for s in specs}
+@dataclasses.dataclass
+class FileRecord:
+    """One file of the export: its name inside OUT and its SHA-256."""
+
+    path: str
+    sha256: str
+
+
+@dataclasses.dataclass
+class GraphIO:
+    """The inputs and outputs of one graph."""
+
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
+
+
+@dataclasses.dataclass
+class StatePair:
+    """A state tensor a runtime carries between decode calls: ``output`` of one call is ``input`` of the
+    next (``layer`` None: the position counter)."""
+
+    input: str
+    output: str
+    layer: int | None
+    name: str
+    axes: list[str | int]
+    dtype: str
+    doc: str = ""
+
+
+@dataclasses.dataclass
+class ContextInput:
+    """A decode input that stays as prefill made ("prefill output") or took ("prefill input") it."""
+
+    input: str
+    source: Literal["prefill output", "prefill input"]
+
+
+@dataclasses.dataclass
+class DecodeSection:
+    """``prefill.onnx`` + ``decode.onnx`` (files "prefill" and "decode") and how to drive them.
+
+    ``mode``: "kv-cache" or "recurrent"; ``tokens``: the token input of both graphs; ``state``: the
+    tensors fed back at each step; ``context``: inputs that stay fixed after prefill;
+    ``loop``: the same in words, for a reader of the JSON.
+    """
+
+    mode: str
+    tokens: str
+    prefill: GraphIO
+    decode: GraphIO
+    state: list[StatePair]
+    context: list[ContextInput]
+    dynamic_state_axes: list[str]
+    loop: str = ""
+
+    def check(self) -> None:
+        """Check that the section describes a loop a runtime can drive.
+
+        Every decode input must be the token input, a state input or a context input; each state
+        output must come out of both graphs; each context input must be a prefill output or input.
+        """
+        names = {
+            (graph, side): {s.name for s in getattr(getattr(self, graph), side)}
+            for graph in ("prefill", "decode")
+            for side in ("inputs", "outputs")
+        }
+        fed = {self.tokens} | {s.input for s in self.state} | {c.input for c in self.context}
+        if self.tokens not in names["prefill", "inputs"]:
+            raise _malformed(f"the token input {self.tokens!r} is not a prefill input")
+        if fed != names["decode", "inputs"]:
+            unfed, extra = sorted(names["decode", "inputs"] - fed), sorted(fed - names["decode", "inputs"])
+            raise _malformed(
+                f"decode inputs not fed by tokens/state/context: {unfed}; fed, not inputs: {extra}"
+            )
+        both = names["prefill", "outputs"] & names["decode", "outputs"]
+        for output in ["logits", *(s.output for s in self.state)]:
+            if output not in both:
+                raise _malformed(f"{output!r} is not an output of both graphs")
+        for context in self.context:
+            side = "outputs" if context.source == "prefill output" else "inputs"
+            if context.input not in names["prefill", side]:
+                raise _malformed(f"context input {context.input!r} is not a {context.source!r}")
+
+    def feeds(self) -> dict[str, str]:
+        """State output name -> the input it feeds at the next step."""
+        return {s.output: s.input for s in self.state}
+
+
+def _malformed(why: str) -> AttnxError:
+    return AttnxError(
+        f"attnx.json's decode section is malformed: {why}; re-export with attnx export --decode"
+    )
+
+
+@dataclasses.dataclass
+class EngineSection:
+    """``OUT/engine.plan`` as ``attnx build`` made it (file "engine")."""
+
+    model_sha256: str
+    tensorrt: str
+    device: str
+    fp16: bool
+    workspace: int | None
+    profiles: list[dict[str, dict[str, list[int]]]]
+    plugins: list[str]
+
+
+@dataclasses.dataclass
+class TokenizerSection:
+    """``tokenizer.json`` (file "tokenizer", a Hugging Face tokenizer; with "tokenizer_config") and the
+    special token ids found in it (None: it names none)."""
+
+    vocab_size: int
+    bos_token_id: int | None = None
+    eos_token_id: int | None = None
+    pad_token_id: int | None = None
+
+
+@dataclasses.dataclass
+class GenaiSection:
+    """The onnxruntime-genai decoder of an lm decode export: ``genai.onnx`` (file "genai", the decode
+    graph under genai's input/output names) described by ``genai_config.json`` (file "genai_config").
+
+    ``packed``: per recurrent state, the attnx state tensors concatenated along the last axis into
+    genai's one ``recurrent_state`` per layer (empty for a KV cache).
+    """
+
+    mode: str
+    packed: list[str]
 
 
 @dataclasses.dataclass
@@ -49,72 +187,132 @@ class Manifest:
     variant_config: dict[str, Any]
     model: str
     model_config: dict[str, Any]
-    lowering: str
+    lowering: Lowering
     opset: int
     seed: int
-    inputs: list[dict[str, Any]]
-    outputs: list[dict[str, Any]]
-    ops: list[str]
-    weights_sha256: str
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
+    ops: list[str]  # every attnx op in any graph of the export, "attnx::<Name>"
+    files: dict[str, FileRecord]  # "model", "weights" and optional "prefill", "decode", "engine", ...
     tolerance: dict[str, float]
-    files: dict[str, str] = dataclasses.field(
-        default_factory=lambda: {"model": MODEL_FILE, "weights": WEIGHTS_FILE}
-    )
     versions: dict[str, str | None] = dataclasses.field(default_factory=package_versions)
     schema_version: int = SCHEMA_VERSION
-    engine: dict[str, Any] | None = None  # `attnx build` settings of OUT/engine.plan (attnx.trt.build)
-    cross_variant: str | None = None  # seq2seq: the cross-attention variant (attnx.exporter.assemble)
+    dtype: Literal["fp32", "fp16"] = "fp32"  # weights and activations
+    cross_variant: str | None = None  # seq2seq: the cross-attention variant
     cross_variant_config: dict[str, Any] | None = None
-    recipe: str | None = None  # the recipe exported, if any (attnx.recipes)
-    decode: dict[str, Any] | None = None  # prefill.onnx + decode.onnx and their state (attnx.decode)
-    dtype: str = "fp32"  # weights and activations: "fp32" or "fp16" (recipe [export] dtype)
+    recipe: str | None = None  # the recipe exported, if any
+    decode: DecodeSection | None = None
+    engine: EngineSection | None = None
+    tokenizer: TokenizerSection | None = None
+    genai: GenaiSection | None = None
 
     def to_json(self) -> str:
-        data = dataclasses.asdict(self)
-        data["dynamic_axes"] = dynamic_axes(self.input_specs() + self.output_specs())
-        return json.dumps(data, indent=2, sort_keys=False) + "\n"
-
-    def input_specs(self) -> list[TensorSpec]:
-        return [_spec(d) for d in self.inputs]
-
-    def output_specs(self) -> list[TensorSpec]:
-        return [_spec(d) for d in self.outputs]
-
-    def write(self, directory: Path) -> None:
-        write_atomic(Path(directory) / MANIFEST, self.to_json())
+        data = _plain(self)
+        data["dynamic_axes"] = {
+            s.name: {str(i): a for i, a in enumerate(s.axes) if isinstance(a, str)}
+            for s in [*self.inputs, *self.outputs]
+        }
+        return json.dumps(data, indent=2) + "\n"
 
     @classmethod
-    def read(cls, directory: Path) -> Manifest:
-        path = Path(directory) / MANIFEST
-        if not Path(directory).is_dir():
-            raise AttnxError(f"'{directory}' is not a directory; pass the OUT directory of an `attnx export`")
-        if not path.is_file():
-            raise AttnxError(f"'{directory}' has no {MANIFEST}; pass the OUT directory of an `attnx export`")
+    def from_json(cls, text: str, where: str) -> Manifest:
+        """Parse and check a manifest.
+
+        Raises:
+            AttnxError: invalid JSON, another schema version, a missing or mistyped field, an
+                unknown lowering, a file entry outside OUT, or an inconsistent decode section.
+        """
         try:
-            data = json.loads(path.read_text())
+            data = json.loads(text)
         except json.JSONDecodeError as exc:
             raise AttnxError(
-                f"{path} is not valid JSON ({exc.msg} at line {exc.lineno}); re-export"
+                f"{where} is not valid JSON ({exc.msg} at line {exc.lineno}); re-export"
             ) from None
+        except RecursionError:
+            raise AttnxError(f"{where} is nested too deeply to be an attnx manifest; re-export") from None
+        if not isinstance(data, dict):
+            raise AttnxError(f"{where} holds {value_type(data)}, not a manifest object; re-export")
+        version = data.get("schema_version")
+        if version != SCHEMA_VERSION:
+            raise AttnxError(
+                f"{where} has schema_version {version!r}; this attnx reads {SCHEMA_VERSION}: "
+                "re-export with it"
+            )
         data.pop("dynamic_axes", None)
-        known = {f.name for f in dataclasses.fields(cls)}
-        missing = [
-            f.name
-            for f in dataclasses.fields(cls)
-            if f.name not in data
-            and f.default is dataclasses.MISSING
-            and f.default_factory is dataclasses.MISSING
-        ]  # type: ignore[misc]
-        if missing:
-            raise AttnxError(f"{path} lacks {', '.join(missing)}; re-export with this attnx version")
-        return cls(**{k: v for k, v in data.items() if k in known})
+        manifest = _typed(cls, data, where)
+        for key, record in manifest.files.items():
+            if Path(record.path).name != record.path or record.path.startswith("."):
+                raise AttnxError(
+                    f"{where}: file {key!r} is {record.path!r}, not a file name inside the export"
+                )
+        if manifest.decode is not None:
+            manifest.decode.check()
+        return manifest
 
 
-def _spec(data: dict[str, Any]) -> TensorSpec:
-    return TensorSpec(
-        name=data["name"],
-        dtype=data["dtype"],
-        axes=tuple(data["axes"]),
-        high=data.get("high"),
-        doc=data.get("doc", ""),
-    )
+def _plain(value: Any) -> Any:
+    """Dataclasses (TensorSpec included) as JSON-ready dicts; TensorSpecs drop empty fields."""
+    if isinstance(value, TensorSpec):
+        return value.to_dict()
+    if dataclasses.is_dataclass(value):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _typed(cls: type[T], data: Any, where: str) -> T:
+    """``cls`` from JSON ``data``, every field type-checked (nested dataclasses and TensorSpecs too)."""
+    if not isinstance(data, dict):
+        raise AttnxError(f"{where} must be an object, not {value_type(data)}; re-export")
+    hints = typing.get_type_hints(cls)
+    values = {}
+    for field in dataclasses.fields(cls):
+        at = f"{where}: {field.name}"
+        if field.name not in data:
+            if field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
+                raise AttnxError(f"{where} lacks {field.name!r}; re-export with this attnx version")
+            continue
+        values[field.name] = _value(data[field.name], hints[field.name], at)
+    return cls(**values)
+
+
+def _value(value: Any, annotation: Any, where: str) -> Any:
+    origin, args = get_origin(annotation), get_args(annotation)
+    if origin in (Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        (inner, *_) = [a for a in args if a is not type(None)]
+        return _value(value, inner, where)
+    if annotation is TensorSpec:
+        checked = _typed(_TensorSpecJSON, value, where)
+        return TensorSpec(checked.name, checked.dtype, tuple(checked.axes), checked.high, checked.doc)
+    if dataclasses.is_dataclass(annotation):
+        return _typed(annotation, value, where)
+    if origin is list and args and (dataclasses.is_dataclass(args[0]) or args[0] is TensorSpec):
+        if not isinstance(value, list):
+            raise AttnxError(f"{where} must be an array, not {value_type(value)}; re-export")
+        return [_value(item, args[0], f"{where}[{i}]") for i, item in enumerate(value)]
+    if origin is dict and args and dataclasses.is_dataclass(args[1]):
+        if not isinstance(value, dict):
+            raise AttnxError(f"{where} must be an object, not {value_type(value)}; re-export")
+        return {k: _value(v, args[1], f"{where}.{k}") for k, v in value.items()}
+    if annotation is Any:
+        return value
+    wanted = expected_type(value, annotation)
+    if wanted:
+        raise AttnxError(f"{where} = {value!r:.60} must be {wanted}, not {value_type(value)}; re-export")
+    return value
+
+
+@dataclasses.dataclass
+class _TensorSpecJSON:
+    """How a TensorSpec is written in the manifest (axes as a JSON array)."""
+
+    name: str
+    dtype: str
+    axes: list[str | int]
+    high: int | None = None
+    doc: str = ""

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from attnx.models import EncoderConfig
 from attnx.models.blocks import TokenEmbedding
+from attnx.models.config import EncoderConfig
 from attnx.models.spec import TensorSpec
 from attnx.models.stack import AttentionFactory, Stack
 

@@ -1,7 +1,9 @@
 """Build a model around a variant from names, options and a seed (deterministically).
 
-:func:`construct` is the one path from names and options to a module: :func:`build` (exposed as
-``attnx.models.build``) returns it ready to train, and the exporter's ``assemble`` wraps it for export.
+:func:`construct` is the one path from names and options to a module, shared by the exporter
+(``attnx.exporter.assemble``) and by training code (``attnx.nn.Model``). It takes the registry to
+look the names up in as an argument: the models layer sits beside the registry, not above it.
+Torch is imported when a model is built, so importing this module stays light.
 """
 
 from __future__ import annotations
@@ -9,25 +11,29 @@ from __future__ import annotations
 import dataclasses
 import difflib
 from collections.abc import Mapping
-from typing import Any
-
-import torch
-from torch import nn
+from typing import TYPE_CHECKING, Any
 
 from attnx.config import Config
-from attnx.errors import AttnxError
-from attnx.models import PAPER_ARCHITECTURE
-from attnx.models.spec import ModelSpec
-from attnx.ops import VariantImpl
-from attnx.registry import Registry, get_registry
-from attnx.variant import AttentionSpec, Variant
+from attnx.errors import AttnxError, unknown_choice
+from attnx.models.spec import ACTIVATION_DTYPES, ModelSpec
+from attnx.variant import AttentionSpec, Variant, describe
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from attnx.ops import VariantImpl
+    from attnx.registry import Registry
 
 SCOPES = ("model", "variant", "cross")
 
 
 @dataclasses.dataclass
 class Built:
-    """A built model and the specs and configs it was built from (``cross_*``: cross-attention models)."""
+    """A built model and what it was built from (``cross_*`` only for cross-attention models).
+
+    ``seed`` drew its initial weights; ``dtype`` ("fp32"/"fp16") is the dtype of its weights
+    and activations.
+    """
 
     module: nn.Module
     model: ModelSpec
@@ -35,49 +41,40 @@ class Built:
     variant: Variant
     variant_config: Config
     impls: dict[str, VariantImpl]
+    seed: int
     cross_variant: Variant | None = None
     cross_variant_config: Config | None = None
-
-
-def build(
-    model: str = "encoder",
-    variant: str = "softmax",
-    *,
-    cross_variant: str | None = None,
-    seed: int = 0,
-    registry: Registry | None = None,
-    **options: Any,
-) -> nn.Module:
-    """``model`` ("encoder", "lm", "seq2seq", or a plugin's) around ``variant`` attention, in train mode.
-
-    The same arguments give the same initial weights (built under ``torch.manual_seed(seed)`` in a
-    forked RNG). ``attnx.export(variant, out, model=model, options=options, checkpoint=...)`` exports
-    the trained weights of the same model.
-
-    Args:
-        cross_variant: variant of the cross-attention layers (seq2seq only; default softmax).
-        options: model and variant options (``d_model=256``, ``eps=1e-6``); see :func:`split_options`
-            (a scoped key such as ``"model.d_model"`` goes in with ``**{...}``).
-
-    Raises:
-        AttnxError: unknown names or options (with the closest valid one), or a variant that cannot
-            serve the model (e.g. a causal ``lm`` around a bidirectional-only variant).
-    """
-    built = construct(variant, model, options, seed, registry, cross_variant=cross_variant)
-    return built.module.train()
+    dtype: str = "fp32"
 
 
 def construct(
+    registry: Registry,
     variant: str,
     model: str,
     options: Mapping[str, Any] | None = None,
     seed: int = 0,
-    registry: Registry | None = None,
     *,
     cross_variant: str | None = None,
+    dtype: str = "fp32",
 ) -> Built:
-    """Resolve names, route and validate options, and build the module under ``seed`` (see :func:`build`)."""
-    registry = registry or get_registry()
+    """Build ``model`` with ``variant`` attention; the same arguments give the same weights.
+
+    Args:
+        registry: where the model and variant names are looked up.
+        options: model and variant options, see :func:`split_options`; the variant's
+            ``model_defaults`` (and, in a model that generates, its ``decoder_defaults``) fill in
+            what is not given.
+        seed: the module is built under ``torch.manual_seed(seed)`` in a forked RNG.
+        cross_variant: variant of the cross-attention layers (models with cross-attention
+            only; default softmax).
+        dtype: "fp32", or "fp16": the fp32 initialisation rounded to half precision.
+
+    Raises:
+        AttnxError: unknown names or options, or a variant that cannot serve the model
+            (e.g. a causal ``lm`` around a bidirectional-only variant).
+    """
+    if dtype not in ACTIVATION_DTYPES:
+        raise unknown_choice("dtype", dtype, ACTIVATION_DTYPES)
     model_spec = registry.model(model)
     variant_spec = registry.variant(variant)
     if cross_variant is not None and not model_spec.uses_cross_attention:
@@ -86,16 +83,18 @@ def construct(
     model_options, variant_options, cross_options = split_options(
         options or {}, model_spec, variant_spec, cross_spec
     )
-    model_fields = {f.name for f in dataclasses.fields(model_spec.config)}
-    for key, value in PAPER_ARCHITECTURE.get(variant_spec.name, {}).items():
-        if key in model_fields:
-            model_options.setdefault(key, value)
-    model_config = model_spec.make_config(model_options)
-    variant_config = variant_spec.make_config(variant_options)
-    roles = {"self": (variant_spec, variant_config)}
+    model_config = model_spec.make_config(
+        with_defaults(model_options, variant_spec.model_defaults, model_spec.config)
+    )
+    roles = {"self": (variant_spec, variant_options)}
     if cross_spec is not None:
-        roles["cross"] = (cross_spec, cross_spec.make_config(cross_options))
+        roles["cross"] = (cross_spec, cross_options)
+    roles = {
+        role: (spec, spec.make_config(decoder_options(spec, given, model_spec)))
+        for role, (spec, given) in roles.items()
+    }
     _check_padding_masks(model_spec.name, model_config, roles.values())
+    _check_dtype(dtype, roles.values())
     impls = {spec.name: spec.load() for spec, _ in roles.values()}
 
     def attention(spec: AttentionSpec, role: str = "self") -> nn.Module:
@@ -106,19 +105,24 @@ def construct(
             raise AttnxError(f"model '{model_spec.name}' needs {_describe_need(spec)}: {exc}") from None
         return impls[chosen.name].build(config, spec)
 
+    import torch
+
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         module = model_spec.build(model_config, attention)
-    cross_spec, cross_config = roles.get("cross", (None, None))
+    module.to(getattr(torch, ACTIVATION_DTYPES[dtype]))
+    cross_variant_spec, cross_config = roles.get("cross", (None, None))
     return Built(
         module,
         model_spec,
         model_config,
-        variant_spec,
-        variant_config,
+        roles["self"][0],
+        roles["self"][1],
         impls,
-        cross_variant=cross_spec,
-        cross_variant_config=cross_config,
+        seed,
+        cross_variant_spec,
+        cross_config,
+        dtype,
     )
 
 
@@ -162,6 +166,19 @@ def split_options(
     return routed["model"], routed["variant"], routed["cross"]
 
 
+def with_defaults(
+    given: Mapping[str, Any], defaults: Mapping[str, Any], config: type[Config]
+) -> dict[str, Any]:
+    """``given`` plus the ``defaults`` it lacks that ``config`` has a field for."""
+    fields = {f.name for f in dataclasses.fields(config)}
+    return {**{k: v for k, v in defaults.items() if k in fields}, **given}
+
+
+def decoder_options(variant: Variant, given: Mapping[str, Any], model: ModelSpec) -> dict[str, Any]:
+    """A variant's options in ``model``: its ``decoder_defaults`` apply when the model generates."""
+    return with_defaults(given, variant.decoder_defaults if model.generates else {}, variant.config)
+
+
 def _unknown_option(key: str, specs: Mapping[str, Any], fields: Mapping[str, set[str]]) -> AttnxError:
     valid = sorted(set().union(*fields.values()))
     close = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
@@ -179,6 +196,16 @@ def _describe_need(spec: AttentionSpec) -> str:
     if spec.cross:
         return "cross-attention"
     return "causal self-attention" if spec.causal else "bidirectional self-attention"
+
+
+def _check_dtype(dtype: str, roles: Any) -> None:
+    """Refuse an fp16 build around a variant that declares fp32 only (``Capabilities.fp16``)."""
+    for variant, _ in roles:
+        if dtype == "fp16" and not variant.capabilities.fp16:
+            raise AttnxError(
+                f"variant '{variant.name}' cannot be exported in fp16 ({describe(variant.capabilities)}); "
+                "export it in fp32 (dtype=fp32)"
+            )
 
 
 def _check_padding_masks(model: str, config: Config, roles: Any) -> None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from torch.nn import functional
 
-from attnx.models import LMConfig
 from attnx.models.blocks import TokenEmbedding
+from attnx.models.config import LMConfig
 from attnx.models.spec import TensorSpec
 from attnx.models.stack import AttentionFactory, SelfAttentionHook, Stack
 

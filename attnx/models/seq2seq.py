@@ -6,8 +6,8 @@ import torch
 from torch import nn
 from torch.nn import functional
 
-from attnx.models import Seq2SeqConfig
 from attnx.models.blocks import TokenEmbedding
+from attnx.models.config import Seq2SeqConfig
 from attnx.models.spec import TensorSpec
 from attnx.models.stack import AttentionFactory, CrossAttentionHook, SelfAttentionHook, Stack
 

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from attnx.config import Config, make_config
+from attnx.cost import Attend, Part, Shape
 from attnx.variant import load_object
 
 if TYPE_CHECKING:
@@ -55,6 +57,11 @@ class ModelSpec:
     :class:`attnx.variant.AttentionSpec`; ``role`` is "self" or "cross". The built
     module exposes ``input_specs()`` and ``output_specs()`` (lists of TensorSpec) and
     a forward taking the inputs in that order.
+
+    ``cost(config, shape, attend) -> Part`` is the FLOPs and working memory of one forward
+    (:mod:`attnx.cost`; None: ``attnx bench`` has no estimate for it). ``generates``: the model
+    has a causal stack that produces tokens one by one (what ``--decode`` exports), so variants'
+    ``decoder_defaults`` apply to it.
     """
 
     name: str
@@ -62,6 +69,8 @@ class ModelSpec:
     config: type[Config]
     impl: str
     uses_cross_attention: bool = False
+    cost: Callable[[Any, Shape, Attend], Part] | None = None
+    generates: bool = False
 
     def make_config(self, options: dict[str, Any] | None = None) -> Config:
         return make_config(self.config, options, what=f"{self.name} option")

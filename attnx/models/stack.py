@@ -13,8 +13,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from attnx.models import TransformerConfig
 from attnx.models.blocks import FeedForward
+from attnx.models.config import TransformerConfig
 from attnx.models.reversible import Branch, ResidualBlock
 from attnx.variant import AttentionSpec
 

@@ -1,7 +1,9 @@
-"""Polygraphy runners: a CPU/GPU-aware torch runner and the ONNX backends attnx compares.
+"""Polygraphy runners for one graph of an export: torch (eager or compiled), ONNX Runtime, TensorRT.
 
-Polygraphy's own ``PytRunner`` calls ``.cuda()`` unconditionally and mishandles
-dtypes, so the torch side is a small :class:`BaseRunner` of our own.
+Polygraphy's own ``PytRunner`` calls ``.cuda()`` unconditionally and mishandles dtypes, so the
+torch side is a small :class:`BaseRunner` of our own. Every consumer (verify, decode parity,
+generate, bench) runs graphs through these runners, made by the backend table
+(:mod:`attnx.parity.backends`).
 """
 
 from __future__ import annotations
@@ -11,29 +13,95 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
-import torch
 from polygraphy.backend.base import BaseRunner
 from polygraphy.common import TensorMetadata
+from polygraphy.datatype import DataType
 
-from attnx.errors import AttnxError
+from attnx.errors import AttnxError, first_line
+from attnx.exporter.directory import ExportDir
 from attnx.exporter.lowering import attach_functions, strip_plugin_attributes
 from attnx.models.spec import TensorSpec
-from attnx.ops import AttentionOp
+from attnx.ortkernels import kernel_view, session_options
+from attnx.trt.build import check_shapes, prepare_plugins
+from attnx.trt.graph import check_plugin_nodes, for_ort_tensorrt
+from attnx.trt.qdp import register_plugins
+
+
+class BackendSkipped(Exception):
+    """The backend cannot run this graph here (the message says why): a limitation, not a failure."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Graph:
+    """One graph of an export to run: the manifest file ``key`` ("model", "prefill", "decode"), its
+    inputs and outputs, and ``module()``, the torch module that computes the same function
+    (built on first use, for the torch backends and as the reference)."""
+
+    export: ExportDir
+    key: str
+    inputs: Sequence[TensorSpec]
+    outputs: Sequence[TensorSpec]
+    module: Callable[[], Any]
+
+    @classmethod
+    def of_model(cls, export: ExportDir, module: Any = None) -> Graph:
+        """``model.onnx`` of ``export``; its torch module is ``module`` (None: rebuilt on first use)."""
+        manifest = export.manifest
+        return cls(
+            export,
+            "model",
+            manifest.inputs,
+            manifest.outputs,
+            (lambda: module) if module is not None else (lambda: export.rebuild().module),
+        )
+
+    @property
+    def path(self) -> Path:
+        return self.export.file(self.key)
+
+    @property
+    def lowering(self) -> str:
+        return self.export.manifest.lowering
 
 
 class TorchRunner(BaseRunner):
-    """Runs an attnx model module (inputs in ``specs`` order) on CPU or CUDA."""
+    """Runs a torch module (inputs in ``specs`` order) on CPU or CUDA, optionally ``torch.compile``d.
 
-    def __init__(self, module: torch.nn.Module, specs: Sequence[TensorSpec], outputs: Sequence[TensorSpec],
-                 device: str = "cpu", name: str = "torch") -> None:
+    Outputs keep their dtype (a decode graph returns int64 positions); ``threads`` (None: torch's
+    setting) is applied while the runner is active.
+    """
+
+    def __init__(
+        self,
+        module: Any,
+        specs: Sequence[TensorSpec],
+        outputs: Sequence[TensorSpec],
+        device: str = "cpu",
+        name: str = "torch",
+        threads: int | None = None,
+        compile: bool = False,
+    ) -> None:
         super().__init__(name=name)
         self.module, self.specs, self.outputs, self.device = module, list(specs), list(outputs), device
+        self.threads, self.compile, self._call = threads, compile, module
 
     def activate_impl(self) -> None:
+        import torch
+
+        self._previous_threads = torch.get_num_threads()
+        if self.threads:
+            torch.set_num_threads(self.threads)
         self.module.to(self.device).eval()
+        self._call = torch.compile(self.module, dynamic=False) if self.compile else self.module
+
+    @property
+    def providers(self) -> list[str]:
+        """What executes: "torch-cpu", "torch-inductor-cpu", "torch-cuda", ..."""
+        return [f"torch-{'inductor-' if self.compile else ''}{self.device}"]
 
     def get_input_metadata_impl(self) -> TensorMetadata:
         meta = TensorMetadata()
@@ -42,122 +110,143 @@ class TorchRunner(BaseRunner):
         return meta
 
     def infer_impl(self, feed_dict: dict[str, np.ndarray]) -> OrderedDict[str, np.ndarray]:
+        import torch
+
         args = [torch.from_numpy(np.ascontiguousarray(feed_dict[s.name])).to(self.device) for s in self.specs]
         start = time.perf_counter()
-        with torch.inference_mode():
-            results = self.module(*args)
+        try:
+            with torch.inference_mode():
+                results = self._call(*args)
+        except Exception as exc:
+            if not self.compile:
+                raise
+            raise BackendSkipped(f"torch.compile failed: {type(exc).__name__}: {first_line(exc)}") from exc
         self.inference_time = time.perf_counter() - start
         results = results if isinstance(results, tuple) else (results,)
         pairs = zip(self.outputs, results, strict=False)
-        return OrderedDict((s.name, r.detach().float().cpu().numpy()) for s, r in pairs)
+        return OrderedDict((s.name, r.detach().cpu().numpy()) for s, r in pairs)
 
     def deactivate_impl(self) -> None:
+        import torch
+
         self.module.to("cpu")
+        self._call = self.module
+        torch.set_num_threads(self._previous_threads)
 
 
-@dataclasses.dataclass(frozen=True)
-class Backend:
-    """An ONNX backend to compare against torch.
+def torch_runner(name: str, compile: bool = False) -> Callable[[Graph, int | None], BaseRunner]:
+    def make(graph: Graph, threads: int | None) -> BaseRunner:
+        return TorchRunner(
+            graph.module(), graph.inputs, graph.outputs, name=name, threads=threads, compile=compile
+        )
 
-    ``unavailable(directory)`` returns the reason it cannot run here (None when it can);
-    ``directory`` is the export being verified (None: a general check, as in ``attnx doctor``).
-    ``runner(model_path, lowering, ops)`` returns the Polygraphy runner.
-    """
-
-    name: str
-    description: str
-    unavailable: Callable[[Path | None], str | None]
-    runner: Callable[[Path, str, Sequence[AttentionOp]], BaseRunner]
+    return make
 
 
-def _ort_providers() -> list[str]:
+CPU, CUDA, TENSORRT = "CPUExecutionProvider", "CUDAExecutionProvider", "TensorrtExecutionProvider"
+
+
+def ort_session_options(threads: int | None, plugin_kernels: bool = False) -> Any:
+    """All graph optimisations, ``threads`` intra-op threads (None: ORT's default), sequential
+    execution; with ``plugin_kernels`` also attnx's CPU kernels for a plugin-lowered model's nodes."""
     import onnxruntime
 
-    return onnxruntime.get_available_providers()
+    options = session_options() if plugin_kernels else onnxruntime.SessionOptions()
+    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
+    if threads:
+        options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.execution_mode = onnxruntime.ExecutionMode.ORT_SEQUENTIAL
+    options.log_severity_level = 3
+    return options
 
 
-def _ort_missing(
-    provider: str, hint: str, needs_tensorrt: bool = False
-) -> Callable[[Path | None], str | None]:
-    def check(directory: Path | None = None) -> str | None:
-        if provider not in _ort_providers():
-            return f"onnxruntime has no {provider} ({hint})"
-        if needs_tensorrt and directory is not None and _lowering(directory) == "plugin":
-            from attnx.trt import GPU_EXTRA_HINT, tensorrt_missing
-
-            reason = tensorrt_missing()
-            if reason:
-                return f"{reason}; the attnx plugins are registered from Python ({GPU_EXTRA_HINT})"
-        return None
-
-    return check
-
-
-def onnx_for_ort(path: Path, lowering: str, ops: Sequence[AttentionOp], provider: str) -> bytes | str:
-    """What ONNX Runtime loads for ``provider``; a plugin-lowered model takes one of three paths:
+def onnx_for_ort(graph: Graph, provider: str) -> bytes | str:
+    """What ONNX Runtime loads for ``provider``; a plugin-lowered graph takes one of three paths:
 
     * CPU: the bare nodes run through attnx's custom-op kernels (:mod:`attnx.ortkernels`),
       computed from each node's inputs and attributes alone;
     * CUDA: the same graph with attnx's reference bodies attached (those kernels are CPU-only);
     * TensorRT: the nodes moved to the ``trt.plugins`` domain, computed by the attnx QDP plugins.
     """
-    if lowering != "plugin":
-        return str(path)
-    model = onnx.load(str(path))
-    if provider == "CPUExecutionProvider":
-        from attnx.ortkernels import kernel_view
-
+    if graph.lowering != "plugin":
+        return str(graph.path)
+    model = onnx.load(str(graph.path))
+    ops = graph.export.ops()
+    if provider == CPU:
         return kernel_view(model, ops).SerializeToString()
-    if provider == "TensorrtExecutionProvider":
-        from attnx.trt.graph import check_plugin_nodes, for_ort_tensorrt
-        from attnx.trt.qdp import register_plugins
-
+    if provider == TENSORRT:
         check_plugin_nodes(model, ops)
         register_plugins(ops)
         return for_ort_tensorrt(model).SerializeToString()
     return attach_functions(strip_plugin_attributes(model), ops).SerializeToString()
 
 
-_ORT_NAMES = {
-    "CPUExecutionProvider": "ort-cpu",
-    "CUDAExecutionProvider": "ort-cuda",
-    "TensorrtExecutionProvider": "ort-trt",
-}
+ORT_NAMES = {CPU: "ort-cpu", CUDA: "ort-cuda", TENSORRT: "ort-trt"}
 
 
-def _ort_runner(provider: str) -> Callable[[Path, str, Sequence[AttentionOp]], BaseRunner]:
-    def make(path: Path, lowering: str, ops: Sequence[AttentionOp]) -> BaseRunner:
+class OrtRunner(BaseRunner):
+    """An ONNX Runtime session as a Polygraphy runner.
+
+    Polygraphy's ``OnnxrtRunner`` imports torch on every inference (to accept torch tensors); this
+    one takes NumPy arrays only, so a process that times ONNX Runtime never loads torch.
+    """
+
+    def __init__(self, session: Callable[[], Any], name: str) -> None:
+        super().__init__(name=name)
+        self._make = session
+
+    def activate_impl(self) -> None:
+        self.sess = self._make()
+        self._outputs = [o.name for o in self.sess.get_outputs()]
+
+    def get_input_metadata_impl(self) -> TensorMetadata:
+        meta = TensorMetadata()
+        for node in self.sess.get_inputs():
+            meta.add(node.name, dtype=DataType.from_dtype(node.type, "onnxruntime"), shape=node.shape)
+        return meta
+
+    def infer_impl(self, feed_dict: dict[str, np.ndarray]) -> OrderedDict[str, np.ndarray]:
+        start = time.perf_counter()
+        outputs = self.sess.run(self._outputs, feed_dict)
+        self.inference_time = time.perf_counter() - start
+        return OrderedDict(zip(self._outputs, outputs, strict=True))
+
+    def deactivate_impl(self) -> None:
+        del self.sess
+
+    @property
+    def providers(self) -> list[str]:
+        return list(self.sess.get_providers())
+
+
+def ort_runner(provider: str) -> Callable[[Graph, int | None], BaseRunner]:
+    def make(graph: Graph, threads: int | None) -> BaseRunner:
         import onnxruntime
-        from polygraphy.backend.onnxrt import OnnxrtRunner
 
-        model = onnx_for_ort(path, lowering, ops, provider)
-        providers = [provider] if provider == "CPUExecutionProvider" else [provider, "CPUExecutionProvider"]
-        if provider == "TensorrtExecutionProvider":
-            providers.insert(1, "CUDAExecutionProvider")
-        if lowering == "plugin" and provider == "CPUExecutionProvider":
-            from attnx.ortkernels import session_options
-
-            options = session_options()
-        else:
-            options = onnxruntime.SessionOptions()
+        source = onnx_for_ort(graph, provider)
+        providers = {CPU: [CPU], CUDA: [CUDA, CPU], TENSORRT: [TENSORRT, CUDA, CPU]}[provider]
+        options = ort_session_options(threads, plugin_kernels=graph.lowering == "plugin" and provider == CPU)
 
         def session() -> onnxruntime.InferenceSession:
-            return onnxruntime.InferenceSession(model, options, providers=providers)
+            made = onnxruntime.InferenceSession(source, options, providers=providers)
+            if made.get_providers()[0] != provider:
+                raise BackendSkipped(f"onnxruntime did not enable {provider} (got {made.get_providers()})")
+            return made
 
-        if lowering == "plugin" and provider == "TensorrtExecutionProvider":
-            return OnnxrtRunner(_plugin_session_for_tensorrt(session), name=_ORT_NAMES[provider])
-        return OnnxrtRunner(session, name=_ORT_NAMES[provider])
+        if graph.lowering == "plugin" and provider == TENSORRT:
+            made = _plugin_session_for_tensorrt(session)
+            return OrtRunner(lambda: made, name=ORT_NAMES[provider])
+        return OrtRunner(session, name=ORT_NAMES[provider])
 
     return make
 
 
-def _plugin_session_for_tensorrt(session: Callable[[], object]) -> object:
+def _plugin_session_for_tensorrt(session: Callable[[], Any]) -> Any:
     """Create the session now, so a refusal is one line with the reason, not a failure mid-comparison."""
     try:
         return session()
     except Exception as exc:
-        from attnx.trt import first_line
-
         raise AttnxError(
             f"ONNX Runtime's TensorRT EP refused the attnx plugin nodes ({first_line(exc)}); it lists only "
             "IPluginCreator/IPluginCreatorV3One creators in trt.plugins, attnx's QDP plugins are "
@@ -165,73 +254,21 @@ def _plugin_session_for_tensorrt(session: Callable[[], object]) -> object:
         ) from None
 
 
-def _lowering(directory: Path) -> str | None:
-    from attnx.exporter.manifest import Manifest
-
-    try:
-        return Manifest.read(directory).lowering
-    except AttnxError:
-        return None
-
-
-def _trt_missing(directory: Path | None = None) -> str | None:
-    from attnx.trt import GPU_EXTRA_HINT, cuda_missing, tensorrt_missing
-
-    reason = tensorrt_missing()
-    if reason:
-        return f"{reason} ({GPU_EXTRA_HINT})"
-    reason = cuda_missing()
-    if reason:
-        return reason
-    if directory is not None:
-        from attnx.trt.build import engine_problem
-
-        return engine_problem(Path(directory))
-    return None
-
-
-def _trt_runner(path: Path, lowering: str, ops: Sequence[AttentionOp]) -> BaseRunner:
-    """Polygraphy's TrtRunner on ``OUT/engine.plan`` (plugins registered before deserialization)."""
+def trt_runner(graph: Graph, threads: int | None) -> BaseRunner:
+    """Polygraphy's TrtRunner on the export's engine (plugins registered before deserialization)."""
     from polygraphy.backend.common import BytesFromPath
     from polygraphy.backend.trt import EngineFromBytes, TrtRunner
 
-    from attnx.exporter.manifest import Manifest
-    from attnx.trt.build import ENGINE_FILE, check_shapes, prepare_plugins
-
-    directory = Path(path).parent
-    record = Manifest.read(directory).engine or {}
-    prepare_plugins(Path(path), lowering, ops)
+    export = graph.export
+    engine = export.manifest.engine
+    prepare_plugins(export.model_path, export.manifest.lowering, export.ops())
 
     class EngineRunner(TrtRunner):
         def infer_impl(self, feed_dict, *args, **kwargs):  # type: ignore[no-untyped-def]
-            check_shapes(record, feed_dict)
+            try:
+                check_shapes(engine, feed_dict)
+            except AttnxError as exc:
+                raise BackendSkipped(str(exc)) from None
             return super().infer_impl(feed_dict, *args, **kwargs)
 
-    return EngineRunner(EngineFromBytes(BytesFromPath(str(directory / ENGINE_FILE))), name="trt")
-
-
-BACKENDS: dict[str, Backend] = {
-    b.name: b
-    for b in (
-        Backend(
-            "ort-cpu",
-            "ONNX Runtime, CPU execution provider (plugin lowering: attnx kernels)",
-            lambda directory=None: None,
-            _ort_runner("CPUExecutionProvider"),
-        ),
-        Backend(
-            "ort-cuda",
-            "ONNX Runtime, CUDA execution provider",
-            _ort_missing("CUDAExecutionProvider", "install the gpu extra on a CUDA machine"),
-            _ort_runner("CUDAExecutionProvider"),
-        ),
-        Backend(
-            "ort-trt",
-            "ONNX Runtime, TensorRT execution provider (plugin lowering: trt.plugins domain)",
-            _ort_missing("TensorrtExecutionProvider", "install the gpu extra with TensorRT on a CUDA machine",
-                         needs_tensorrt=True),
-            _ort_runner("TensorrtExecutionProvider"),
-        ),
-        Backend("trt", "TensorRT engine (OUT/engine.plan) through Polygraphy", _trt_missing, _trt_runner),
-    )
-}
+    return EngineRunner(EngineFromBytes(BytesFromPath(str(export.file("engine")))), name="trt")

@@ -13,22 +13,21 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import sys
-import types
 import typing
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal, Union, get_args, get_origin
+from typing import Any, Literal
 
-from attnx.config import Config, make_config, require
+from attnx.config import Config, expected_type, make_config, require, value_type
+from attnx.domains import Lowering
 from attnx.errors import AttnxError, unknown_choice
+from attnx.registry import Registry, get_registry
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
-if typing.TYPE_CHECKING:
-    from attnx.registry import Registry
 
 RECIPE_DIR = Path(__file__).parent
 SUFFIX = ".toml"
@@ -43,17 +42,23 @@ class ExportSettings(Config):
             any other axis is fixed to its example length.
         example_lengths: length per axis of the example inputs torch.export traces with
             (None: distinct primes 17, 19, ... and batch 2); a dynamic axis needs >= 2.
+        decode: also export ``prefill.onnx`` + ``decode.onnx`` (KV cache or recurrent state) for
+            token-by-token generation (:mod:`attnx.decode`); an lm also gets the onnxruntime-genai
+            decoder (``genai.onnx`` + ``genai_config.json``, :mod:`attnx.serve.genai`).
+        tokenizer: a Hugging Face ``tokenizer.json`` copied into the export (text in, text out).
         checkpoint: weights to export instead of the seeded initialisation (safetensors or a
             torch state dict); in a recipe file a relative path is relative to that file, so a
             recipe can ship its trained weights next to it.
     """
 
     opset: int = 18
-    lowering: Literal["function", "decomposed", "plugin"] = "function"
+    lowering: Lowering = "function"
     dtype: Literal["fp32", "fp16"] = "fp32"
     seed: int = 0
     dynamic_axes: tuple[str, ...] | None = None
     example_lengths: dict[str, int] | None = None
+    decode: bool = False
+    tokenizer: str | None = None
     checkpoint: str | None = None
 
     def validate(self) -> None:
@@ -67,20 +72,24 @@ class ExportSettings(Config):
 
 @dataclasses.dataclass(frozen=True)
 class VerifySettings(Config):
-    """``[verify]``: the parity check after export (None: the verifier's defaults)."""
+    """``[verify]``: the parity check after export (``attnx verify`` has the same defaults).
+
+    Random inputs of ``batch`` rows at each of ``seq_lens`` (odd lengths included, 1 for the
+    smallest graph); ``atol``/``rtol`` None: the variants' tolerance.
+    """
 
     enabled: bool = True
-    seq_lens: tuple[int, ...] | None = None
-    batch: int | None = None
+    seq_lens: tuple[int, ...] = (1, 7, 32, 129)
+    batch: int = 2
     atol: float | None = None
     rtol: float | None = None
 
     def validate(self) -> None:
         require(
-            not self.seq_lens or min(self.seq_lens) >= 1,
-            f"verify setting seq_lens={self.seq_lens} must be >= 1",
+            bool(self.seq_lens) and min(self.seq_lens) >= 1,
+            f"verify setting seq_lens={list(self.seq_lens)} must be lengths >= 1",
         )
-        require(self.batch is None or self.batch >= 1, f"verify setting batch={self.batch} must be >= 1")
+        require(self.batch >= 1, f"verify setting batch={self.batch} must be >= 1")
         for name in ("atol", "rtol"):
             value = getattr(self, name)
             require(value is None or value >= 0, f"verify setting {name}={value} must be >= 0")
@@ -206,7 +215,6 @@ def load_recipe(name_or_path: str | Path, registry: Registry | None = None) -> R
     Raises:
         AttnxError: one line naming the recipe, the table and key, and the fix.
     """
-    from attnx.registry import get_registry
 
     registry = registry or get_registry()
     path = recipe_path(name_or_path)
@@ -221,7 +229,7 @@ def load_recipe(name_or_path: str | Path, registry: Registry | None = None) -> R
             raise fail(_unknown("key", key, TOP_LEVEL, "at the top level"))
     for key in ("description", "paper"):
         if not isinstance(data.get(key, ""), str):
-            raise fail(f"{key} must be a string, not {_toml_type(data[key])}")
+            raise fail(f"{key} must be a string, not {value_type(data[key])}")
     for table in ("model", "variant"):
         if table not in data:
             raise fail(f'missing table [{table}] (it needs at least name = "...")')
@@ -323,7 +331,7 @@ def _checkpoint_beside(export: Config, recipe: Path, fail: Any) -> Config:
 def _table(data: dict[str, Any], table: str, fail: Any) -> dict[str, Any]:
     value = data[table]
     if not isinstance(value, dict):
-        raise fail(f"'{table}' must be a table ([{table}]), not {_toml_type(value)}")
+        raise fail(f"'{table}' must be a table ([{table}]), not {value_type(value)}")
     return value
 
 
@@ -335,54 +343,9 @@ def _check_options(entries: Mapping[str, Any], cls: type[Config], table: str, fa
         if key not in fields:
             valid = ["name", *fields] if table in NAMED_TABLES else fields
             raise fail(_unknown("key", key, valid, f"in [{table}]"))
-        expected = _expected(value, hints[key])
+        expected = expected_type(value, hints[key])
         if expected:
-            raise fail(f"[{table}] {key} = {value!r} must be {expected}, not {_toml_type(value)}")
-
-
-def _expected(value: Any, annotation: Any) -> str | None:
-    """None if the TOML ``value`` has the type ``annotation`` asks for, else that type in words."""
-    origin = get_origin(annotation)
-    if origin in (Union, types.UnionType):
-        (inner, *_) = [a for a in get_args(annotation) if a is not type(None)]
-        return _expected(value, inner)
-    if origin is Literal:
-        choices = get_args(annotation)
-        return None if value in choices else "one of " + ", ".join(repr(c) for c in choices)
-    if origin in (tuple, list):
-        (item, *_) = get_args(annotation) or (str,)
-        if not isinstance(value, list):
-            return f"an array of {_words(item)}s"
-        return next((f"an array of {_words(item)}s" for v in value if _expected(v, item)), None)
-    if origin is dict:
-        _, item = get_args(annotation)
-        ok = isinstance(value, dict) and all(not _expected(v, item) for v in value.values())
-        return None if ok else f"a table of {_words(item)}s"
-    checks = {
-        bool: lambda v: isinstance(v, bool),
-        int: lambda v: isinstance(v, int) and not isinstance(v, bool),
-        float: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
-        str: lambda v: isinstance(v, str),
-    }
-    check = checks.get(annotation)
-    return None if check is None or check(value) else _words(annotation, article=True)
-
-
-def _words(annotation: Any, article: bool = False) -> str:
-    word = {bool: "boolean", int: "integer", float: "number", str: "string"}.get(annotation, str(annotation))
-    return f"{'an' if word[0] in 'aeiou' else 'a'} {word}" if article else word
-
-
-def _toml_type(value: Any) -> str:
-    kinds = [
-        (bool, "a boolean"),
-        (int, "an integer"),
-        (float, "a float"),
-        (str, "a string"),
-        (list, "an array"),
-        (dict, "a table"),
-    ]
-    return next((word for kind, word in kinds if isinstance(value, kind)), type(value).__name__)
+            raise fail(f"[{table}] {key} = {value!r} must be {expected}, not {value_type(value)}")
 
 
 def _unknown(kind: str, key: str, valid: Any, where: str) -> str:

@@ -21,8 +21,8 @@ from importlib.metadata import entry_points
 from pathlib import Path
 
 from attnx import __version__
-from attnx.errors import AttnxError
 from attnx.atomic import staged_directory
+from attnx.errors import AttnxError
 from attnx.registry import ENTRY_POINT_GROUP, Registry, get_registry
 
 NAME_PATTERN = re.compile(r"^[a-z][a-z0-9]*(_[a-z0-9]+)*$")

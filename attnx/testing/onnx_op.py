@@ -17,8 +17,9 @@ import onnx
 import torch
 from onnx import helper
 
+from attnx.domains import DOMAIN
 from attnx.exporter.lowering import lower
-from attnx.ops import DOMAIN, AttentionOp
+from attnx.ops import AttentionOp
 from attnx.testing.subject import OpCall
 
 OPSET = 18

@@ -5,16 +5,14 @@ from __future__ import annotations
 import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from attnx.errors import AttnxError, unknown_choice
+from attnx.registry import Registry
+from attnx.testing.checks import CHECKS, Broken, Check, Skip
 from attnx.testing.report import CheckResult, ConformanceReport
-
-if TYPE_CHECKING:
-    from attnx.registry import Registry
-    from attnx.testing.checks import Check
-    from attnx.testing.subject import Subject
-    from attnx.variant import Variant
+from attnx.testing.subject import Subject, resolve
+from attnx.variant import Variant
 
 
 def check_variant(
@@ -32,8 +30,9 @@ def check_variant(
     Args:
         variant: a registered variant's name, or a :class:`attnx.Variant` object (one
             not registered yet is tested in a registry of its own next to attnx's models).
-        options: variant options to test with (defaults otherwise).
-        bad_options: ``{option: value}`` pairs that ``validate()`` must reject, each tried alone.
+        options: variant options to test with (default: the variant's ``testing.options``).
+        bad_options: ``{option: value}`` pairs that ``validate()`` must reject, each tried alone
+            (default: the variant's ``testing.bad_options``).
         checks: names of the checks to run (default: all, see :data:`attnx.testing.CHECKS`).
         heavy: also run the export checks (a few seconds each).
         registry: the registry to look the variant up in (default: the process-wide one).
@@ -41,8 +40,6 @@ def check_variant(
     Raises:
         AttnxError: an unknown variant or check name.
     """
-    from attnx.testing.checks import CHECKS
-
     selected = select_checks(checks, heavy)
     subject = make_subject(variant, options, bad_options, registry, seed)
     by_name = {check.name: check for check in CHECKS}
@@ -52,8 +49,6 @@ def check_variant(
 
 
 def select_checks(names: Sequence[str] | None, heavy: bool = True) -> list[str]:
-    from attnx.testing.checks import CHECKS
-
     known = [check.name for check in CHECKS]
     for name in names or ():
         if name not in known:
@@ -68,16 +63,15 @@ def make_subject(
     registry: Registry | None,
     seed: int,
 ) -> Subject:
-    from attnx.testing.subject import Subject, resolve
-
+    """The variant under test; options not given come from its declaration (``Variant.testing``)."""
     registry, found = resolve(variant, registry)
-    return Subject(registry, found, dict(options or {}), dict(bad_options or {}), seed)
+    options = found.testing.options if options is None else options
+    bad_options = found.testing.bad_options if bad_options is None else bad_options
+    return Subject(registry, found, dict(options), dict(bad_options), seed)
 
 
 def run_check(check: Check, subject: Subject) -> CheckResult:
     """Run one check; a crash inside it is a failure naming the exception and where it was raised."""
-    from attnx.testing.checks import Broken, Skip
-
     start, status = time.perf_counter(), None
     try:
         problems = check.run(subject)
@@ -119,8 +113,6 @@ def conformance_tests(
     for a documented limitation.
     """
     import pytest
-
-    from attnx.testing.checks import CHECKS
 
     heavy = {c.name for c in CHECKS if c.heavy}
     selected = select_checks(checks)

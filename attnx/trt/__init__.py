@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import importlib.util
 
+from attnx.errors import first_line
+
 GPU_EXTRA_HINT = "pip install 'attnx[gpu]' on a machine with an NVIDIA GPU and CUDA"
 
 
@@ -48,9 +50,3 @@ def cuda_missing() -> str | None:
             return "no CUDA device (this torch is a CPU-only build)"
         return f"no CUDA device (torch built for CUDA {torch.version.cuda} sees none)"
     return None
-
-
-def first_line(exc: BaseException) -> str:
-    """The first line of an exception's message (its type name when empty)."""
-    text = str(exc).strip() or type(exc).__name__
-    return text.splitlines()[0]

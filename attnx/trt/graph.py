@@ -14,14 +14,18 @@ in TensorRT's registry); :func:`for_ort_tensorrt` produces that variant of the g
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import onnx
 from onnx import helper
 
+from attnx.domains import DOMAIN, PLUGIN_NAMESPACE, PLUGIN_VERSION
 from attnx.errors import AttnxError
-from attnx.exporter.lowering import PLUGIN_NAMESPACE, PLUGIN_VERSION, attnx_nodes
-from attnx.ops import DOMAIN, AttentionOp
+from attnx.exporter.lowering import attnx_nodes
 from attnx.trt.spec import describe
+
+if TYPE_CHECKING:
+    from attnx.ops import AttentionOp
 
 ORT_TRT_DOMAIN = "trt.plugins"
 PLUGIN_ATTRIBUTES = ("plugin_namespace", "plugin_version")

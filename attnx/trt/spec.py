@@ -20,13 +20,15 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from onnx import AttributeProto, helper
 
+from attnx.domains import PLUGIN_NAMESPACE, PLUGIN_VERSION
 from attnx.errors import AttnxError
-from attnx.exporter.lowering import PLUGIN_NAMESPACE, PLUGIN_VERSION
-from attnx.ops import AttentionOp
+
+if TYPE_CHECKING:
+    from attnx.ops import AttentionOp
 
 FLOAT_INPUT = "tensor(float)"  # the schema's "T": float, float16, bfloat16
 # ONNX input type -> TensorRT autotune type string (dependent "|": all float I/O share one type).

@@ -11,17 +11,27 @@ import numpy as np
 import pytest
 
 import attnx
-from attnx.bench import BENCH_BACKENDS, parse_size
-from attnx.bench.backends import BackendSkipped, BenchBackend, _compile_missing
+from attnx.config import parse_size
 from attnx.errors import AttnxError
+from attnx.parity.backends import BACKENDS, Backend, _compiler_missing
+from attnx.parity.runners import BackendSkipped
+from tests.helpers import run_cli
 
 LENGTHS = [8, 33]
 
 
 @pytest.fixture(scope="module")
 def report(tiny_out: Path):
-    return attnx.bench(tiny_out, backends=["torch", "ort-cpu", "ort-cuda", "trt"], seq_lens=LENGTHS, batch=2,
-                       warmup=1, repeat=3, threads=1, seed=5)
+    return attnx.bench(
+        tiny_out,
+        backends=["torch", "ort-cpu", "ort-cuda", "trt"],
+        seq_lens=LENGTHS,
+        batch=2,
+        warmup=1,
+        repeat=3,
+        threads=1,
+        seed=5,
+    )
 
 
 def test_every_case_is_reported_in_order(report) -> None:
@@ -79,8 +89,14 @@ def test_json_holds_machine_settings_versions_and_every_raw_timing(report, tmp_p
 
 def test_progress_reports_each_case_then_done(tiny_out: Path) -> None:
     calls: list[tuple[int, int, str]] = []
-    attnx.bench(tiny_out, backends=["ort-cpu", "trt"], seq_lens=[4, 8], repeat=1, warmup=0,
-                progress=lambda done, total, case: calls.append((done, total, case)))
+    attnx.bench(
+        tiny_out,
+        backends=["ort-cpu", "trt"],
+        seq_lens=[4, 8],
+        repeat=1,
+        warmup=0,
+        progress=lambda done, total, case: calls.append((done, total, case)),
+    )
     assert [c[:2] for c in calls] == [(0, 4), (1, 4), (2, 4), (3, 4), (4, 4)]
     cases = [f"softmax-tiny {backend} N={n}" for n in (4, 8) for backend in ("ort-cpu", "trt")]
     assert [c[2] for c in calls] == [*cases, "done"]
@@ -98,14 +114,14 @@ def test_max_time_stops_early_but_keeps_three_runs(tiny_out: Path) -> None:
 
 
 def test_a_crashing_backend_fails_and_a_refusing_one_is_skipped(tiny_out: Path, monkeypatch) -> None:
-    def crash(model, threads, sample):
+    def crash(graph, threads):
         raise RuntimeError("kernel exploded\nsecond line")
 
-    def refuse(model, threads, sample):
+    def refuse(graph, threads):
         raise BackendSkipped("not on Tuesdays")
 
-    monkeypatch.setitem(BENCH_BACKENDS, "crash", BenchBackend("crash", "", lambda directory: None, crash))
-    monkeypatch.setitem(BENCH_BACKENDS, "refuse", BenchBackend("refuse", "", lambda directory: None, refuse))
+    monkeypatch.setitem(BACKENDS, "crash", Backend("crash", "", lambda export: None, crash))
+    monkeypatch.setitem(BACKENDS, "refuse", Backend("refuse", "", lambda export: None, refuse))
     result = attnx.bench(tiny_out, backends=["crash", "refuse"], seq_lens=[8], repeat=1)
     crashed, refused = result.measurements
     assert (crashed.status, crashed.reason) == ("failed", "RuntimeError: kernel exploded")
@@ -113,9 +129,48 @@ def test_a_crashing_backend_fails_and_a_refusing_one_is_skipped(tiny_out: Path, 
     assert result.failed == [crashed]
 
 
+def test_an_internal_inconsistency_is_a_failure_never_a_skip(tiny_out: Path, monkeypatch) -> None:
+    """An AttnxError while a backend runs (e.g. an op no plugin provides) fails the case: exit 1."""
+
+    def inconsistent(graph, threads):
+        raise AttnxError("the export uses attnx::NoSuchAttention, which no installed plugin provides")
+
+    monkeypatch.setitem(
+        BACKENDS, "inconsistent", Backend("inconsistent", "", lambda export: None, inconsistent)
+    )
+    (m,) = attnx.bench(tiny_out, backends=["inconsistent"], seq_lens=[8], repeat=1).measurements
+    assert m.status == "failed" and "NoSuchAttention" in m.reason
+
+
+def test_a_plugin_lowered_seq2seq_with_another_cross_variant_runs_on_ort_cpu(tmp_path: Path) -> None:
+    """The export's own op list drives the plugin kernels, cross-attention ops included."""
+    out = tmp_path / "s2s"
+    code, _, stderr = run_cli(
+        [
+            "export",
+            "--recipe",
+            "tiny-seq2seq",
+            "--cross-variant",
+            "linear",
+            "--lowering",
+            "plugin",
+            "--no-verify",
+            "-o",
+            str(out),
+        ]
+    )
+    assert code == 0, stderr
+    code, stdout, stderr = run_cli(
+        ["bench", str(out), "--backends", "ort-cpu", "--seq-lens", "8", "--repeat", "1", "--warmup", "0"]
+    )
+    assert code == 0, stderr
+    (m,) = attnx.bench(out, backends=["ort-cpu"], seq_lens=[8], repeat=1, warmup=0).measurements
+    assert m.status == "ok", m.reason
+
+
 def test_torch_compile_without_a_compiler_says_so(monkeypatch) -> None:
     monkeypatch.setattr("shutil.which", lambda name: None)
-    assert "C++ compiler" in (_compile_missing() or "")
+    assert "C++ compiler" in (_compiler_missing() or "")
 
 
 def test_torch_compile_failure_is_skipped_with_the_reason(tiny_out: Path, monkeypatch) -> None:
@@ -124,11 +179,12 @@ def test_torch_compile_failure_is_skipped_with_the_reason(tiny_out: Path, monkey
     def broken(module, **kwargs):
         def run(*args):
             raise RuntimeError("inductor could not codegen")
+
         return run
 
     monkeypatch.setattr(torch, "compile", broken)
-    monkeypatch.setitem(BENCH_BACKENDS, "torch-compile", BENCH_BACKENDS["torch-compile"].__class__(
-        "torch-compile", "", lambda directory: None, BENCH_BACKENDS["torch-compile"].load, True))
+    compiled = Backend("torch-compile", "", lambda export: None, BACKENDS["torch-compile"].runner)
+    monkeypatch.setitem(BACKENDS, "torch-compile", compiled)
     (m,) = attnx.bench(tiny_out, backends=["torch-compile"], seq_lens=[8], repeat=1).measurements
     assert m.status == "skipped"
     assert m.reason == "torch.compile failed: RuntimeError: inductor could not codegen"
@@ -142,10 +198,23 @@ def test_isolated_measurement_reports_the_whole_process_peak(tiny_out: Path) -> 
 
 
 def test_an_ort_measurement_process_never_imports_torch(tiny_out: Path) -> None:
-    request = json.dumps({"out": str(tiny_out), "backend": "ort-cpu", "batch": 1, "seq_len": 8, "warmup": 0,
-                          "repeat": 1, "threads": 1, "seed": 0, "max_time": None})
-    code = ("import sys, attnx.bench.worker as w; w.main(sys.argv[1:]); "
-            "print('torch imported' if 'torch' in sys.modules else 'torch not imported')")
+    request = json.dumps(
+        {
+            "out": str(tiny_out),
+            "backend": "ort-cpu",
+            "batch": 1,
+            "seq_len": 8,
+            "warmup": 0,
+            "repeat": 1,
+            "threads": 1,
+            "seed": 0,
+            "max_time": None,
+        }
+    )
+    code = (
+        "import sys, attnx.bench.worker as w; w.main(sys.argv[1:]); "
+        "print('torch imported' if 'torch' in sys.modules else 'torch not imported')"
+    )
     done = subprocess.run([sys.executable, "-c", code, request], capture_output=True, text=True, check=True)
     assert done.stdout.strip().splitlines()[-1] == "torch not imported"
 
@@ -176,8 +245,10 @@ def test_a_directory_that_is_not_an_export_is_refused(tmp_path: Path) -> None:
         attnx.bench(tmp_path)
 
 
-@pytest.mark.parametrize(("text", "expected"), [("8GiB", 8 << 30), ("512M", 512 << 20), ("2GB", 2 * 10**9),
-                                                ("1e9", 10**9), ("100 kib", 100 << 10)])
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("8GiB", 8 << 30), ("512M", 512 << 20), ("2GB", 2 * 10**9), ("1e9", 10**9), ("100 kib", 100 << 10)],
+)
 def test_sizes_parse(text: str, expected: int) -> None:
     assert parse_size(text) == expected
 

@@ -15,21 +15,43 @@ from tests.helpers import assert_one_line_error, run_cli
 
 def test_bench_prints_the_table_and_writes_json_and_plot(tiny_out: Path, tmp_path: Path) -> None:
     json_path, plot_path = tmp_path / "r.json", tmp_path / "r.png"
-    args = ["bench", str(tiny_out), "--backends", "torch,ort-cpu,trt", "--seq-lens", "8,16", "--repeat", "2",
-            "--warmup", "0", "--threads", "1", "--json", str(json_path), "--plot", str(plot_path), "--quiet"]
+    args = [
+        "bench",
+        str(tiny_out),
+        "--backends",
+        "torch,ort-cpu,trt",
+        "--seq-lens",
+        "8,16",
+        "--repeat",
+        "2",
+        "--warmup",
+        "0",
+        "--threads",
+        "1",
+        "--json",
+        str(json_path),
+        "--plot",
+        str(plot_path),
+        "--quiet",
+    ]
     result = CliRunner().invoke(cli, args)
     assert result.exit_code == 0, result.output
     assert "median ms" in result.output and "slope" in result.output
     assert "skipped softmax-tiny trt batch 1 N=8,16:" in result.output  # grouped, with the reason
     data = json.loads(json_path.read_text())
     assert [(m["backend"], m["seq_len"], m["status"]) for m in data["measurements"]][:4] == [
-        ("torch", 8, "ok"), ("ort-cpu", 8, "ok"), ("trt", 8, "skipped"), ("torch", 16, "ok")]
+        ("torch", 8, "ok"),
+        ("ort-cpu", 8, "ok"),
+        ("trt", 8, "skipped"),
+        ("torch", 16, "ok"),
+    ]
     assert plot_path.read_bytes().startswith(b"\x89PNG")
 
 
 def test_default_output_is_the_table_on_stdout(tiny_out: Path) -> None:
-    code, stdout, stderr = run_cli(["bench", str(tiny_out), "--backends", "ort-cpu", "--seq-lens", "4",
-                                    "--repeat", "1", "--warmup", "0"])
+    code, stdout, stderr = run_cli(
+        ["bench", str(tiny_out), "--backends", "ort-cpu", "--seq-lens", "4", "--repeat", "1", "--warmup", "0"]
+    )
     assert code == 0 and "ort-cpu" in stdout and "Traceback" not in stderr
 
 
@@ -40,7 +62,7 @@ def test_default_output_is_the_table_on_stdout(tiny_out: Path) -> None:
         (["--seq-lens", "8,x"], ["--seq-lens"]),
         (["--seq-lens", "0"], ["--seq-lens"]),
         (["--batch", "0"], ["--batch"]),
-        (["--max-memory", "lots"], ["memory size 'lots'"]),
+        (["--max-memory", "lots"], ["--max-memory 'lots'"]),
         (["--json", "/nonexistent-dir/r.json"], ["--json", "does not exist"]),
         (["--plot", "/nonexistent-dir/r.png"], ["--plot", "does not exist"]),
     ],
@@ -60,10 +82,12 @@ def test_missing_outs_is_a_usage_error() -> None:
     assert_one_line_error(code, stderr, "OUT")
 
 
-def test_plot_without_matplotlib_fails_before_running_and_writes_nothing(tiny_out: Path, tmp_path: Path,
-                                                                        monkeypatch) -> None:
+def test_plot_without_matplotlib_fails_before_running_and_writes_nothing(
+    tiny_out: Path, tmp_path: Path, monkeypatch
+) -> None:
     monkeypatch.setitem(sys.modules, "matplotlib", None)
-    code, stdout, stderr = run_cli(["bench", str(tiny_out), "--plot", str(tmp_path / "p.png"), "--json",
-                                    str(tmp_path / "r.json")])
+    code, stdout, stderr = run_cli(
+        ["bench", str(tiny_out), "--plot", str(tmp_path / "p.png"), "--json", str(tmp_path / "r.json")]
+    )
     assert_one_line_error(code, stderr, "pip install 'attnx[plot]'")
     assert stdout == "" and list(tmp_path.iterdir()) == []

@@ -1,4 +1,4 @@
-"""FLOP counts and memory bounds of attnx.bench.cost, against torch's own FLOP counter and attnx bench.
+"""FLOP counts and memory bounds of attnx.exporter.budget, against torch's own FLOP counter and attnx bench.
 
 FLOPs: ``torch.utils.flop_counter.FlopCounterMode`` runs on the real model of every variant x
 model pair the variants support (and a few cross-variant and structure-option cases), and its
@@ -14,6 +14,7 @@ dominant terms do.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +27,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 import attnx
-from attnx.bench.cost import FAMILIES, FLOAT_BYTES, SAFETY, Shape, model_cost
+from attnx.cost import FLOAT_BYTES, Shape
+from attnx.exporter.budget import SAFETY, model_cost
 from attnx.registry import get_registry
 
 TINY = {"d_model": 32, "n_heads": 2, "n_layers": 2, "d_ff": 48, "vocab_size": 100}
@@ -41,6 +43,26 @@ class RunOpDefinitions(TorchDispatchMode):
         name = func._schema.name
         definition = OPDEFS[name]._init_fn if name.startswith("attnx::") else func
         return definition(*args, **(kwargs or {}))
+
+
+def cost_of(
+    variant: str,
+    model: str,
+    model_config: dict,
+    batch: int,
+    n: int,
+    cross: str | None = None,
+    variant_config: dict | None = None,
+    cross_config: dict | None = None,
+    registry=None,
+):
+    """``model_cost`` of registered names and option dicts (unknown names: a lookup error)."""
+    registry = registry or get_registry()
+    spec = registry.model(model)
+    roles = {"self": registry.variant(variant), "cross": registry.variant(cross or "softmax")}
+    configs = {"self": variant_config or {}, "cross": cross_config or {}}
+    typed = {role: (v, v.make_config(configs[role])) for role, v in roles.items()}
+    return model_cost(spec, spec.make_config(model_config), typed, batch, n)
 
 
 def _registered(*names: str | None) -> None:
@@ -85,7 +107,7 @@ def test_model_flops_equal_the_torch_flop_counter_on_the_real_model(
     variant: str, model: str, cross: str | None, options: dict, n: int
 ) -> None:
     from attnx.exporter.assemble import assemble
-    from attnx.parity.inputs import random_feed
+    from attnx.exporter.inputs import random_feed
 
     _registered(variant, cross)
     batch = 2
@@ -93,12 +115,24 @@ def test_model_flops_equal_the_torch_flop_counter_on_the_real_model(
     sizes = {"batch": batch, "seq": n, "src_seq": n, "tgt_seq": n}
     feed = random_feed(assembly.inputs, sizes, np.random.default_rng(n))
     inputs = [torch.from_numpy(feed[spec.name]) for spec in assembly.inputs]
-    with (torch.inference_mode(), sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter,
-          RunOpDefinitions()):
+    with (
+        torch.inference_mode(),
+        sdpa_kernel(SDPBackend.MATH),
+        FlopCounterMode(display=False) as counter,
+        RunOpDefinitions(),
+    ):
         assembly.module(*inputs)
     cross_config = assembly.cross_variant_config.to_dict() if assembly.cross_variant_config else None
-    cost = model_cost(variant, assembly.variant_config.to_dict(), model, assembly.model_config.to_dict(),
-                      batch, n, cross_variant=cross, cross_variant_config=cross_config)
+    cost = cost_of(
+        variant,
+        model,
+        assembly.model_config.to_dict(),
+        batch,
+        n,
+        cross,
+        assembly.variant_config.to_dict(),
+        cross_config,
+    )
     assert cost is not None and cost.flops == counter.get_total_flops()
 
 
@@ -146,23 +180,30 @@ def naive_fastformer(q, k, v):
     return pool(pool(q, w_q) * k, w_k) * v
 
 
-NAIVE = {"softmax": naive_softmax, "linear": naive_linear, "cosformer": naive_cosformer,
-         "fastformer": naive_fastformer}
+NAIVE = {
+    "softmax": naive_softmax,
+    "linear": naive_linear,
+    "cosformer": naive_cosformer,
+    "fastformer": naive_fastformer,
+}
 
 
 @pytest.mark.parametrize("variant", sorted(NAIVE))
 @pytest.mark.parametrize(("batch", "heads", "n", "head_dim"), [(1, 1, 1, 4), (2, 4, 17, 8), (3, 2, 64, 16)])
-def test_attention_maths_flops_match_a_naive_reference(variant: str, batch: int, heads: int, n: int,
-                                                       head_dim: int) -> None:
+def test_attention_maths_flops_match_a_naive_reference(
+    variant: str, batch: int, heads: int, n: int, head_dim: int
+) -> None:
     q, k, v = (torch.randn(batch, heads, n, head_dim) for _ in range(3))
     expected = _counted(NAIVE[variant], q, k, v)
-    assert FAMILIES[variant](Shape(batch, n, heads * head_dim, heads), {}).maths_flops == expected
+    declared = get_registry().variant(variant)
+    cost = declared.cost(Shape(batch, n, heads * head_dim, heads), declared.make_config({}))
+    assert cost.maths_flops == expected
 
 
 def _bytes(variant: str, n: int, model: str = "encoder", **config) -> int:
     config = {"d_model": 512, "n_heads": 8, "n_layers": 6, "d_ff": 2048, "vocab_size": 32000, **config}
     cross = variant if model == "seq2seq" else None
-    cost = model_cost(variant, {}, model, config, 1, n, cross_variant=cross)
+    cost = cost_of(variant, model, config, 1, n, cross)
     assert cost is not None
     return cost.working_bytes
 
@@ -182,35 +223,47 @@ def test_the_logits_bound_the_estimate_of_a_linear_time_model_and_grow_with_n(mo
         assert _bytes("linear", 2 * n, model) >= 2 * _bytes("linear", n, model) * 0.99
     # a smaller vocabulary shrinks the estimate by its logits
     assert _bytes("linear", 4096, model) - _bytes("linear", 4096, model, vocab_size=16000) >= (
-        SAFETY * FLOAT_BYTES * 4096 * 16000)
+        SAFETY * FLOAT_BYTES * 4096 * 16000
+    )
 
 
 def test_softmax_seq2seq_memory_is_quadratic_and_its_cross_variant_counts() -> None:
     config = {"d_model": 64, "n_heads": 4, "n_layers": 2, "d_ff": 128, "vocab_size": 100}
-    softmax_cross = [model_cost("linear", {}, "seq2seq", config, 1, n).working_bytes for n in (8192, 16384)]
+    softmax_cross = [cost_of("linear", "seq2seq", config, 1, n).working_bytes for n in (8192, 16384)]
     assert softmax_cross[1] / softmax_cross[0] == pytest.approx(4, rel=0.05)  # the default cross variant
-    linear = [model_cost("linear", {}, "seq2seq", config, 1, n, cross_variant="linear").working_bytes
-              for n in (8192, 16384)]
+    linear = [cost_of("linear", "seq2seq", config, 1, n, "linear").working_bytes for n in (8192, 16384)]
     assert linear[1] / linear[0] == pytest.approx(2, rel=0.05)
 
 
 def test_shared_layers_do_not_change_flops() -> None:
     config = {"d_model": 64, "n_heads": 4, "n_layers": 3, "d_ff": 128, "vocab_size": 100}
     for model in ("encoder", "lm", "seq2seq"):
-        plain = model_cost("softmax", {}, model, config, 2, 100)
-        shared = model_cost("softmax", {}, model, {**config, "share_layers": True}, 2, 100)
+        plain = cost_of("softmax", model, config, 2, 100)
+        shared = cost_of("softmax", model, {**config, "share_layers": True}, 2, 100)
         assert plain == shared
 
 
-def test_unknown_variants_are_bounded_like_softmax_and_other_models_are_not_modelled() -> None:
+def test_variants_without_a_cost_model_are_bounded_like_softmax_and_models_without_one_are_not_modelled() -> (
+    None
+):
+    registry = get_registry()
     config = {"d_model": 64, "n_heads": 4, "n_layers": 2, "d_ff": 128, "vocab_size": 100}
-    for model in ("encoder", "lm", "seq2seq"):
-        unknown = model_cost("third-party", {}, model, config, 2, 300)
-        assert unknown is not None and unknown.flops is None
-        assert unknown.working_bytes == model_cost("softmax", {}, model, config, 2, 300).working_bytes
-    unknown_cross = model_cost("linear", {}, "seq2seq", config, 2, 300, cross_variant="third-party")
-    assert unknown_cross is not None and unknown_cross.flops is None
-    assert model_cost("softmax", {}, "causal-lm", config, 2, 300) is None
+    unknown = dataclasses.replace(registry.variant("linear"), name="third-party", cost=None)
+    softmax = registry.variant("softmax")
+    for name in ("encoder", "lm", "seq2seq"):
+        model = registry.model(name)
+        roles = {"self": (unknown, unknown.make_config({})), "cross": (softmax, softmax.make_config({}))}
+        cost = model_cost(model, model.make_config(config), roles, 2, 300)
+        assert cost is not None and cost.flops is None
+        assert cost.working_bytes == cost_of("softmax", name, config, 2, 300).working_bytes
+    lm = registry.model("lm")
+    assert model_cost(dataclasses.replace(lm, cost=None), lm.make_config(config), {}, 2, 300) is None
+
+
+def test_every_registered_variant_and_model_declares_its_cost_model() -> None:
+    registry = get_registry()
+    missing = [name for name, v in {**registry.variants, **registry.models}.items() if v.cost is None]
+    assert not missing, f"no cost model declared (Variant.cost / ModelSpec.cost): {missing}"
 
 
 # attnx bench on an lm and a seq2seq whose (B, N, vocab) logits dominate their memory: a short
@@ -222,33 +275,56 @@ BENCH_LENGTHS = [64, 1024]
 
 @pytest.fixture(scope="module")
 def wide_exports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    from attnx.exporter.export import export
+    from attnx.api import export
 
     root = tmp_path_factory.mktemp("cost")
-    export("softmax", root / "lm", model="lm", options=WIDE, verify=False)
-    export("linear", root / "seq2seq", model="seq2seq", cross_variant="linear", options=WIDE, verify=False)
+    export("softmax", root / "lm", model="lm", options={**WIDE, "verify.enabled": False})
+    export(
+        "linear",
+        root / "seq2seq",
+        model="seq2seq",
+        cross_variant="linear",
+        options={**WIDE, "verify.enabled": False},
+    )
     return {"lm": root / "lm", "seq2seq": root / "seq2seq"}
 
 
 @pytest.mark.parametrize("model", ["lm", "seq2seq"])
-def test_bench_reports_flops_and_an_estimate_that_bounds_the_measured_peak(wide_exports: dict[str, Path],
-                                                                           model: str) -> None:
-    from attnx.exporter.manifest import Manifest
+def test_bench_reports_flops_and_an_estimate_that_bounds_the_measured_peak(
+    wide_exports: dict[str, Path], model: str
+) -> None:
+    from attnx.exporter.directory import ExportDir
 
-    manifest = Manifest.read(wide_exports[model])
-    report = attnx.bench(wide_exports[model], backends=["torch", "ort-cpu"], seq_lens=BENCH_LENGTHS, batch=4,
-                         warmup=1, repeat=1, threads=2, seed=0)
+    manifest = ExportDir.open(wide_exports[model]).manifest
+    report = attnx.bench(
+        wide_exports[model],
+        backends=["torch", "ort-cpu"],
+        seq_lens=BENCH_LENGTHS,
+        batch=4,
+        warmup=1,
+        repeat=1,
+        threads=2,
+        seed=0,
+    )
     for m in report.measurements:
         assert m.status == "ok", m.reason
-        expected = model_cost(manifest.variant, manifest.variant_config, model, manifest.model_config, 4,
-                              m.seq_len, cross_variant=manifest.cross_variant,
-                              cross_variant_config=manifest.cross_variant_config)
+        expected = cost_of(
+            manifest.variant,
+            model,
+            manifest.model_config,
+            4,
+            m.seq_len,
+            manifest.cross_variant,
+            manifest.variant_config,
+            manifest.cross_variant_config,
+        )
         assert expected is not None and m.flops == expected.flops and m.flops_per_s > 0
         assert m.estimated_bytes > SAFETY * FLOAT_BYTES * 4 * m.seq_len * WIDE["vocab_size"]
         if m.seq_len == BENCH_LENGTHS[-1] and m.peak_rss_bytes is not None:
             assert m.peak_rss_bytes <= m.estimated_bytes, (m.backend, m.peak_rss_bytes, m.estimated_bytes)
     if model == "seq2seq":  # the bench passed the manifest's cross variant: a softmax one counts N^2 more
         assert manifest.cross_variant == "linear"
-        softmax_cross = model_cost("linear", manifest.variant_config, model, manifest.model_config, 4,
-                                   BENCH_LENGTHS[-1])
+        softmax_cross = cost_of(
+            "linear", model, manifest.model_config, 4, BENCH_LENGTHS[-1], None, manifest.variant_config
+        )
         assert softmax_cross is not None and softmax_cross.flops > report.measurements[-1].flops

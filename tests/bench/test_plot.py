@@ -17,9 +17,12 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 def _report() -> BenchReport:
-    cases = [Measurement("m", "out", variant, backend, 1, n, "ok", timings_s=[c * n**k])
-             for variant, k, c in (("softmax", 2.0, 1e-9), ("linear", 1.0, 1e-6))
-             for backend in ("torch", "ort-cpu") for n in (256, 1024, 4096)]
+    cases = [
+        Measurement("m", "out", variant, backend, 1, n, "ok", timings_s=[c * n**k])
+        for variant, k, c in (("softmax", 2.0, 1e-9), ("linear", 1.0, 1e-6))
+        for backend in ("torch", "ort-cpu")
+        for n in (256, 1024, 4096)
+    ]
     cases.append(Measurement("m", "out", "softmax", "ort-cuda", 1, 256, "skipped", reason="no CUDA"))
     return BenchReport({"cpu": "test cpu"}, {}, {"threads": 2}, [], cases)
 
@@ -28,9 +31,9 @@ def _chunks(data: bytes) -> dict[bytes, bytes]:
     """PNG chunks by type, each CRC-checked."""
     chunks, offset = {}, len(PNG_SIGNATURE)
     while offset < len(data):
-        (length,) = struct.unpack(">I", data[offset:offset + 4])
-        kind, body = data[offset + 4:offset + 8], data[offset + 8:offset + 8 + length]
-        (crc,) = struct.unpack(">I", data[offset + 8 + length:offset + 12 + length])
+        (length,) = struct.unpack(">I", data[offset : offset + 4])
+        kind, body = data[offset + 4 : offset + 8], data[offset + 8 : offset + 8 + length]
+        (crc,) = struct.unpack(">I", data[offset + 8 + length : offset + 12 + length])
         assert zlib.crc32(kind + body) == crc
         chunks[kind] = chunks.get(kind, b"") + body
         offset += 12 + length

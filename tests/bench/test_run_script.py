@@ -15,8 +15,19 @@ SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "run.py"
 @pytest.mark.slow
 def test_quick_run_reports_every_target(tmp_path: Path) -> None:
     results, plot = tmp_path / "results.json", tmp_path / "plot.png"
-    command = [sys.executable, str(SCRIPT), "--quick", "--variants", "softmax,linear", "--json", str(results),
-               "--plot", str(plot), "--work", str(tmp_path / "work")]
+    command = [
+        sys.executable,
+        str(SCRIPT),
+        "--quick",
+        "--variants",
+        "softmax,linear",
+        "--json",
+        str(results),
+        "--plot",
+        str(plot),
+        "--work",
+        str(tmp_path / "work"),
+    ]
     done = subprocess.run(command, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-2000:]
     data = json.loads(results.read_text())

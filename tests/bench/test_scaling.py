@@ -34,8 +34,13 @@ def test_linear_plus_quadratic_lies_between_one_and_two() -> None:
 
 @pytest.mark.parametrize(
     ("lengths", "latencies"),
-    [([1024], [0.1]), ([64, 64], [0.1, 0.2]), ([64, 128], [0.1, 0.0]), ([0, 128], [0.1, 0.2]),
-     ([1, 2], [1.0])],
+    [
+        ([1024], [0.1]),
+        ([64, 64], [0.1, 0.2]),
+        ([64, 128], [0.1, 0.0]),
+        ([0, 128], [0.1, 0.2]),
+        ([1, 2], [1.0]),
+    ],
 )
 def test_rejects_what_has_no_slope(lengths: list[int], latencies: list[float]) -> None:
     with pytest.raises(ValueError):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -10,19 +11,20 @@ import onnxruntime as ort
 import pytest
 import torch
 
+from attnx.api import export, verify
 from attnx.errors import AttnxError
 from attnx.exporter import export as export_module
-from attnx.exporter.export import export
-from attnx.exporter.manifest import Manifest
-from attnx.parity.runners import onnx_for_ort
-from attnx.parity.verify import verify
+from attnx.exporter.directory import ExportDir, record_file
+from attnx.parity.runners import CPU, Graph, onnx_for_ort
 from tests.conftest import TINY
 
 
 @pytest.fixture(scope="module", params=["function", "decomposed", "plugin"])
 def exported(request, tmp_path_factory):
     out = tmp_path_factory.mktemp(request.param) / "out"
-    result = export("softmax", out, lowering=request.param, options=TINY, seq_lens=[1, 6, 33])
+    result = export(
+        "softmax", out, options={**TINY, "export.lowering": request.param, "verify.seq_lens": [1, 6, 33]}
+    )
     return request.param, result
 
 
@@ -60,10 +62,9 @@ def test_dynamic_axes_are_really_dynamic(exported):
     dims = onnx.load(str(path)).graph.input[0].type.tensor_type.shape.dim
     assert [d.dim_param for d in dims] == ["batch", "seq"]
     if lowering == "plugin":  # bare nodes run through attnx's CPU kernels
-        from attnx.exporter.assemble import assemble
         from attnx.ortkernels import session_options
 
-        model = onnx_for_ort(path, lowering, assemble("softmax", "encoder", TINY).ops, "CPUExecutionProvider")
+        model = onnx_for_ort(Graph.of_model(ExportDir.open(result.out)), CPU)
         session = ort.InferenceSession(model, session_options(), providers=["CPUExecutionProvider"])
     else:
         session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
@@ -76,13 +77,15 @@ def test_dynamic_axes_are_really_dynamic(exported):
 
 def test_manifest_describes_the_export(exported):
     lowering, result = exported
-    manifest = Manifest.read(result.out)
+    manifest = ExportDir.open(result.out).manifest
     data = json.loads((result.out / "attnx.json").read_text())
     assert manifest.variant == "softmax" and manifest.model == "encoder" and manifest.lowering == lowering
     assert manifest.model_config["d_model"] == TINY["d_model"] and manifest.seed == 0
     assert data["dynamic_axes"]["input_ids"] == {"0": "batch", "1": "seq"}
     assert data["versions"]["torch"].startswith("2.13")
-    assert manifest.ops == ["attnx::SoftmaxAttention"] and len(manifest.weights_sha256) == 64
+    assert manifest.ops == ["attnx::SoftmaxAttention"]
+    assert sorted(manifest.files) == ["model", "weights"]
+    assert all(len(record.sha256) == 64 for record in manifest.files.values())
 
 
 def test_verify_rebuilds_from_the_manifest(exported):
@@ -91,24 +94,30 @@ def test_verify_rebuilds_from_the_manifest(exported):
     assert report.passed
 
 
-def test_verify_detects_a_wrong_model(exported, tmp_path):
-    """Swapping in weights of another seed must fail parity (the check can fail)."""
+def test_verify_refuses_a_swapped_model_and_its_parity_check_can_fail(exported, tmp_path):
+    """A model.onnx of another seed is refused by its hash; recorded as the export's (an exporter bug
+    would do that), it fails parity: the check can fail."""
     lowering, result = exported
     if lowering != "function":
         pytest.skip("one lowering is enough")
-    other = export("softmax", tmp_path / "other", options=TINY, seed=1, verify=False)
+    other = export("softmax", tmp_path / "other", options={**TINY, "export.seed": 1, "verify.enabled": False})
     broken = tmp_path / "broken"
     broken.mkdir()
     for name in ("attnx.json", "weights.safetensors"):
         (broken / name).write_bytes((result.out / name).read_bytes())
     (broken / "model.onnx").write_bytes((other.out / "model.onnx").read_bytes())
+    with pytest.raises(AttnxError, match="model.onnx changed since it was written"):
+        verify(broken, seq_lens=[5], write=False)
+    manifest = ExportDir.open(result.out).manifest
+    files = {**manifest.files, "model": record_file(broken, "model.onnx")}
+    ExportDir(broken, manifest).write_manifest(dataclasses.replace(manifest, files=files))
     assert not verify(broken, seq_lens=[5], write=False).passed
 
 
 def test_same_seed_gives_the_same_weights(tmp_path):
-    a = export("softmax", tmp_path / "a", options=TINY, verify=False)
-    b = export("softmax", tmp_path / "b", options=TINY, verify=False)
-    assert a.manifest.weights_sha256 == b.manifest.weights_sha256
+    a = export("softmax", tmp_path / "a", options={**TINY, "verify.enabled": False})
+    b = export("softmax", tmp_path / "b", options={**TINY, "verify.enabled": False})
+    assert a.manifest.files["weights"].sha256 == b.manifest.files["weights"].sha256
 
 
 def test_existing_out_is_refused_without_force(exported):
@@ -132,7 +141,7 @@ def test_force_replaces_atomically(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     (out / "stale.txt").write_text("old")
-    export("softmax", out, options=TINY, force=True, verify=False)
+    export("softmax", out, force=True, options={**TINY, "verify.enabled": False})
     assert not (out / "stale.txt").exists() and (out / "model.onnx").is_file()
     assert [p.name for p in tmp_path.iterdir()] == ["out"]
 
@@ -140,7 +149,7 @@ def test_force_replaces_atomically(tmp_path):
 def test_third_party_plugin_exports_and_verifies(tmp_path, use_registry):
     use_registry(("sigmoid", "tests.third_party.sigmoid_plugin"))
     options = {**TINY, "attention_mask": False}
-    result = export("sigmoid_test", tmp_path / "out", options=options, seq_lens=[1, 7, 20])
+    result = export("sigmoid_test", tmp_path / "out", options={**options, "verify.seq_lens": [1, 7, 20]})
     assert result.parity.passed
     model = onnx.load(str(result.out / "model.onnx"))
     assert any(n.op_type == "SigmoidTestAttention" for n in model.graph.node)

@@ -12,17 +12,11 @@ from tests.conftest import TINY
 from tests.helpers import run_cli
 
 DECODERS = ("softmax", "linear", "cosformer")
-VARIANT_OPTIONS = {"cosformer": {"max_len": 64}}
 EXPORT_SEQ_LENS = (1, 6)
 
 
 def lm_options(variant: str, **overrides: Any) -> dict[str, Any]:
-    return {**TINY, **VARIANT_OPTIONS.get(variant, {}), **overrides}
-
-
-def cross_options(cross: str | None) -> dict[str, Any]:
-    """A cosFormer cross-attention decodes only with a fixed M (``cross.max_len``)."""
-    return {"cross.max_len": 64} if cross == "cosformer" else {}
+    return {**TINY, **overrides}
 
 
 @pytest.fixture(scope="session")
@@ -35,7 +29,7 @@ def decode_export(tmp_path_factory) -> Callable[..., tuple[Path, str]]:
         if (variant, model, cross) not in made:
             out = tmp_path_factory.mktemp(f"decode-{model}-{variant}-{cross}") / "out"
             layers = {"n_decoder_layers": 2} if model == "seq2seq" else {}
-            settings = {**lm_options(variant, **layers), **cross_options(cross)}
+            settings = lm_options(variant, **layers)
             options = [arg for k, v in settings.items() for arg in ("--set", f"{k}={v}")]
             options += ["--cross-variant", cross] if cross else []
             seq_lens = ",".join(map(str, EXPORT_SEQ_LENS))

@@ -17,14 +17,17 @@ import pytest
 import torch
 from torch import nn
 
-from attnx.decode.export import export_decode
+from attnx.decode.export import DECODE_GRAPHS
 from attnx.decode.model import DecodeLayout, StepModel, caches_cross
-from attnx.decode.runtime import OrtStepper
-from attnx.exporter.assemble import assemble, rebuild
-from attnx.exporter.manifest import WEIGHTS_FILE, Manifest
+from attnx.decode.runtime import open_stepper
+from attnx.exporter import export as steps
+from attnx.exporter.assemble import assemble
+from attnx.exporter.directory import ExportDir
+from attnx.exporter.manifest import ContextInput
 from attnx.plugins.softmax import SoftmaxConfig
 from attnx.plugins.softmax.kernel import SoftmaxAttentionLayer
-from tests.decode.conftest import cross_options, lm_options
+from attnx.recipes import resolve
+from tests.decode.conftest import lm_options
 from tests.decode.test_decode_lm import full_logits, step_logits
 from tests.helpers import assert_one_line_error, run_cli
 
@@ -60,7 +63,7 @@ def padded_source(batch=2, n=9, seed=0):
 def test_cross_variants_pass_decode_parity_on_torch_and_ort(decode_export, variant, cross):
     out, stdout = decode_export(variant, "seq2seq", cross)
     assert "parity: PASSED on ort-cpu, torch decode, ort-cpu decode" in stdout
-    manifest = Manifest.read(out)
+    manifest = ExportDir.open(out).manifest
     assert manifest.cross_variant == cross
     rows = {b["backend"]: b["comparisons"] for b in json.loads((out / "parity.json").read_text())["backends"]}
     assert all(r["passed"] for r in rows["ort-cpu decode"]) and len(rows["ort-cpu decode"]) == 2 * 5
@@ -77,15 +80,17 @@ def test_verify_reruns_seq2seq_decode_parity(decode_export):
 @pytest.mark.parametrize(("variant", "cross"), [("cosformer", None), *PAIRS])
 def test_decode_graph_reads_cached_keys_values_and_projects_no_source(decode_export, variant, cross):
     out, _ = decode_export(variant, "seq2seq", cross)
-    entry = Manifest.read(out).decode
+    entry = ExportDir.open(out).manifest.decode
     cached = [f"cross.{i}.{kv}" for i in range(2) for kv in ("key", "value")]
-    assert [c["input"] for c in entry["context"]] == [*cached, "attention_mask"]
+    assert [c.input for c in entry.context] == [*cached, "attention_mask"]
     graph = onnx.load(str(out / "decode.onnx")).graph
     inputs = [v.name for v in graph.input]
     assert "encoder_hidden_states" not in inputs and set(cached) <= set(inputs)
     assert source_projections(out / "decode.onnx") == []
-    # the cached tensors go straight into the attention ops, never through a MatMul
-    assert {node.domain for node in graph.node if set(node.input) & set(cached)} == {"attnx"}
+    # the cached tensors go straight into the attention ops, never through a MatMul (a Shape node
+    # may read one: decode.onnx takes any number of new tokens, so some sizes are computed)
+    readers = {(node.domain, node.op_type) for node in graph.node if set(node.input) & set(cached)}
+    assert {domain for domain, op in readers if op != "Shape"} == {"attnx"}
     # prefill is where the cross k/v projections (2 per decoder layer) and the encoder's run
     assert len(source_projections(out / "prefill.onnx")) >= 2 * 2 + 6
     prefill_outputs = [v.name for v in onnx.load(str(out / "prefill.onnx")).graph.output]
@@ -94,8 +99,8 @@ def test_decode_graph_reads_cached_keys_values_and_projects_no_source(decode_exp
 
 def test_prefill_returns_the_cross_projections_of_the_encoder_output(decode_export):
     out, _ = decode_export("linear", "seq2seq", "cosformer")
-    manifest = Manifest.read(out)
-    module = rebuild(manifest, out / WEIGHTS_FILE).module
+    export = ExportDir.open(out)
+    module = export.rebuild().module
     source, mask = padded_source()
     target = torch.randint(0, 50, (2, 3), generator=torch.Generator().manual_seed(1))
     captured = []
@@ -105,8 +110,9 @@ def test_prefill_returns_the_cross_projections_of_the_encoder_output(decode_expo
     hook.remove()
     (memory,) = captured  # the encoder output the full forward's cross-attention reads
     feed = {"input_ids": source.numpy(), "attention_mask": mask.numpy(), "decoder_input_ids": target.numpy()}
-    ort_outputs = OrtStepper(out, manifest.decode)._run("prefill", feed)
-    layout = DecodeLayout.of(module, manifest.decode["mode"])
+    with open_stepper(export) as stepper:
+        ort_outputs = stepper._run("prefill", feed)
+    layout = DecodeLayout.of(module, export.manifest.decode.mode)
     with torch.inference_mode():
         results = StepModel(module, layout, False)(source, mask, target)
     torch_outputs = dict(zip([s.name for s in layout.outputs(False)], results, strict=True))
@@ -141,7 +147,7 @@ class Gated(SoftmaxAttentionLayer):
 
 
 def seq2seq(variant="linear", cross="softmax", seed=3, **overrides):
-    options = {**lm_options(variant, **{"n_decoder_layers": 2, **overrides}), **cross_options(cross)}
+    options = lm_options(variant, **{"n_decoder_layers": 2, **overrides})
     return assemble(variant, "seq2seq", options, seed=seed, cross_variant=cross)
 
 
@@ -153,21 +159,25 @@ def test_a_cross_layer_that_cannot_be_cached_falls_back_to_the_encoder_output(tm
     layout = DecodeLayout.of(assembly.module, "recurrent")
     assert layout.memory and layout.cross == ()
     assert [c.name for c in layout.context()] == ["encoder_hidden_states", "attention_mask"]
-    entry = export_decode(assembly, tmp_path, 18, "function")
-    assert entry["context"][0] == {"input": "encoder_hidden_states", "from": "prefill output"}
+    job = steps.ExportJob(resolve(model="seq2seq", options={"export.decode": True}), tmp_path / "out")
+    (tmp_path / "out").mkdir()
+    export = steps.write(assembly, job, tmp_path / "out", [DECODE_GRAPHS])
+    assert export.manifest.decode.context[0] == ContextInput("encoder_hidden_states", "prefill output")
     source, mask = padded_source(seed=4)
     ids = torch.randint(0, 50, (2, 7), generator=torch.Generator().manual_seed(5))
     expected = full_logits(assembly, ids, (source, mask)).numpy()
-    stepper = OrtStepper(tmp_path, entry)
-    logits, state = stepper.prefill(
-        ids[:, :3].numpy(), {"input_ids": source.numpy(), "attention_mask": mask.numpy()}
-    )
-    rows = [logits]
-    for t in range(3, 7):
-        logits, state = stepper.decode(ids[:, t : t + 1].numpy(), state)
-        rows.append(logits)
+    with open_stepper(export) as stepper:
+        logits, state = stepper.prefill(
+            ids[:, :3].numpy(), {"input_ids": source.numpy(), "attention_mask": mask.numpy()}
+        )
+        rows = [logits]
+        for t in range(3, 7):
+            logits, state = stepper.decode(ids[:, t : t + 1].numpy(), state)
+            rows.append(logits)
     np.testing.assert_allclose(np.concatenate(rows, 1), expected, atol=1e-4, rtol=1e-3)
-    assert len(source_projections(tmp_path / "decode.onnx")) == 2 * 2  # what the cached graphs no longer do
+    assert (
+        len(source_projections(tmp_path / "out" / "decode.onnx")) == 2 * 2
+    )  # what the cached graphs no longer do
 
 
 def test_an_overridden_forward_is_not_cached_and_still_decodes():
@@ -203,7 +213,7 @@ def test_every_layer_structure_decodes_with_one_cache_per_cross_module(structure
 
 
 def test_fp16_cached_keys_values_follow_the_activations():
-    options = {**lm_options("linear", n_decoder_layers=2), **cross_options("cosformer")}
+    options = lm_options("linear", n_decoder_layers=2)
     assembly = assemble("linear", "seq2seq", options, seed=0, cross_variant="cosformer", dtype="fp16")
     layout = DecodeLayout.of(assembly.module, "recurrent")
     made = {s.name: s.dtype for s in layout.made()}
@@ -216,8 +226,10 @@ def test_fp16_cached_keys_values_follow_the_activations():
 
 
 def test_cosformer_cross_without_a_fixed_m_is_refused_in_one_line(tmp_path):
+    """A seq2seq gets cosFormer's default context length as M; a user who unsets it cannot decode."""
     out = tmp_path / "out"
-    options = [arg for k, v in lm_options("linear").items() for arg in ("--set", f"{k}={v}")]
+    settings = {**lm_options("linear"), "cross.max_len": "none"}
+    options = [arg for k, v in settings.items() for arg in ("--set", f"{k}={v}")]
     args = ["export", "--model", "seq2seq", "--variant", "linear", "--cross-variant", "cosformer", "--decode"]
     code, _, stderr = run_cli([*args, "-o", str(out), *options])
     assert_one_line_error(
@@ -260,7 +272,7 @@ def rename(old, new):
 def set_source(name, source):
     def change(entry):
         for c in entry["context"]:
-            c["from"] = source if c["input"] == name else c["from"]
+            c["source"] = source if c["input"] == name else c["source"]
 
     return change
 
@@ -268,19 +280,28 @@ def set_source(name, source):
 @pytest.mark.parametrize(
     ("change", "backend", "fragments"),
     [
-        (lambda entry: entry.pop("context"), "ort", ["decode entry is malformed: no 'context'"]),
+        (lambda entry: entry.pop("context"), "ort-cpu", ["decode lacks 'context'"]),
         (
             drop_context("cross.1.key"),
-            "ort",
+            "ort-cpu",
             ["decode inputs not fed by tokens/state/context: ['cross.1.key']"],
         ),
-        (set_source("cross.0.value", "prefill input"), "ort", ["'cross.0.value' is not a 'prefill input'"]),
-        (set_source("attention_mask", "encoder"), "torch", ["'attention_mask' is not a 'encoder'"]),
-        (lambda entry: entry["state"].pop(), "ort", ["decode inputs not fed", "past.1.k_sum"]),
-        (lambda entry: entry["context"][0].pop("from"), "ort", ["need name/input/output/from fields"]),
+        (
+            set_source("cross.0.value", "prefill input"),
+            "ort-cpu",
+            ["'cross.0.value' is not a 'prefill input'"],
+        ),
+        (set_source("attention_mask", "encoder"), "torch", ["source = 'encoder' must be one of"]),
+        (lambda entry: entry["state"].pop(), "ort-cpu", ["decode inputs not fed", "past.1.k_sum"]),
+        (lambda entry: entry["context"][0].pop("source"), "ort-cpu", ["context[0] lacks 'source'"]),
+        (
+            lambda entry: entry["state"][0].update(layer="one"),
+            "ort-cpu",
+            ["layer = 'one' must be an integer"],
+        ),
         (
             rename("cross.0.key", "encoder_hidden_states"),
-            "ort",
+            "ort-cpu",
             ["decode.onnx and attnx.json disagree on its inputs", "taken, not listed: ['cross.0.key']"],
         ),
         (
@@ -314,14 +335,14 @@ def test_generate_refuses_a_malformed_or_mismatched_decode_entry_in_one_line(
     assert sorted((p.name, p.stat().st_mtime_ns) for p in copy.iterdir()) == before
 
 
-@pytest.mark.parametrize("backend", ["ort", "torch"])
+@pytest.mark.parametrize("backend", ["ort-cpu", "torch"])
 def test_generate_drives_the_cached_loop_and_both_backends_agree(decode_export, backend):
     out, _ = decode_export("linear", "seq2seq", "cosformer")
     args = ["--source-ids", "4,8,15,16,23", "--prompt-ids", "0", "-n", "7", "--backend", backend]
     code, stdout, stderr = run_cli(["generate", str(out), *args])
     assert code == 0, stderr
     ids = [int(i) for i in stdout.splitlines()[0].split(",")]
-    module = rebuild(Manifest.read(out), out / WEIGHTS_FILE).module
+    module = ExportDir.open(out).rebuild().module
     source, target = torch.tensor([[4, 8, 15, 16, 23]]), torch.tensor([[0, *ids]])
     masks = [torch.ones(t.shape, dtype=torch.bool) for t in (source, target)]
     with torch.inference_mode():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import shutil
@@ -15,10 +16,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from onnx import numpy_helper
 
-from attnx.decode.runtime import OrtStepper
-from attnx.decode.verify import STEPS
-from attnx.exporter.assemble import rebuild
-from attnx.exporter.manifest import WEIGHTS_FILE, Manifest
+from attnx.decode.parity import STEPS
+from attnx.decode.runtime import open_stepper
+from attnx.exporter.directory import ExportDir, record_file
+from attnx.exporter.manifest import ContextInput
 from tests.decode.conftest import DECODERS, EXPORT_SEQ_LENS, lm_options
 from tests.helpers import assert_one_line_error, run_cli
 
@@ -42,9 +43,9 @@ def test_export_writes_verified_prefill_and_decode(decode_export, variant):
     mode = "kv-cache" if variant == "softmax" else "recurrent"
     assert f"wrote {out}/prefill.onnx and {out}/decode.onnx ({mode} state, 3 tensors" in stdout
     assert "parity: PASSED on ort-cpu, torch decode, ort-cpu decode" in stdout
-    manifest = Manifest.read(out)
-    assert manifest.decode["mode"] == mode
-    assert manifest.files["prefill"] == "prefill.onnx" and manifest.files["decode"] == "decode.onnx"
+    manifest = ExportDir.open(out).manifest
+    assert manifest.decode.mode == mode
+    assert manifest.files["prefill"].path == "prefill.onnx" and manifest.files["decode"].path == "decode.onnx"
     parity = json.loads((out / "parity.json").read_text())
     backends = {b["backend"]: b for b in parity["backends"]}
     assert parity["passed"]
@@ -58,9 +59,9 @@ def test_export_writes_verified_prefill_and_decode(decode_export, variant):
 def test_ort_steps_match_the_torch_full_forward_at_every_position(decode_export, variant):
     """Drives ORT directly from the manifest's state map; the reference is the torch model's full forward."""
     out, _ = decode_export(variant)
-    manifest = Manifest.read(out)
-    module = rebuild(manifest, out / WEIGHTS_FILE).module
-    feeds = {s["output"]: s["input"] for s in manifest.decode["state"]}
+    export = ExportDir.open(out)
+    manifest, module = export.manifest, export.rebuild().module
+    feeds = manifest.decode.feeds()
     prefill, decode = sessions(out)
     tol = manifest.tolerance
     for batch, prompt, total in [(1, 1, 8), (2, 3, 9), (1, 9, 12)]:
@@ -97,7 +98,7 @@ def test_recurrent_state_is_static_except_batch(decode_export, variant):
         if name.startswith("past."):
             assert dims[0] == "batch" and all(isinstance(x, int) and x > 0 for x in dims[1:]), (name, dims)
             assert outputs[name.replace("past.", "present.")] == dims
-    assert inputs["past_length"] == [1] and inputs["input_ids"] == ["batch", 1]
+    assert inputs["past_length"] == [1] and inputs["input_ids"] == ["batch", "seq"]
 
 
 def test_kv_cache_grows_with_the_past(decode_export):
@@ -114,15 +115,15 @@ def test_kv_cache_grows_with_the_past(decode_export):
 @pytest.mark.parametrize("variant", DECODERS)
 def test_manifest_maps_every_output_to_the_next_input(decode_export, variant):
     out, _ = decode_export(variant)
-    entry = Manifest.read(out).decode
-    decode_inputs = {s["name"] for s in entry["decode"]["inputs"]}
-    decode_outputs = {s["name"] for s in entry["decode"]["outputs"]}
-    pairs = {(s["output"], s["input"]) for s in entry["state"]}
+    entry = ExportDir.open(out).manifest.decode
+    decode_inputs = {s.name for s in entry.decode.inputs}
+    decode_outputs = {s.name for s in entry.decode.outputs}
+    pairs = set(entry.feeds().items())
     assert {i for _, i in pairs} == decode_inputs - {"input_ids"}
     assert {o for o, _ in pairs} == decode_outputs - {"logits"}
-    assert {o for o, _ in pairs} <= {s["name"] for s in entry["prefill"]["outputs"]}
+    assert {o for o, _ in pairs} <= {s.name for s in entry.prefill.outputs}
     graph = onnx.load(str(out / "decode.onnx")).graph
-    assert [v.name for v in graph.input] == [s["name"] for s in entry["decode"]["inputs"]]
+    assert [v.name for v in graph.input] == [s.name for s in entry.decode.inputs]
 
 
 def test_verify_reruns_decode_parity_and_catches_a_broken_decode_graph(decode_export, tmp_path):
@@ -137,6 +138,12 @@ def test_verify_reruns_decode_parity_and_catches_a_broken_decode_graph(decode_ex
     weight = max(model.graph.initializer, key=lambda t: int(np.prod(t.dims)))  # the embedding
     weight.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(weight) * 1.01, weight.name))
     onnx.save(model, str(broken / "decode.onnx"))
+    code, _, stderr = run_cli(["verify", str(broken), "--seq-lens", "3", "--seed", "4"])
+    assert_one_line_error(code, stderr, "decode.onnx changed since it was written")
+    # an exporter bug would write a wrong graph with its own hash: the parity check catches that
+    export = ExportDir.open(out)
+    files = {**export.manifest.files, "decode": record_file(broken, "decode.onnx")}
+    ExportDir(broken, export.manifest).write_manifest(dataclasses.replace(export.manifest, files=files))
     code, stdout, _ = run_cli(["verify", str(broken), "--seq-lens", "3", "--json", "--seed", "4"])
     statuses = {b["backend"]: b["status"] for b in json.loads(stdout)["backends"]}
     assert code == 1
@@ -174,19 +181,19 @@ def test_export_refuses_what_cannot_decode(tmp_path, args, fragments):
 def test_property_ort_decode_matches_the_full_forward(decode_export, variant, batch, prompt, steps, seed):
     out, _ = decode_export(variant)
     ids = np.random.default_rng(seed).integers(0, 50, size=(batch, prompt + steps))
-    stepper = OrtStepper(out, Manifest.read(out).decode)
-    logits, state = stepper.prefill(ids[:, :prompt])
-    rows = [logits]
-    for t in range(prompt, prompt + steps):
-        logits, state = stepper.decode(ids[:, t : t + 1], state)
-        rows.append(logits)
+    with open_stepper(ExportDir.open(out)) as stepper:
+        logits, state = stepper.prefill(ids[:, :prompt])
+        rows = [logits]
+        for t in range(prompt, prompt + steps):
+            logits, state = stepper.decode(ids[:, t : t + 1], state)
+            rows.append(logits)
     expected = full_forward(out, ids)
     np.testing.assert_allclose(np.concatenate(rows, 1), expected, atol=1e-4, rtol=1e-3)
 
 
 @functools.cache
 def rebuilt(out):
-    return rebuild(Manifest.read(out), out / WEIGHTS_FILE).module
+    return ExportDir.open(out).rebuild().module
 
 
 def full_forward(out, ids):
@@ -197,16 +204,17 @@ def full_forward(out, ids):
 def test_seq2seq_decode_export_carries_cached_cross_keys_values_as_context(decode_export):
     out, stdout = decode_export("cosformer", "seq2seq")
     assert "parity: PASSED on ort-cpu, torch decode, ort-cpu decode" in stdout
-    entry = Manifest.read(out).decode
-    assert entry["tokens"] == "decoder_input_ids"
-    assert entry["context"] == [
-        {"input": "cross.0.key", "from": "prefill output"},
-        {"input": "cross.0.value", "from": "prefill output"},
-        {"input": "cross.1.key", "from": "prefill output"},
-        {"input": "cross.1.value", "from": "prefill output"},
-        {"input": "attention_mask", "from": "prefill input"},
+    export = ExportDir.open(out)
+    entry = export.manifest.decode
+    assert entry.tokens == "decoder_input_ids"
+    assert entry.context == [
+        ContextInput("cross.0.key", "prefill output"),
+        ContextInput("cross.0.value", "prefill output"),
+        ContextInput("cross.1.key", "prefill output"),
+        ContextInput("cross.1.value", "prefill output"),
+        ContextInput("attention_mask", "prefill input"),
     ]
-    module = rebuild(Manifest.read(out), out / WEIGHTS_FILE).module
+    module = export.rebuild().module
     prefill, decode = sessions(out)
     rng = np.random.default_rng(0)
     source, mask = rng.integers(0, 50, size=(2, 7)), np.arange(7) < np.array([[7], [3]])
@@ -216,8 +224,8 @@ def test_seq2seq_decode_export_carries_cached_cross_keys_values_as_context(decod
         expected = module(*args)[0].numpy()
     outputs = run(prefill, {"input_ids": source, "attention_mask": mask, "decoder_input_ids": target[:, :2]})
     assert "encoder_hidden_states" not in outputs
-    context = {c["input"]: outputs.get(c["input"], mask) for c in entry["context"]}
-    feeds = {s["output"]: s["input"] for s in entry["state"]}
+    context = {c.input: outputs.get(c.input, mask) for c in entry.context}
+    feeds = entry.feeds()
     for t in range(2, 6):
         state = {feeds[k]: v for k, v in outputs.items() if k in feeds}
         outputs = run(decode, {"decoder_input_ids": target[:, t : t + 1], **context, **state})

@@ -8,7 +8,7 @@ import torch
 from attnx.decode.model import DecodeLayout, StepModel
 from attnx.errors import AttnxError
 from attnx.exporter.assemble import assemble
-from tests.decode.conftest import DECODERS, cross_options, lm_options
+from tests.decode.conftest import DECODERS, lm_options
 
 
 def step_logits(assembly, ids, prompt, source=()):
@@ -91,7 +91,7 @@ def test_a_layer_without_the_decode_methods_is_refused_by_name():
 @pytest.mark.parametrize("cross", DECODERS)
 def test_seq2seq_decoder_steps_reproduce_the_full_forward(variant, cross):
     """The decoder decodes with cached cross keys/values and a padded source mask as fixed context."""
-    options = {**lm_options(variant, n_layers=2, n_decoder_layers=2), **cross_options(cross)}
+    options = lm_options(variant, n_layers=2, n_decoder_layers=2)
     assembly = assemble(variant, "seq2seq", options, seed=3, cross_variant=cross)
     g = torch.Generator().manual_seed(7)
     source = (torch.randint(0, 50, (2, 9), generator=g), torch.arange(9) < torch.tensor([[9], [4]]))

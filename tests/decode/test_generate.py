@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -10,8 +11,7 @@ import torch
 
 import attnx
 from attnx.decode.generate import Sampler, generate
-from attnx.exporter.assemble import rebuild
-from attnx.exporter.manifest import WEIGHTS_FILE, Manifest
+from attnx.exporter.directory import ExportDir
 from tests.decode.conftest import DECODERS
 from tests.helpers import assert_one_line_error, run_cli
 
@@ -23,10 +23,10 @@ def test_public_api_is_lazy_and_points_here():
 @pytest.mark.parametrize("variant", DECODERS)
 def test_greedy_ids_are_the_same_on_torch_and_ort_and_follow_the_full_forward(decode_export, variant):
     out, _ = decode_export(variant)
-    ort_run = generate(out, [3, 1, 4, 1, 5], 12, backend="ort")
+    ort_run = generate(out, [3, 1, 4, 1, 5], 12, backend="ort-cpu")
     torch_run = generate(out, [3, 1, 4, 1, 5], 12, backend="torch")
     assert ort_run.tokens == torch_run.tokens and len(ort_run.tokens) == 12
-    module = rebuild(Manifest.read(out), out / WEIGHTS_FILE).module
+    module = ExportDir.open(out).rebuild().module
     ids = ort_run.prompt + ort_run.tokens
     with torch.inference_mode():
         logits = module(torch.tensor([ids]))[0][0]
@@ -77,13 +77,15 @@ def test_cli_prints_ids_and_speed(decode_export, tmp_path):
         (["--prompt-ids", "1,50"], ["prompt id 50 is out of range", "0..49"]),
         (["--prompt-ids", "-1"], ["prompt id -1 is out of range"]),
         (["--prompt-ids", " , "], ["the prompt is empty"]),
-        ([], ["exactly one of --prompt-ids or --prompt-file"]),
+        ([], ["exactly one of --prompt-ids, --prompt-file or --prompt"]),
         (["--prompt-ids", "1", "--max-new-tokens", "0"], ["--max-new-tokens must be >= 1"]),
         (["--prompt-ids", "1", "--temperature", "0"], ["--temperature must be > 0"]),
         (["--prompt-ids", "1", "--greedy", "--temperature", "0.7"], ["--greedy"]),
         (["--prompt-ids", "1", "--prompt-file", "nowhere.txt"], ["exactly one of"]),
         (["--prompt-file", "nowhere.txt"], ["prompt file 'nowhere.txt' does not exist"]),
-        (["--prompt-ids", "1", "--backend", "trt"], ["Invalid value for '--backend'"]),
+        (["--prompt-ids", "1", "--backend", "trt"], ["backend trt does not run decode graphs", "ort-cpu"]),
+        (["--prompt-ids", "1", "--backend", "ort"], ["unknown backend 'ort'", "ort-cpu"]),
+        (["--prompt-ids", "1", "--threads", "-1"], ["--threads must be >= 1"]),
     ],
 )
 def test_cli_bad_input_is_one_line_exit_2_and_writes_nothing(decode_export, args, fragments):
@@ -94,12 +96,23 @@ def test_cli_bad_input_is_one_line_exit_2_and_writes_nothing(decode_export, args
     assert sorted((p.name, p.stat().st_mtime_ns) for p in out.iterdir()) == before
 
 
+def test_generation_stays_within_the_variants_position_limit(decode_export):
+    """A causal cosFormer has one fixed M (its context length, 2048 unless set): generate refuses more."""
+    out, _ = decode_export("cosformer")
+    code, _, stderr = run_cli(["generate", str(out), "--prompt-ids", "1,2", "-n", "2047"])
+    assert_one_line_error(
+        code, stderr, "need 2049 positions", "handles 2048 (max_len=2048)", "--set max_len=N"
+    )
+    assert len(generate(out, [1, 2], 5).tokens) == 5
+
+
 def test_cli_refuses_an_export_without_decode_graphs(decode_export, tmp_path):
     out, _ = decode_export("linear")
-    plain = tmp_path / "plain"
-    plain.mkdir()
-    data = json.loads((out / "attnx.json").read_text())
+    plain = shutil.copytree(out, tmp_path / "plain")
+    data = json.loads((plain / "attnx.json").read_text())
     data.pop("decode")
+    for key in ("prefill", "decode"):
+        (plain / data["files"].pop(key)["path"]).unlink()
     (plain / "attnx.json").write_text(json.dumps(data))
     code, _, stderr = run_cli(["generate", str(plain), "--prompt-ids", "1"])
     assert_one_line_error(code, stderr, "has no decode export", "--decode")

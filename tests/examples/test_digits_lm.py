@@ -22,7 +22,7 @@ def example():
 
 @pytest.fixture(scope="module")
 def model(example) -> torch.nn.Module:
-    module = attnx.models.build("lm", example.VARIANT, **example.ARCHITECTURE).eval()
+    module = attnx.nn.Model("lm", example.VARIANT, **example.ARCHITECTURE).eval()
     load_checkpoint(module, load_recipe(example.NAME).export.checkpoint)
     return module
 
@@ -30,7 +30,7 @@ def model(example) -> torch.nn.Module:
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("digits") / "out"
-    result = attnx.export(recipe="digits-lm", out=out, decode=True)
+    result = attnx.export(recipe="digits-lm", out=out, options={"export.decode": True})
     assert result.parity.passed
     return out
 
@@ -69,7 +69,7 @@ def greedy(exported) -> dict[int, dict[str, list[int]]]:
     return {
         digit: {
             backend: attnx.generate(exported, [17 + digit], max_new_tokens=64, backend=backend).tokens
-            for backend in ("ort", "torch")
+            for backend in ("ort-cpu", "torch")
         }
         for digit in range(10)
     }
@@ -77,8 +77,8 @@ def greedy(exported) -> dict[int, dict[str, list[int]]]:
 
 def test_ort_draws_exactly_what_torch_draws(greedy):
     for digit, drawn in greedy.items():
-        assert drawn["ort"] == drawn["torch"], digit
-        assert all(0 <= token <= 16 for token in drawn["ort"]), digit  # grey levels only
+        assert drawn["ort-cpu"] == drawn["torch"], digit
+        assert all(0 <= token <= 16 for token in drawn["ort-cpu"]), digit  # grey levels only
 
 
 def test_greedy_digits_look_like_their_class(example, greedy):
@@ -90,7 +90,7 @@ def test_greedy_digits_look_like_their_class(example, greedy):
     means = means / means.norm(dim=1, keepdim=True)
     nearest = {}
     for digit, drawn in greedy.items():
-        pixels = torch.tensor(drawn["ort"], dtype=torch.float64)
+        pixels = torch.tensor(drawn["ort-cpu"], dtype=torch.float64)
         nearest[digit] = int(torch.argmax(means @ (pixels / pixels.norm())))
     assert sum(nearest[d] == d for d in nearest) >= 8, nearest
 

@@ -1,9 +1,9 @@
-"""The variant x model table every model test draws from.
+"""The variant x model table every model test draws from, derived from the variants' declarations.
 
-``SUPPORTED`` states which models each variant must export in. It is written out by
-hand (not derived) so that a new variant cannot join silently: the meta-tests in
-test_matrix.py fail until it has an entry, and fail if an entry disagrees with the
-variant's capabilities.
+A variant serves the ``encoder``; a causal one also the ``lm`` and the ``seq2seq`` decoder (its
+cross-attention is the variant itself when it has a cross form, else softmax). A new variant joins
+these tests by declaring its capabilities; its ``testing.options`` (e.g. Reformer's small chunks)
+are what the tests give it.
 """
 
 from __future__ import annotations
@@ -13,26 +13,27 @@ from typing import Any
 from attnx.registry import get_registry
 
 MODELS = ("encoder", "lm", "seq2seq")
-SUPPORTED: dict[str, tuple[str, ...]] = {
-    "softmax": ("encoder", "lm", "seq2seq"),
-    "linear": ("encoder", "lm", "seq2seq"),
-    "cosformer": ("encoder", "lm", "seq2seq"),
-    "reformer": ("encoder", "lm", "seq2seq"),
-    "fastformer": ("encoder",),
-}
-# Options the model tests give a variant: a causal cosFormer needs a fixed M; reformer gets
-# small LSH chunks so that the test lengths span several chunks.
-VARIANT_OPTIONS: dict[str, dict[str, Any]] = {"cosformer": {"max_len": 256}, "reformer": {"chunk_size": 4}}
+
 
 # attnx's own variants (third-party plugins installed in the environment have their own tests)
 REGISTERED = sorted(
     name for name, v in get_registry().variants.items() if v.config.__module__.startswith("attnx.")
 )
-CASES = [(variant, model) for variant in REGISTERED for model in SUPPORTED.get(variant, ())]
 
 
 def capabilities(variant: str) -> Any:
     return get_registry().variant(variant).capabilities
+
+
+def supported(variant: str) -> tuple[str, ...]:
+    return ("encoder", "lm", "seq2seq") if capabilities(variant).causal else ("encoder",)
+
+
+SUPPORTED = {variant: supported(variant) for variant in REGISTERED}
+VARIANT_OPTIONS: dict[str, dict[str, Any]] = {
+    variant: dict(get_registry().variant(variant).testing.options) for variant in REGISTERED
+}
+CASES = [(variant, model) for variant in REGISTERED for model in SUPPORTED[variant]]
 
 
 def cross_for(variant: str) -> str:

@@ -9,7 +9,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from attnx.exporter.export import ExportResult, export
+from attnx.api import ExportResult, export
 from tests.models.cases import VARIANT_OPTIONS, cross_for
 
 SEQ_LENS = [1, 7, 33]
@@ -31,8 +31,10 @@ def tiny_export(variant: str, model: str, lowering: str = "function", **options:
             _root / f"{len(_made)}-{variant}-{model}-{lowering}",
             recipe=f"tiny-{model}",
             cross_variant=cross_for(variant) if model == "seq2seq" else None,
-            lowering=lowering,
-            options={**VARIANT_OPTIONS.get(variant, {}), **options},
-            seq_lens=SEQ_LENS,
+            options={
+                **{**VARIANT_OPTIONS.get(variant, {}), **options},
+                "export.lowering": lowering,
+                "verify.seq_lens": SEQ_LENS,
+            },
         )
     return _made[key]

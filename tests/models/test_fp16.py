@@ -11,11 +11,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from attnx.api import export, verify
 from attnx.errors import AttnxError
-from attnx.exporter.assemble import assemble, rebuild
-from attnx.exporter.export import export, to_onnx
-from attnx.parity.inputs import random_feed
-from attnx.parity.verify import verify
+from attnx.exporter.assemble import assemble
+from attnx.exporter.directory import ExportDir
+from attnx.exporter.export import to_onnx
+from attnx.exporter.inputs import random_feed
 from attnx.models.spec import TensorSpec
 from attnx.ortkernels import kernel_view, session_options
 from attnx.registry import get_registry
@@ -44,11 +45,9 @@ def run_native_fp16(path, feed):
 
 def float32_outputs(out, feed):
     """The exported weights, upcast, in the float32 model: what the fp16 export approximates."""
-    from attnx.exporter.manifest import Manifest
-
-    manifest = Manifest.read(out)
-    module = rebuild(manifest, out / "weights.safetensors").module.float()
-    args = [torch.from_numpy(feed[s.name]) for s in manifest.input_specs()]
+    export = ExportDir.open(out)
+    module = export.rebuild().module.float()
+    args = [torch.from_numpy(feed[s.name]) for s in export.manifest.inputs]
     with torch.inference_mode():
         return [t.numpy() for t in module(*args)]
 
@@ -72,9 +71,9 @@ def test_fp16_export_matches_torch_fp16_and_the_float32_model(variant, model):
     proto = onnx.load(str(result.out / "model.onnx"), load_external_data=False)
     floats = [v for v in proto.graph.output if v.type.tensor_type.elem_type != onnx.TensorProto.INT64]
     assert {v.type.tensor_type.elem_type for v in floats} == {onnx.TensorProto.FLOAT16}
-    assert {s["dtype"] for s in result.manifest.outputs} == {"float16"}
+    assert {s.dtype for s in result.manifest.outputs} == {"float16"}
 
-    specs = result.manifest.input_specs()
+    specs = result.manifest.inputs
     feed = random_feed(specs, {"batch": 3, "seq": 11, "src_seq": 9, "tgt_seq": 13}, np.random.default_rng(7))
     expected = float32_outputs(result.out, feed)
     for run in (run_onnx, run_native_fp16):
@@ -105,7 +104,7 @@ def test_fp16_plugin_lowering_runs_through_the_cpu_kernels(variant, model):
             n for other in nodes for n in other.input
         } | {o.name for o in view.graph.output}
         assert nodes[i - 1].op_type == "Cast"
-    feed = random_feed(result.manifest.input_specs(), {"batch": 2, "seq": 9}, np.random.default_rng(3))
+    feed = random_feed(result.manifest.inputs, {"batch": 2, "seq": 9}, np.random.default_rng(3))
     (actual, *_) = run_onnx(view.SerializeToString(), feed, session_options())
     assert actual.dtype == np.float16
     assert_close_to_float32(actual, float32_outputs(result.out, feed)[0])
@@ -114,15 +113,19 @@ def test_fp16_plugin_lowering_runs_through_the_cpu_kernels(variant, model):
 @pytest.mark.parametrize(("variant", "state_dtypes"), [("softmax", {"float16"}), ("linear", {"float32"})])
 def test_fp16_decode_export(tmp_path, variant, state_dtypes):
     """A kv-cache follows the activations (fp16); the recurrent sums stay float32 (no fp16 overflow)."""
-    result = export(variant, tmp_path / "out", model="lm", options=TINY, dtype="fp16", decode=True,
-                    seq_lens=[1, 6])
+    result = export(
+        variant,
+        tmp_path / "out",
+        model="lm",
+        options={**TINY, "export.dtype": "fp16", "export.decode": True, "verify.seq_lens": [1, 6]},
+    )
     assert result.parity.passed
     assert {b.backend for b in result.parity.ran} == {"ort-cpu", "torch decode", "ort-cpu decode"}
     entry = result.manifest.decode
-    assert {s["dtype"] for s in entry["state"] if s["layer"] is not None} == state_dtypes
-    assert [s["dtype"] for s in entry["decode"]["outputs"] if s["name"] == "logits"] == ["float16"]
+    assert {s.dtype for s in entry.state if s.layer is not None} == state_dtypes
+    assert [s.dtype for s in entry.decode.outputs if s.name == "logits"] == ["float16"]
     decode = onnx.load(str(tmp_path / "out" / "decode.onnx"))
-    declared = {s["name"]: s["dtype"] for s in entry["decode"]["inputs"]}
+    declared = {s.name: s.dtype for s in entry.decode.inputs}
     for value in decode.graph.input:
         elem = onnx.helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type)
         assert elem == np.dtype(declared[value.name]), value.name
@@ -134,8 +137,14 @@ def test_fp16_export_of_a_float32_checkpoint_rounds_its_weights(tmp_path):
     from attnx.checkpoint import save_checkpoint
 
     save_checkpoint(source, tmp_path / "w.safetensors")
-    export("linear", tmp_path / "out", model="lm", options=options, dtype="fp16", verify=False,
-           checkpoint=tmp_path / "w.safetensors", save_checkpoint=tmp_path / "copy.safetensors")
+    export(
+        "linear",
+        tmp_path / "out",
+        model="lm",
+        checkpoint=tmp_path / "w.safetensors",
+        save_checkpoint=tmp_path / "copy.safetensors",
+        options={**options, "export.dtype": "fp16", "verify.enabled": False},
+    )
     exported = load_file(tmp_path / "out" / "weights.safetensors")
     saved = load_file(tmp_path / "copy.safetensors")
     for name, tensor in source.module.state_dict().items():
@@ -197,12 +206,15 @@ def test_an_fp16_engine_of_an_fp32_export_is_judged_at_the_fp16_tolerance():
     """`attnx build --fp16` on an fp32 export: the trt backend gets the fp16 tolerance, nothing else."""
     from types import SimpleNamespace
 
-    from attnx.parity.verify import engine_tolerance
+    from attnx.parity.check import engine_tolerance
 
     assembly = assemble("linear", "seq2seq", TINY, cross_variant="softmax")
-    fp16_engine = SimpleNamespace(engine={"fp16": True}, dtype="fp32")
-    expected = {"atol": FP16_TOLERANCE.atol, "rtol": FP16_TOLERANCE.rtol}
-    assert engine_tolerance(fp16_engine, assembly) == expected
-    assert engine_tolerance(SimpleNamespace(engine={"fp16": False}, dtype="fp32"), assembly) is None
-    assert engine_tolerance(SimpleNamespace(engine=None, dtype="fp32"), assembly) is None
-    assert engine_tolerance(SimpleNamespace(engine={"fp16": True}, dtype="fp16"), assembly) is None
+
+    def export(fp16_engine: bool | None, dtype: str) -> SimpleNamespace:
+        engine = None if fp16_engine is None else SimpleNamespace(fp16=fp16_engine)
+        return SimpleNamespace(manifest=SimpleNamespace(engine=engine, dtype=dtype))
+
+    assert engine_tolerance(export(True, "fp32"), assembly) == FP16_TOLERANCE
+    assert engine_tolerance(export(False, "fp32"), assembly) is None
+    assert engine_tolerance(export(None, "fp32"), assembly) is None
+    assert engine_tolerance(export(True, "fp16"), assembly) is None

@@ -76,11 +76,11 @@ def test_logits_have_batch_seq_vocab_axes():
 @pytest.fixture(scope="module")
 def exported():
     """The tiny softmax LM (exported once per test process) and its torch module rebuilt from the weights."""
-    from attnx.exporter.assemble import rebuild
+    from attnx.exporter.directory import ExportDir
 
     result = tiny_export("softmax", "lm")
     session = ort.InferenceSession(str(result.out / MODEL_FILE), providers=["CPUExecutionProvider"])
-    return rebuild(result.manifest, result.out / "weights.safetensors").module, session
+    return ExportDir.open(result.out).rebuild().module, session
 
 
 def test_onnx_lm_is_causal(exported):

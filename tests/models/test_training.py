@@ -1,14 +1,14 @@
-"""Training attnx models from Python: ``attnx.models.build``, ``attnx.nn.Attention``, ``loss.backward()``."""
+"""Training attnx models from Python: ``attnx.nn.Model``, ``attnx.nn.Attention``, ``loss.backward()``."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import torch
+from attnx.parity.inputs import random_feed
 
 import attnx
 from attnx.errors import AttnxError
-from attnx.parity.inputs import random_feed
 from tests.models.cases import CASES, VARIANT_OPTIONS, cross_for
 
 TINY = {"d_model": 32, "n_heads": 2, "n_layers": 2, "d_ff": 64, "vocab_size": 50}
@@ -16,7 +16,7 @@ TINY = {"d_model": 32, "n_heads": 2, "n_layers": 2, "d_ff": 64, "vocab_size": 50
 
 def build(variant: str, model: str, seed: int = 0) -> torch.nn.Module:
     cross = {"cross_variant": cross_for(variant)} if model == "seq2seq" else {}
-    return attnx.models.build(model, variant, seed=seed, **cross, **TINY, **VARIANT_OPTIONS.get(variant, {}))
+    return attnx.nn.Model(model, variant, seed=seed, **cross, **TINY, **VARIANT_OPTIONS.get(variant, {}))
 
 
 def inputs(module: torch.nn.Module, seed: int) -> list[torch.Tensor]:
@@ -109,7 +109,7 @@ def test_build_refuses_bad_input_in_one_line():
     ]
     for model, variant, options, message in cases:
         with pytest.raises(AttnxError) as error:
-            attnx.models.build(model, variant, **options)
+            attnx.nn.Model(model, variant, **options)
         assert message in str(error.value) and "\n" not in str(error.value)
 
 

@@ -15,8 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from safetensors.torch import load_model
 
+from attnx.api import ExportResult, export
 from attnx.exporter.assemble import assemble
-from attnx.exporter.export import ExportResult, export
 from attnx.exporter.manifest import MODEL_FILE, WEIGHTS_FILE
 from attnx.variant import Tolerance, Variant
 
@@ -30,15 +30,18 @@ def export_in_lowering(
     lowering: str,
     op_type: str,
     n_nodes: int = 1,
-    **kwargs: Any,
+    **settings: Any,
 ) -> tuple[ExportResult, onnx.ModelProto, list[onnx.NodeProto]]:
-    """Export with ``lowering`` (``kwargs`` to :func:`export`), its parity verified, and check its form.
+    """Export with ``lowering`` (``settings``: ``seq_lens`` verified at, export ``seed``), its parity
+    verified, and check its form.
 
     Decomposed: only standard-domain nodes and opsets, no local functions. Otherwise ``n_nodes`` nodes
     ``attnx::<op_type>``, plugin attributes exactly when plugin-lowered, local functions exactly when
     function-lowered. Returns the result, the model and its attnx nodes.
     """
-    result = export(variant, out, options=options, lowering=lowering, **kwargs)
+    names = {"seq_lens": "verify.seq_lens", "seed": "export.seed"}
+    given = {names[key]: value for key, value in settings.items()}
+    result = export(variant, out, options={**options, **given, "export.lowering": lowering})
     assert result.parity is not None and result.parity.passed, result.parity
     model = onnx.load(str(out / MODEL_FILE))
     nodes = [node for node in model.graph.node if node.domain == "attnx"]
@@ -58,7 +61,11 @@ def export_encoder(
     variant: str, out: Path, options: dict[str, Any]
 ) -> tuple[torch.nn.Module, ort.InferenceSession]:
     """Export (function lowering, seed 3) and rebuild the torch model from the export's weights (seed 0)."""
-    export(variant, out, options=options, lowering="function", verify=False, seed=3)
+    export(
+        variant,
+        out,
+        options={**options, "export.lowering": "function", "verify.enabled": False, "export.seed": 3},
+    )
     module = assemble(variant, "encoder", options, seed=0).module
     load_model(module, str(out / WEIGHTS_FILE), strict=True)
     return module.eval(), ort.InferenceSession(str(out / MODEL_FILE), providers=["CPUExecutionProvider"])

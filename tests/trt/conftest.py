@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from attnx.exporter.export import export
+from attnx.api import export
 from attnx.registry import get_registry
 from tests.conftest import TINY
 
@@ -24,7 +24,7 @@ def plugin_export(tmp_path_factory) -> Callable[..., Path]:
         if key not in made:
             out = tmp_path_factory.mktemp(f"{variant}-{lowering}") / "out"
             options = {**TINY, "attention_mask": attention_mask}
-            export(variant, out, lowering=lowering, options=options, verify=False)
+            export(variant, out, options={**options, "export.lowering": lowering, "verify.enabled": False})
             made[key] = out
         return made[key]
 

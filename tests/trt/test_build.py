@@ -12,20 +12,13 @@ import shutil
 import numpy as np
 import pytest
 
+from attnx.api import verify
 from attnx.errors import AttnxError
-from attnx.exporter.manifest import Manifest, sha256_file
-from attnx.parity.verify import verify
+from attnx.exporter.directory import ExportDir
+from attnx.exporter.manifest import EngineSection, sha256_file
+from attnx.models.spec import TensorSpec
 from attnx.trt import GPU_EXTRA_HINT, cuda_missing, tensorrt_missing
-from attnx.trt.build import (
-    ENGINE_FILE,
-    BuildSettings,
-    build,
-    check_shapes,
-    engine_problem,
-    ops_for,
-    parse_size,
-    profile_shapes,
-)
+from attnx.trt.build import ENGINE_FILE, BuildSettings, build, check_shapes, engine_problem, profile_shapes
 from tests.helpers import assert_one_line_error, run_cli
 from tests.trt.conftest import VARIANTS
 
@@ -55,8 +48,8 @@ def test_build_without_tensorrt_names_the_fix_and_writes_nothing(softmax_out):
     [
         (["--min-seq", "64", "--opt-seq", "32"], ["--min-seq/--opt-seq/--max-seq", "(got 64, 32, 512)"]),
         (["--max-batch", "0", "--min-batch", "0", "--opt-batch", "0"], ["1 <= min <= opt <= max"]),
-        (["--workspace", "lots"], ["--workspace must be a size like 4G", "'lots'"]),
-        (["--workspace", "0"], ["--workspace must be positive"]),
+        (["--workspace", "lots"], ["--workspace 'lots' is not understood", "8GiB"]),
+        (["--workspace", "0"], ["--workspace '0' is not understood"]),
     ],
 )
 def test_build_rejects_bad_settings_before_anything_else(softmax_out, args, fragments):
@@ -72,52 +65,46 @@ def test_build_rejects_a_directory_that_is_not_an_export(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize(
-    ("text", "size"),
-    [("1073741824", 1 << 30), ("4G", 4 << 30), ("512M", 512 << 20), ("512MiB", 512 << 20), ("1.5GB", 3 << 29),
-     ("64k", 64 << 10)],
-)
-def test_parse_size(text, size):
-    assert parse_size(text) == size
-
-
 def test_profile_follows_the_manifest_axes(softmax_out):
-    manifest = Manifest.read(softmax_out)
-    shapes = profile_shapes(manifest, BuildSettings(batch=(1, 4, 16), seq=(2, 64, 1024)))
+    export = ExportDir.open(softmax_out)
+    shapes = profile_shapes(export, BuildSettings(batch=(1, 4, 16), seq=(2, 64, 1024)))
     expected = {"min": [1, 2], "opt": [4, 64], "max": [16, 1024]}
     assert shapes == {"input_ids": expected, "attention_mask": expected}
-    manifest.inputs.append({"name": "pixels", "dtype": "float32", "axes": ["batch", 3, "height"]})
-    assert profile_shapes(manifest, BuildSettings())["pixels"] == {
-        "min": [1, 3, 1], "opt": [2, 3, 128], "max": [8, 3, 512]
+    export.manifest.inputs.append(TensorSpec("pixels", "float32", ("batch", 3, "height")))
+    assert profile_shapes(export, BuildSettings())["pixels"] == {
+        "min": [1, 3, 1],
+        "opt": [2, 3, 128],
+        "max": [8, 3, 512],
     }
 
 
+def engine(model_sha256: str, profiles=()) -> EngineSection:
+    return EngineSection(model_sha256, "11.4", "a GPU", False, None, list(profiles), [])
+
+
 def test_engine_problems_are_precise(softmax_out):
-    assert engine_problem(softmax_out) == f"no out/engine.plan: run `attnx build {softmax_out}`"
+    export = ExportDir.open(softmax_out)
+    assert engine_problem(export) == f"out has no TensorRT engine: run `attnx build {softmax_out}`"
     (softmax_out / ENGINE_FILE).write_bytes(b"not really an engine")
-    assert "not recorded in the manifest" in engine_problem(softmax_out)
-    manifest = Manifest.read(softmax_out)
-    manifest.engine = {"sha256": sha256_file(softmax_out / ENGINE_FILE),
-                       "model_sha256": sha256_file(softmax_out / "model.onnx")}
-    manifest.write(softmax_out)
-    assert engine_problem(softmax_out) is None
+    export = export.record_engine(ENGINE_FILE, engine(sha256_file(softmax_out / "model.onnx")))
+    assert engine_problem(ExportDir.open(softmax_out)) is None
     (softmax_out / ENGINE_FILE).write_bytes(b"edited")
-    assert "changed since `attnx build`" in engine_problem(softmax_out)
-    with open(softmax_out / "model.onnx", "ab") as handle:
-        handle.write(b"\0")
-    assert "was built from another model.onnx" in engine_problem(softmax_out)
+    with pytest.raises(AttnxError, match="engine.plan changed since it was written"):
+        ExportDir.open(softmax_out)
+    export.record_engine(ENGINE_FILE, engine("another model's hash"))
+    assert "was built from another model.onnx" in engine_problem(ExportDir.open(softmax_out))
 
 
-def test_ops_come_from_the_registered_variants(softmax_out):
-    manifest = Manifest.read(softmax_out)
-    assert [op.name for op in ops_for(manifest)] == ["SoftmaxAttention"]
-    manifest.ops = ["attnx::NoSuchAttention"]
-    with pytest.raises(AttnxError, match="no registered variant provides NoSuchAttention; install"):
-        ops_for(manifest)
+def test_ops_come_from_the_installed_plugins(softmax_out):
+    export = ExportDir.open(softmax_out)
+    assert [op.name for op in export.ops()] == ["SoftmaxAttention"]
+    export.manifest.ops.append("attnx::NoSuchAttention")
+    with pytest.raises(AttnxError, match="uses attnx::NoSuchAttention, which no installed plugin provides"):
+        export.ops()
 
 
 def test_feeds_outside_the_profile_are_refused():
-    record = {"profiles": [{"input_ids": {"min": [1, 1], "opt": [2, 128], "max": [8, 512]}}]}
+    record = engine("", [{"input_ids": {"min": [1, 1], "opt": [2, 128], "max": [8, 512]}}])
     check_shapes(record, {"input_ids": np.zeros((8, 512))})
     with pytest.raises(AttnxError, match="size 513 on axis 1, outside the engine's profile \\[1, 512\\]"):
         check_shapes(record, {"input_ids": np.zeros((2, 513))})
@@ -135,7 +122,7 @@ def test_verify_skips_gpu_backends_with_the_reason(softmax_out):
     if TRT_MISSING:
         assert status["trt"]["reason"].startswith(TRT_MISSING) and "attnx[gpu]" in status["trt"]["reason"]
     elif cuda_missing() is None:
-        assert status["trt"]["reason"] == f"no out/engine.plan: run `attnx build {softmax_out}`"
+        assert status["trt"]["reason"] == f"out has no TensorRT engine: run `attnx build {softmax_out}`"
 
 
 def test_ort_cuda_graph_of_a_plugin_model_is_the_function_lowering(softmax_out):
@@ -144,13 +131,11 @@ def test_ort_cuda_graph_of_a_plugin_model_is_the_function_lowering(softmax_out):
     import onnxruntime as ort
     import torch
 
-    from attnx.exporter.assemble import rebuild
-    from attnx.parity.runners import onnx_for_ort
+    from attnx.parity.runners import CUDA, Graph, onnx_for_ort
 
-    manifest = Manifest.read(softmax_out)
-    assembly = rebuild(manifest, softmax_out / "weights.safetensors")
-    model = onnx.load_from_string(onnx_for_ort(softmax_out / "model.onnx", "plugin", assembly.ops,
-                                               "CUDAExecutionProvider"))
+    export = ExportDir.open(softmax_out)
+    assembly = export.rebuild()
+    model = onnx.load_from_string(onnx_for_ort(Graph.of_model(export), CUDA))
     assert [f.name for f in model.functions if f.domain == "attnx"] == ["SoftmaxAttention"]
     ids = np.random.default_rng(5).integers(0, 50, (2, 11))
     mask = np.ones((2, 11), dtype=bool)
@@ -205,9 +190,9 @@ def test_engine_matches_torch(variant, lowering, plugin_export, tmp_path):
         pytest.skip(reason)
     out = shutil.copytree(plugin_export(variant, lowering=lowering), tmp_path / "out")
     result = build(out, BuildSettings(seq=(1, 64, 256)))
-    manifest = Manifest.read(out)
-    assert result.engine.is_file() and manifest.engine["sha256"] == sha256_file(result.engine)
-    assert sorted(manifest.engine["plugins"]) == (sorted(manifest.ops) if lowering == "plugin" else [])
+    manifest = ExportDir.open(out).manifest
+    assert result.engine.is_file() and manifest.files["engine"].sha256 == sha256_file(result.engine)
+    assert sorted(manifest.engine.plugins) == (sorted(manifest.ops) if lowering == "plugin" else [])
     report = verify(out, backends=["trt"], seq_lens=[1, 7, 33, 129], write=False, seed=3)
     assert report.passed, report.to_dict()
 

@@ -14,11 +14,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper
-from safetensors.torch import load_model
 
-from attnx.exporter.assemble import assemble
-from attnx.exporter.manifest import Manifest
-from attnx.parity.verify import verify
+from attnx.api import verify
+from attnx.exporter.directory import ExportDir
 from attnx.ops import AttentionOp
 from attnx.ortkernels import kernel_view, session_options
 from attnx.plugins.softmax.kernel import SOFTMAX_OP
@@ -50,8 +48,7 @@ def test_plugin_export_matches_torch_through_the_kernels(variant, plugin_export,
 @pytest.mark.parametrize("variant", ["softmax", pytest.param("reformer", marks=pytest.mark.slow)])
 def test_nodes_without_the_mask_use_the_shorter_kernel(variant, plugin_export, kernel_calls):
     out = plugin_export(variant, attention_mask=False)
-    manifest = Manifest.read(out)
-    ops = assemble(variant, "encoder", {**manifest.model_config}).ops
+    ops = ExportDir.open(out).ops()
     view = kernel_view(onnx.load(str(out / "model.onnx")), ops)
     (node,) = [n for n in view.graph.node if n.domain == "attnx"]
     assert node.op_type == f"{ops[0].name}_{'_'.join(ops[0].input_names[:-1])}"
@@ -167,10 +164,8 @@ def test_list_and_string_attributes_reach_the_op(with_mask):
 @pytest.fixture(scope="module")
 def softmax_pair(plugin_export):
     out = plugin_export("softmax")
-    manifest = Manifest.read(out)
-    assembly = assemble("softmax", "encoder", {f"model.{k}": v for k, v in manifest.model_config.items()})
-    load_model(assembly.module, str(out / "weights.safetensors"))
-    return assembly.module.eval(), kernel_session(onnx.load(str(out / "model.onnx")), assembly.ops)
+    export = ExportDir.open(out)
+    return export.rebuild().module.eval(), kernel_session(onnx.load(str(out / "model.onnx")), export.ops())
 
 
 @settings(max_examples=15, deadline=None)
@@ -193,16 +188,17 @@ def test_earlier_sessions_survive_kernels_of_another_variant(tmp_path):
     script = f"""
 import numpy as np
 from pathlib import Path
-from attnx.exporter.assemble import assemble
-from attnx.exporter.export import export
-from attnx.parity.runners import BACKENDS
+from attnx.api import export
+from attnx.exporter.directory import ExportDir
+from attnx.parity.backends import BACKENDS
+from attnx.parity.runners import Graph
 tiny = {{"d_model": 16, "n_heads": 2, "n_layers": 1, "d_ff": 32, "vocab_size": 20}}
 feed = {{"input_ids": np.ones((2, 5), np.int64), "attention_mask": np.ones((2, 5), bool)}}
 runners = []
 for variant in ("softmax", "linear"):
     out = Path({str(tmp_path)!r}) / variant
-    export(variant, out, lowering="plugin", options=tiny, verify=False)
-    runner = BACKENDS["ort-cpu"].runner(out / "model.onnx", "plugin", assemble(variant, "encoder", tiny).ops)
+    export(variant, out, options={{**tiny, "export.lowering": "plugin", "verify.enabled": False}})
+    runner = BACKENDS["ort-cpu"].runner(Graph.of_model(ExportDir.open(out)), None)
     runner.activate()
     runners.append(runner)
     runner.infer(feed)

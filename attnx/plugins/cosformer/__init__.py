@@ -10,25 +10,10 @@ token with one fixed M).
 
 from __future__ import annotations
 
-import dataclasses
-
-from attnx.config import Config, require
 from attnx.hookspecs import hookimpl
-from attnx.variant import Capabilities, Tolerance, Variant
-
-
-@dataclasses.dataclass(frozen=True)
-class CosformerConfig(Config):
-    max_len: int | None = None  # M of the re-weighting; None: max(n_queries, n_keys) per call
-    eps: float = 1e-6  # lower clamp of the denominator, as in the official code
-    chunk_size: int = 64  # causal form: positions per chunk (quadratic inside, state across)
-
-    def validate(self) -> None:
-        max_len = self.max_len
-        require(max_len is None or max_len >= 1, f"cosformer option max_len={max_len} must be >= 1 (or none)")
-        require(self.eps > 0, f"cosformer option eps={self.eps} must be > 0")
-        require(self.chunk_size >= 1, f"cosformer option chunk_size={self.chunk_size} must be >= 1")
-
+from attnx.plugins.cosformer.config import DEFAULT_CONTEXT, CosformerConfig
+from attnx.plugins.cosformer.cost import cosformer_cost
+from attnx.variant import Capabilities, TestOptions, Tolerance, Variant
 
 VARIANT = Variant(
     name="cosformer",
@@ -40,6 +25,12 @@ VARIANT = Variant(
     ),
     tolerance=Tolerance(atol=1e-4, rtol=1e-3),
     impl="attnx.plugins.cosformer.kernel:IMPL",
+    cost=cosformer_cost,
+    # A model that generates decodes token by token, which needs one fixed M: its context length.
+    decoder_defaults={"max_len": DEFAULT_CONTEXT},
+    position_limit_option="max_len",
+    # M >= every length the kit uses (up to 19), small enough that the re-weighting matters.
+    testing=TestOptions(options={"max_len": 32}, bad_options={"max_len": 0, "eps": -1.0, "chunk_size": 0}),
 )
 
 

@@ -24,7 +24,7 @@ from attnx.plugins._linear_core import (
     mask_keys,
     step_fake,
 )
-from attnx.plugins.cosformer import CosformerConfig
+from attnx.plugins.cosformer.config import CosformerConfig
 from attnx.state import StateTensor, recurrent_state
 from attnx.variant import AttentionSpec
 
@@ -271,6 +271,7 @@ COSFORMER_OP = AttentionOp(
     bodies=(CosformerAttention, CosformerAttentionNoMask),
     input_types={"key_padding_mask": "tensor(bool)"},
     doc="cosFormer attention per head; q,k,v (batch, heads, seq, dim); max_len 0: M = max(n_q, n_k).",
+    kernel="attnx.plugins.cosformer.triton_kernel:COSFORMER_KERNEL",
 )
 
 

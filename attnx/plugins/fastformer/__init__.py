@@ -8,24 +8,10 @@ output = Linear(concat_h u) + Q. Linear in the sequence length, bidirectional on
 
 from __future__ import annotations
 
-import dataclasses
-
-from attnx.config import Config
 from attnx.hookspecs import hookimpl
-from attnx.variant import Capabilities, Tolerance, Variant
-
-
-@dataclasses.dataclass(frozen=True)
-class FastformerConfig(Config):
-    """Options of the ``fastformer`` variant.
-
-    Attributes:
-        share_qv: reuse the projected queries as values (no value projection), as the
-            official code does; the paper presents it as an optional parameter saving.
-    """
-
-    share_qv: bool = False
-
+from attnx.plugins.fastformer.config import FastformerConfig
+from attnx.plugins.fastformer.cost import fastformer_cost
+from attnx.variant import Capabilities, TestOptions, Tolerance, Variant
 
 VARIANT = Variant(
     name="fastformer",
@@ -35,6 +21,9 @@ VARIANT = Variant(
     capabilities=Capabilities(causal=False, cross=False, key_padding_mask=True, decode=None, trainable=True),
     tolerance=Tolerance(atol=1e-4, rtol=1e-3),
     impl="attnx.plugins.fastformer.kernel:IMPL",
+    cost=fastformer_cost,
+    model_defaults={"share_layers": True},  # the paper's layer-wise parameter sharing
+    testing=TestOptions(bad_options={"share_qv": "maybe"}),
 )
 
 

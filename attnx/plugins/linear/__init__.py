@@ -6,22 +6,10 @@ the causal form restricts both sums to j <= i and is computed chunk by chunk.
 
 from __future__ import annotations
 
-import dataclasses
-
-from attnx.config import Config, require
 from attnx.hookspecs import hookimpl
-from attnx.variant import Capabilities, Tolerance, Variant
-
-
-@dataclasses.dataclass(frozen=True)
-class LinearConfig(Config):
-    eps: float = 1e-6  # added to the denominator, as in the paper's code
-    chunk_size: int = 64  # causal form: positions per chunk (quadratic inside, state across)
-
-    def validate(self) -> None:
-        require(self.eps > 0, f"linear option eps={self.eps} must be > 0")
-        require(self.chunk_size >= 1, f"linear option chunk_size={self.chunk_size} must be >= 1")
-
+from attnx.plugins.linear.config import LinearConfig
+from attnx.plugins.linear.cost import linear_cost
+from attnx.variant import Capabilities, TestOptions, Tolerance, Variant
 
 VARIANT = Variant(
     name="linear",
@@ -33,6 +21,8 @@ VARIANT = Variant(
     ),
     tolerance=Tolerance(atol=1e-4, rtol=1e-3),
     impl="attnx.plugins.linear.kernel:IMPL",
+    cost=linear_cost,
+    testing=TestOptions(bad_options={"eps": 0.0, "chunk_size": 0}),
 )
 
 

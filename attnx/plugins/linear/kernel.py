@@ -22,7 +22,7 @@ from attnx.plugins._linear_core import (
     mask_keys,
     step_fake,
 )
-from attnx.plugins.linear import LinearConfig
+from attnx.plugins.linear.config import LinearConfig
 from attnx.state import StateTensor, recurrent_state
 from attnx.variant import AttentionSpec
 
@@ -135,6 +135,7 @@ LINEAR_OP = AttentionOp(
     bodies=(LinearAttention, LinearAttentionNoMask),
     input_types={"key_padding_mask": "tensor(bool)"},
     doc="elu+1 linear attention per head; q,k,v (batch, heads, seq, dim); causal is bottom-right aligned.",
+    kernel="attnx.plugins.linear.triton_kernel:LINEAR_KERNEL",
 )
 
 

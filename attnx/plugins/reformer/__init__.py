@@ -12,27 +12,10 @@ docs/variants/reformer.md for the choices vs public code.
 
 from __future__ import annotations
 
-import dataclasses
-
-from attnx.config import Config, require
 from attnx.hookspecs import hookimpl
-from attnx.variant import Capabilities, Tolerance, Variant
-
-
-@dataclasses.dataclass(frozen=True)
-class ReformerConfig(Config):
-    n_hashes: int = 2  # hashing rounds
-    n_buckets: int = 8  # buckets per round (even: argmax over [xR, -xR])
-    chunk_size: int = 64  # sorted tokens per chunk; each chunk also sees the previous one
-
-    def validate(self) -> None:
-        require(self.n_hashes >= 1, f"reformer option n_hashes={self.n_hashes} must be >= 1")
-        require(
-            self.n_buckets >= 2 and self.n_buckets % 2 == 0,
-            f"reformer option n_buckets={self.n_buckets} must be an even number >= 2",
-        )
-        require(self.chunk_size >= 1, f"reformer option chunk_size={self.chunk_size} must be >= 1")
-
+from attnx.plugins.reformer.config import ReformerConfig
+from attnx.plugins.reformer.cost import reformer_cost
+from attnx.variant import Capabilities, TestOptions, Tolerance, Variant
 
 VARIANT = Variant(
     name="reformer",
@@ -47,6 +30,12 @@ VARIANT = Variant(
     ),
     tolerance=Tolerance(atol=1e-4, rtol=1e-3),
     impl="attnx.plugins.reformer.kernel:IMPL",
+    cost=reformer_cost,
+    model_defaults={"reversible": True, "ff_chunks": 4},  # the paper's RevNet residuals, chunked FFN
+    # Chunks of 4, so that short test inputs span several LSH chunks.
+    testing=TestOptions(
+        options={"chunk_size": 4}, bad_options={"n_hashes": 0, "n_buckets": 3, "chunk_size": 0}
+    ),
 )
 
 

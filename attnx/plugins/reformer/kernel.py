@@ -19,7 +19,7 @@ from torch import nn
 from attnx.attention import merge_heads, split_heads
 from attnx.errors import AttnxError
 from attnx.ops import LIBRARY, OPSET, AttentionOp, VariantImpl, trainable_op
-from attnx.plugins.reformer import ReformerConfig
+from attnx.plugins.reformer.config import ReformerConfig
 from attnx.plugins.reformer.lsh import NORM_EPS, SELF_SCORE, lsh_attention
 from attnx.variant import AttentionSpec
 
@@ -240,6 +240,7 @@ REFORMER_OP = AttentionOp(
     input_types={"key_padding_mask": "tensor(bool)"},
     doc="Reformer shared-QK LSH attention; qk, v (batch, heads, seq, dim), rotations (heads, dim, n_hashes, "
     "n_buckets/2); key_padding_mask (batch, seq) bool, True = real token.",
+    kernel="attnx.plugins.reformer.triton_kernel:REFORMER_KERNEL",
 )
 
 

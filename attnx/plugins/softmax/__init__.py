@@ -8,20 +8,10 @@ i of n attends keys j <= i + (n_keys - n), which also serves cached decoding.
 
 from __future__ import annotations
 
-import dataclasses
-
-from attnx.config import Config, require
 from attnx.hookspecs import hookimpl
-from attnx.variant import Capabilities, Tolerance, Variant
-
-
-@dataclasses.dataclass(frozen=True)
-class SoftmaxConfig(Config):
-    scale: float | None = None  # None: 1/sqrt(head_dim)
-
-    def validate(self) -> None:
-        require(self.scale is None or self.scale > 0, f"softmax option scale={self.scale} must be > 0")
-
+from attnx.plugins.softmax.config import SoftmaxConfig
+from attnx.plugins.softmax.cost import softmax_cost
+from attnx.variant import Capabilities, TestOptions, Tolerance, Variant
 
 VARIANT = Variant(
     name="softmax",
@@ -33,6 +23,8 @@ VARIANT = Variant(
     ),
     tolerance=Tolerance(atol=1e-4, rtol=1e-3),
     impl="attnx.plugins.softmax.kernel:IMPL",
+    cost=softmax_cost,
+    testing=TestOptions(bad_options={"scale": -1.0}),
 )
 
 

@@ -11,7 +11,7 @@ from onnxscript import opset18 as op
 
 from attnx.attention import MASKED_SCORE, MultiHeadAttention
 from attnx.ops import LIBRARY, OPSET, AttentionOp, VariantImpl, trainable_op
-from attnx.plugins.softmax import SoftmaxConfig
+from attnx.plugins.softmax.config import SoftmaxConfig
 from attnx.state import GROWING, StateTensor
 from attnx.variant import AttentionSpec
 
@@ -97,6 +97,7 @@ SOFTMAX_OP = AttentionOp(
     bodies=(SoftmaxAttention, SoftmaxAttentionNoMask),
     input_types={"key_padding_mask": "tensor(bool)"},
     doc="softmax(q k^T * scale + mask) v per head; q,k,v (batch, heads, seq, dim).",
+    kernel="attnx.plugins.softmax.triton_kernel:SOFTMAX_KERNEL",
 )
 
 

@@ -13,14 +13,13 @@ import numpy as np
 import torch
 
 from attnx.testing.checks.common import Skip, forwards
+from attnx.testing.onnx_op import OpSession
 from attnx.testing.subject import LENGTH, OpCall, Subject
 
 
 def check_causality(subject: Subject) -> list[str]:
     """In causal mode, changing tokens at positions >= cut leaves outputs before cut unchanged:
     bit-exact in torch (layer and op), within atol in ONNX Runtime (op body)."""
-    from attnx.testing.onnx_op import OpSession
-
     if not subject.variant.capabilities.causal:
         raise Skip(f"variant '{subject.variant.name}' does not declare causal attention")
     atol = subject.variant.tolerance.atol

@@ -7,7 +7,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from attnx.parity.rule import describe_mismatch
 from attnx.testing.subject import Forward, OpCall, Subject
+from attnx.variant import Tolerance
 
 
 class Skip(Exception):
@@ -38,19 +40,12 @@ def declared_calls(subject: Subject) -> list[OpCall]:
 
 
 def mismatch(actual: Any, expected: Any, atol: float, rtol: float) -> str | None:
-    """None when |actual - expected| <= atol + rtol * |expected| everywhere, else what differs."""
+    """None when ``actual`` passes against ``expected`` by the one parity rule, else what differs."""
     a = np.asarray(actual, dtype=np.float64)
     e = np.asarray(expected, dtype=np.float64)
-    if a.shape != e.shape:
-        return f"shape {a.shape} instead of {e.shape}"
-    if not np.isfinite(a).all() and np.isfinite(e).all():
+    if a.shape == e.shape and not np.isfinite(a).all() and np.isfinite(e).all():
         return "non-finite values where the torch op is finite"
-    diff = np.abs(a - e)
-    if (diff <= atol + rtol * np.abs(e)).all():
-        return None
-    worst = np.unravel_index(np.nanargmax(np.where(np.isnan(diff), np.inf, diff)), diff.shape)
-    index = tuple(int(i) for i in worst)
-    return f"max abs err {diff[worst]:.3g} at index {index} (atol {atol:g}, rtol {rtol:g})"
+    return describe_mismatch(a, e, Tolerance(atol, rtol))
 
 
 def half(call: OpCall) -> dict[str, torch.Tensor]:
@@ -60,8 +55,3 @@ def half(call: OpCall) -> dict[str, torch.Tensor]:
         for name, value in call.bound().items()
         if isinstance(value, torch.Tensor) and value.dtype == torch.float32
     }
-
-
-def first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__

@@ -8,8 +8,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from attnx.ops import DOMAIN
-from attnx.testing.checks.common import Skip, first_line
+import onnx
+
+from attnx.api import export, verify
+from attnx.domains import DOMAIN
+from attnx.errors import first_line
+from attnx.exporter.lowering import attnx_nodes
+from attnx.testing.checks.common import Skip
 from attnx.testing.subject import Subject
 
 EXPORT_SEQ_LENS = (1, 7, 19)
@@ -18,9 +23,6 @@ EXPORT_MODEL_OPTIONS = {"d_model": 32, "n_heads": 2, "n_layers": 1, "d_ff": 64, 
 
 def export_check(lowering: str, dtype: str = "fp32") -> Callable[[Subject], list[str]]:
     def check(subject: Subject) -> list[str]:
-        from attnx.exporter.export import export
-        from attnx.parity.verify import verify
-
         if dtype == "fp16" and not subject.variant.capabilities.fp16:
             raise Skip("the variant exports in fp32 only (Capabilities.fp16=False)")
         options = {
@@ -32,15 +34,9 @@ def export_check(lowering: str, dtype: str = "fp32") -> Callable[[Subject], list
             out = Path(tmp) / lowering
             what = f"the {lowering} lowering" + (f" in {dtype}" if dtype != "fp32" else "")
             try:
-                result = export(
-                    subject.variant.name,
-                    out,
-                    lowering=lowering,
-                    options=options,
-                    seed=subject.seed,
-                    dtype=dtype,
-                    seq_lens=EXPORT_SEQ_LENS,
-                )
+                settings = {"export.lowering": lowering, "export.seed": subject.seed, "export.dtype": dtype,
+                            "verify.seq_lens": EXPORT_SEQ_LENS}
+                result = export(subject.variant.name, out, options={**options, **settings})
             except Exception as exc:
                 return [f"export with {what} failed: {type(exc).__name__}: {first_line(exc)}"]
             problems = _graph_problems(out / "model.onnx", lowering, subject)
@@ -59,10 +55,6 @@ def export_check(lowering: str, dtype: str = "fp32") -> Callable[[Subject], list
 
 
 def _graph_problems(path: Path, lowering: str, subject: Subject) -> list[str]:
-    import onnx
-
-    from attnx.exporter.lowering import attnx_nodes
-
     model = onnx.load(str(path))
     nodes = attnx_nodes(model)
     functions = {(f.name, f.overload) for f in model.functions if f.domain == DOMAIN}

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import torch
 
-from attnx.testing.checks.common import declared_calls, first_line, forwards
+from attnx.errors import first_line
+from attnx.testing.checks.common import declared_calls, forwards
 from attnx.testing.subject import Forward, OpCall, Subject
 
 # Central differences in float64 at this step are exact to ~1e-10 of the gradient; a wrong backward (a
@@ -59,7 +60,7 @@ def _op_gradient_problem(call: OpCall) -> str | None:
     try:
         grads = torch.autograd.grad(outputs, list(floats.values()), cotangents, allow_unused=True)
     except Exception as exc:
-        return f"backward of {call.name} raises {type(exc).__name__}: {first_line(exc)} ({call.describe()})"
+        return f"backward of {call.name} raises {first_line(exc, with_type=True)} ({call.describe()})"
     for (name, value), grad in zip(floats.items(), grads, strict=True):
         direction = _unit(value.shape, generator)
         backward = 0.0 if grad is None else float((grad * direction).sum())
@@ -98,7 +99,7 @@ def _layer_problems(fw: Forward) -> list[str]:
         x_grad, parameter_grads = _backward(fw)
     except Exception as exc:
         return [
-            f"backward through the {fw.case.label} layer raises {type(exc).__name__}: {first_line(exc)}; "
+            f"backward through the {fw.case.label} layer raises {first_line(exc, with_type=True)}; "
             "a trainable variant's ops need a backward (attnx.ops.trainable_op)"
         ]
     problems = []

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from attnx.ops import DOMAIN, AttentionOp, function_protos
-from attnx.testing.checks.common import declared_calls, first_line, mismatch
+from attnx.domains import DOMAIN
+from attnx.errors import first_line
+from attnx.exporter.lowering import function_protos
+from attnx.ops import AttentionOp
+from attnx.testing.checks.common import declared_calls, mismatch
+from attnx.testing.onnx_op import OpSession
 from attnx.testing.subject import Subject
 
 
@@ -110,8 +114,6 @@ def _name_clashes(subject: Subject) -> list[str]:
 
 def check_onnx_body(subject: Subject) -> list[str]:
     """Each recorded call gives the same output through its ONNX body in ONNX Runtime (CPU)."""
-    from attnx.testing.onnx_op import OpSession
-
     tol, problems = subject.variant.tolerance, []
     for call in declared_calls(subject):
         try:

@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from attnx.errors import AttnxError
-from attnx.testing.checks.common import Skip, declared_calls, first_line, mismatch
+from attnx.errors import AttnxError, first_line
+from attnx.testing.checks.common import Skip, declared_calls, mismatch
+from attnx.testing.onnx_op import OpSession
 from attnx.testing.subject import Subject
 
 
@@ -57,7 +58,6 @@ def check_plugin_kernel(subject: Subject) -> list[str]:
     """The TensorRT slot: the op describes as a plugin, its output_shape rule (the plugin's shape
     function) gives the eager shape, and the bare node run by attnx's CPU kernels matches torch."""
     from attnx.ortkernels import kernels_missing
-    from attnx.testing.onnx_op import OpSession
     from attnx.trt.spec import describe
 
     calls, problems = declared_calls(subject), []

@@ -10,7 +10,8 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._pytree import tree_map
 
-from attnx.testing.checks.common import declared_calls, first_line, half
+from attnx.errors import first_line
+from attnx.testing.checks.common import declared_calls, half
 from attnx.testing.subject import OpCall, Subject
 
 

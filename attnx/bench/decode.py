@@ -11,13 +11,14 @@ a round, small against P).
 
 A kv-cache (softmax) reads and copies O(P) keys and values per step; the recurrent state
 of linear and cosFormer has the same size at every P, so their step costs the same.
-Variants whose config has ``max_len`` (cosFormer's M) get M = the longest position reached.
+A variant with a position limit (``Variant.position_limit_option``: cosFormer's M) gets it set to the
+longest position reached.
 
 :func:`source_latency` times a seq2seq decoder against the *source* length instead: its
 cross-attention keys and values are projected once in prefill and read by every step, so
 a step costs O(src · d) per layer for the read, not O(src · d_model²) for re-projection.
 
-Run ``python -m attnx.decode.bench`` for the markdown table (``... bench seq2seq`` for the
+Run ``python -m attnx.bench.decode`` for the markdown table (``... decode seq2seq`` for the
 source-length one).
 """
 
@@ -33,6 +34,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from attnx import api
+from attnx.decode.export import decoders
+from attnx.decode.runtime import Stepper, open_stepper
+from attnx.exporter.directory import ExportDir
+from attnx.registry import get_registry
 
 POSITIONS = (16, 256, 1024, 4096)
 MODEL = {"vocab_size": 1000, "d_model": 256, "n_heads": 4, "n_layers": 4, "d_ff": 1024}
@@ -59,8 +66,6 @@ def decode_latency(
     progress: Callable[[str], None] | None = None,
 ) -> list[DecodeTiming]:
     """Median ONNX Runtime decode-step time at each position, per variant (default: every decoder)."""
-    from attnx.decode.export import decoders
-
     report = progress or (lambda message: None)
     options = dict(MODEL if model is None else model)
     longest = max(positions) + WARMUP + steps
@@ -113,29 +118,39 @@ def source_latency(
                 _, prefilled = stepper.prefill(rng.integers(0, vocab, (1, PROMPT)), source)
                 tokens = rng.integers(0, vocab, size=(WARMUP + steps, 1, 1))
                 best = min(_median_step(stepper, prefilled, tokens) for _ in range(ROUNDS))
-                size = sum(prefilled[c].nbytes for c in stepper.context)
+                size = sum(prefilled[c.input].nbytes for c in stepper.section.context)
                 timings.append(SourceTiming(name, cross, n, 1000 * best, size))
     return timings
 
 
 @contextlib.contextmanager
 def _stepper(
-    model: str, variant: str, cross: str | None, options: Mapping[str, Any], max_len: int, threads: int | None
-) -> Iterator[Any]:
+    model: str,
+    variant: str,
+    cross: str | None,
+    options: Mapping[str, Any],
+    positions: int,
+    threads: int | None,
+) -> Iterator[Stepper]:
     """ONNX Runtime over freshly exported decode graphs of ``model`` (in a temporary directory); a
-    variant with a ``max_len`` option (cosFormer's M) gets ``max_len``, the longest position reached."""
-    from attnx.decode.export import export_decode
-    from attnx.decode.runtime import OrtStepper
-    from attnx.exporter.assemble import assemble
-    from attnx.registry import get_registry
-
-    names = [v for v in (variant, cross) if v is not None]
-    fields = {f.name for v in names for f in dataclasses.fields(get_registry().variant(v).config)}
-    extra = {"max_len": max_len} if "max_len" in fields else {}
+    variant with a position limit (cosFormer's M) gets it set to ``positions``, the longest reached."""
+    registry = get_registry()
+    limits = {
+        f"{scope}.{spec.position_limit_option}": positions
+        for scope, name in (("variant", variant), ("cross", cross))
+        if name is not None and (spec := registry.variant(name)).position_limit_option
+    }
     with tempfile.TemporaryDirectory(prefix="attnx-decode-bench-") as tmp:
-        assembly = assemble(variant, model, {**options, **extra}, 0, cross_variant=cross)
-        entry = export_decode(assembly, Path(tmp), 18, "function")
-        yield OrtStepper(Path(tmp), entry, threads=threads)
+        settings = {"export.decode": True, "verify.enabled": False}
+        api.export(
+            variant,
+            Path(tmp) / "out",
+            model=model,
+            cross_variant=cross,
+            options={**options, **limits, **settings},
+        )
+        with open_stepper(ExportDir.open(Path(tmp) / "out"), "ort-cpu", threads) as stepper:
+            yield stepper
 
 
 def _median_step(stepper: Any, state: dict[str, np.ndarray], tokens: np.ndarray) -> float:

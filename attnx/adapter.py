@@ -1,0 +1,65 @@
+"""The adapter contract (no torch): how a plugin takes models of another library into attnx.
+
+An adapter recognises a third-party module (Hugging Face's ``LSHSelfAttention``,
+fast-transformers' ``CausalLinearAttention``, ...) and supplies an attnx module that computes the
+same function with the same parameters, built on attnx ops, so ``attnx.export_module`` exports a
+library's own model object unchanged and proves parity against the library's own forward. A
+plugin returns :class:`Adapter` declarations from ``attnx_register_adapters``; the heavy half
+(:class:`AdapterImpl`, which imports the library and torch) loads lazily from ``impl``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from attnx.variant import load_object
+
+
+@dataclasses.dataclass(frozen=True)
+class Adapter:
+    """One adapter, as a plugin declares it.
+
+    Attributes:
+        name: e.g. "hf-reformer", shown by ``attnx list``.
+        summary: one line.
+        library: the distribution it adapts (e.g. "transformers"); ``attnx list``/``doctor`` say
+            whether it is installed.
+        impl: "module:attribute" of the :class:`AdapterImpl`, imported on first use.
+        sources: the schemes of ``attnx export --from SCHEME:PATH`` it loads (e.g. ``("hf",)``).
+    """
+
+    name: str
+    summary: str
+    library: str
+    impl: str
+    sources: tuple[str, ...] = ()
+
+    def load(self) -> AdapterImpl:
+        """Import and return the heavy half."""
+        return load_object(self.impl, f"adapter '{self.name}'")
+
+
+@dataclasses.dataclass(frozen=True)
+class AdapterImpl:
+    """The heavy half of an adapter.
+
+    Attributes:
+        convert: ``convert(module) -> replacement | None``: the attnx module computing what
+            ``module`` computes with the same parameters, or None when this adapter does not handle
+            it. attnx walks a model top-down and replaces the first module an adapter converts (its
+            children are not visited). A module whose library behaviour cannot be reproduced raises
+            :class:`attnx.errors.AttnxError` naming why.
+        needs_adapter: ``needs_adapter(module) -> bool``: a module that must be converted for the
+            model to export (the library's attention classes); one left unconverted is refused,
+            naming its class and the adapters that exist.
+        load: ``load(path) -> (model, inputs, outputs)`` for ``--from SCHEME:PATH``: the library's
+            model in eval mode from a local directory, and its graph inputs and outputs as
+            ``attnx.models.spec.TensorSpec`` lists; None when the adapter loads nothing.
+    """
+
+    convert: Callable[[Any], Any | None]
+    needs_adapter: Callable[[Any], bool]
+    load: Callable[[Path], tuple[Any, list[Any], list[Any]]] | None = None

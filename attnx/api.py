@@ -1,0 +1,180 @@
+"""attnx's Python API for whole jobs: export (with its extra graphs and verification) and verify.
+
+The steps live in the layers below (:mod:`attnx.exporter.export` writes, :mod:`attnx.parity`
+checks, :mod:`attnx.decode` adds the decode graphs and their parity through the exporter's and the
+checker's extension protocols); this module strings them together, so it is the one place that
+knows every extension.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import onnx
+
+from attnx.checkpoint import save_checkpoint as write_checkpoint
+from attnx.decode.export import DECODE_GRAPHS
+from attnx.decode.parity import DECODE_PARITY
+from attnx.errors import AttnxError
+from attnx.exporter import export as steps
+from attnx.exporter.budget import ORT_WEIGHT_COPIES, check_needs, require_memory
+from attnx.exporter.directory import ExportDir
+from attnx.exporter.export import ExportJob
+from attnx.exporter.lowering import attnx_nodes
+from attnx.exporter.manifest import Manifest
+from attnx.parity.backends import backends as backend_list
+from attnx.parity.check import Cases, check_parity
+from attnx.parity.report import ParityReport
+from attnx.recipes import Recipe, resolve
+from attnx.serve.genai import GENAI
+from attnx.serve.tokenizer import TOKENIZER
+from attnx.serve.triton import write_repository
+from attnx.variant import Tolerance
+
+# In this order: the genai decoder is made from the decode graph and reads the tokenizer's special ids.
+GRAPH_EXTENSIONS = (DECODE_GRAPHS, TOKENIZER, GENAI)
+PARITY_EXTENSIONS = (DECODE_PARITY,)
+Progress = Callable[[str], None]
+
+
+@dataclasses.dataclass
+class ExportResult:
+    out: Path
+    manifest: Manifest
+    attnx_nodes: int
+    parity: ParityReport | None
+
+
+def export(
+    variant: str | None = None,
+    out: str | Path = "out",
+    *,
+    model: str | None = None,
+    recipe: str | Path | Recipe | None = None,
+    cross_variant: str | None = None,
+    options: Mapping[str, Any] | None = None,
+    force: bool = False,
+    checkpoint: str | Path | None = None,
+    save_checkpoint: str | Path | None = None,
+    progress: Progress | None = None,
+) -> ExportResult:
+    """Export ``model`` built around ``variant`` to ``out`` (atomically), then verify it.
+
+    Every setting not given comes from ``recipe`` (a shipped name, a TOML path or a
+    :class:`attnx.recipes.Recipe`), else from the defaults: a softmax ``encoder``, function
+    lowering, opset 18, fp32, seed 0, every symbolic axis dynamic, verified at lengths 1, 7, 32, 129.
+
+    Args:
+        options: what ``attnx export --set`` takes, applied on top of the recipe: model and variant
+            options (``{"d_model": 128}``; "model.x"/"variant.x"/"cross.x" to disambiguate) and
+            recipe settings (``{"export.lowering": "decomposed", "export.decode": True,
+            "verify.seq_lens": [1, 9], "verify.enabled": False}``, see docs/recipes.md).
+        cross_variant: the cross-attention variant of a seq2seq model (default softmax).
+        checkpoint: weights to export (safetensors or a torch state dict) instead of the seeded
+            initialisation; they must match the model exactly.
+        save_checkpoint: also write the exported weights there (``attnx.save_checkpoint``).
+
+    Raises:
+        AttnxError: bad names, options, settings or recipe, a checkpoint that does not fit, an
+            existing ``out`` (or ``save_checkpoint``) without ``force``, an unwritable ``out``.
+    """
+    plan = resolve(recipe, variant=variant, model=model, cross_variant=cross_variant, options=options)
+    job = ExportJob(plan, Path(out), force, _path(checkpoint), _path(save_checkpoint))
+    return run_export(job, progress)
+
+
+def run_export(job: ExportJob, progress: Progress | None = None) -> ExportResult:
+    """The export steps: preflight, build, write into a staging directory, verify, commit."""
+    report = progress or (lambda message: None)
+    steps.preflight(job, GRAPH_EXTENSIONS)
+    steps.check_memory(job)
+    assembly = steps.build(job, report)
+    parity = None
+    with steps.staged(job) as staging:
+        written = steps.write(assembly, job, staging, GRAPH_EXTENSIONS, report)
+        checks = job.plan.verify
+        if checks.enabled:
+            report("verifying parity (torch vs ONNX Runtime)")
+            tolerance = _tolerance(checks.atol, checks.rtol, written)
+            cases = Cases.make(written, steps.verify_lengths(job, assembly), checks.batch, tolerance)
+            parity = check_parity(written, assembly, backend_list(["ort-cpu"]), cases, PARITY_EXTENSIONS)
+            parity.write(staging)
+        nodes = len(attnx_nodes(onnx.load(str(written.model_path), load_external_data=False)))
+    if job.save_checkpoint is not None:
+        report(f"saving weights to {job.save_checkpoint}")
+        write_checkpoint(assembly, job.save_checkpoint)
+    return ExportResult(job.out, written.manifest, nodes, parity)
+
+
+def verify(
+    out: str | Path,
+    *,
+    backends: Sequence[str] = ("ort-cpu",),
+    seq_lens: Sequence[int] | None = None,
+    batch: int | None = None,
+    atol: float | None = None,
+    rtol: float | None = None,
+    seed: int | None = None,
+    write: bool = True,
+) -> ParityReport:
+    """Rebuild the exported model from ``OUT`` (manifest + weights) and compare it with each backend.
+
+    Tolerances default to the manifest's; ``write`` records the report in ``OUT/parity.json``.
+
+    Raises:
+        AttnxError: ``out`` is not an attnx export (or a file of it changed), an unknown backend,
+            bad lengths or tolerances, or ``write`` to a read-only OUT.
+    """
+    export = ExportDir.open(out)
+    chosen = backend_list(list(backends))
+    cases = Cases.make(export, seq_lens, batch, _tolerance(atol, rtol, export), seed)
+    if write:
+        _check_writable(export)
+    model, config, roles = export.specs()
+    needed = check_needs(
+        model,
+        config,
+        roles,
+        weights_bytes=export.size("weights"),
+        weight_copies=1 + ORT_WEIGHT_COPIES,
+        batch=cases.batch,
+        seq=max(cases.seq_lens),
+    )
+    require_memory(
+        needed,
+        f"verifying {export.label} at batch {cases.batch} x {max(cases.seq_lens)} tokens",
+        "verify at shorter --seq-lens or a smaller --batch",
+    )
+    report = check_parity(export, export.rebuild(), chosen, cases, PARITY_EXTENSIONS)
+    if write:
+        report.write(export.path)
+    return report
+
+
+# attnx.triton(out, repo, *, name, max_batch, batching, instances, force): a Triton model repository
+# serving the export (docs/deploying.md); the serving layer does the whole job.
+triton = write_repository
+
+
+def _tolerance(atol: float | None, rtol: float | None, export: ExportDir) -> Tolerance | None:
+    """The given tolerances over the manifest's (None: the manifest's)."""
+    if atol is None and rtol is None:
+        return None
+    default = export.manifest.tolerance
+    return Tolerance(default["atol"] if atol is None else atol, default["rtol"] if rtol is None else rtol)
+
+
+def _check_writable(export: ExportDir) -> None:
+    if not os.access(export.path, os.W_OK):
+        raise AttnxError(
+            f"cannot write the parity report into '{export.path}' (read-only); "
+            "pass --no-write to only print it"
+        )
+
+
+def _path(value: str | Path | None) -> Path | None:
+    return None if value is None else Path(value)

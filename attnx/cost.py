@@ -1,0 +1,115 @@
+"""The cost model's vocabulary: what a variant or model declares about its FLOPs and memory (no torch).
+
+A variant declares ``Variant.cost(shape, config) -> AttentionCost`` for one attention layer and a
+model declares ``ModelSpec.cost(config, shape, attend) -> Part`` for a forward, where ``attend``
+gives the cost of the layer's attention; :mod:`attnx.exporter.budget` puts them together to refuse jobs
+that cannot fit in memory and to report achieved FLOP rates.
+
+FLOPs are those of ``torch.utils.flop_counter``: 2 per multiply-add of every product the
+implementation runs as a matrix multiplication (``nn.Linear``, matmul/bmm, SDPA; the ONNX bodies
+run the same MatMuls), at the shapes it runs them, padding included. Element-wise work (norms,
+softmax exponentials, feature maps, masking) and reductions written as multiply + sum are left
+out: a few percent at these sizes, so an achieved FLOP rate computed from these counts is a slight
+underestimate. Memory is an upper bound in float32 of the tensors the maths may hold at once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+
+FLOAT_BYTES = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class Shape:
+    """One attention call: batch, query length, model width and heads; ``causal``
+    self-attention, or cross-attention over ``context`` keys (None: self-attention)."""
+
+    batch: int
+    seq: int
+    d_model: int
+    n_heads: int
+    causal: bool = False
+    context: int | None = None
+
+    @property
+    def tokens(self) -> int:
+        return self.batch * self.seq
+
+    @property
+    def keys(self) -> int:
+        return self.seq if self.context is None else self.context
+
+    @property
+    def key_tokens(self) -> int:
+        return self.batch * self.keys
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionCost:
+    """One layer: projection FLOPs, attention-maths FLOPs, bytes of the maths' live tensors."""
+
+    projection_flops: int
+    maths_flops: int
+    working_bytes: int
+
+    @property
+    def flops(self) -> int:
+        return self.projection_flops + self.maths_flops
+
+
+@dataclasses.dataclass(frozen=True)
+class Part:
+    """A model part: FLOPs (None: some attention in it has no cost function) and working bytes."""
+
+    flops: int | None
+    working: int
+
+
+# (shape, role) -> the cost of the model's attention in that role ("self" or "cross")
+Attend = Callable[[Shape, str], Part]
+
+
+def projections(s: Shape, queries: int, keys: int = 0) -> int:
+    """FLOPs of d_model x d_model projections: ``queries`` of them over the query tokens, ``keys``
+    over the keys'."""
+    return 2 * s.d_model**2 * (queries * s.tokens + keys * s.key_tokens)
+
+
+def dense_attention_cost(s: Shape) -> AttentionCost:
+    """Attention that materialises every score: Q, O projections of the queries, K, V of the keys;
+    Q K^T and P V are 2·B·H·N·M·d_h each, causal or not (every score is computed, then masked).
+    Scores, biased scores and probabilities (B, H, N, M) may be live together, plus the
+    (B, 1, N, M) mask bias. Also the memory bound assumed for a variant without a cost model."""
+    scores = s.batch * s.n_heads * s.seq * s.keys
+    working = FLOAT_BYTES * (3 * scores + s.batch * s.seq * s.keys)
+    return AttentionCost(projections(s, 2, 2), 2 * (2 * scores * s.head_dim), working)
+
+
+def kernel_attention_cost(s: Shape, chunk_size: int, features: int) -> AttentionCost:
+    """Kernelised linear attention (phi(Q) (phi(K)^T V), normalised) with F ``features`` per head,
+    the causal form in chunks of C = min(chunk_size, N).
+
+    Bidirectional: phi(K)^T V over the keys and phi(Q)(phi(K)^T V) over the queries,
+    2·B·H·F·d_h·(M + N). Causal: the sequence padded to P = C·ceil(N/C), per head
+    2·P·(C·F + C·d_h + 2·F·d_h) for the in-chunk scores and their mix, each chunk's phi(K)^T V
+    and the queries against the earlier chunks' sums. Memory: features of Q and K, V and the
+    numerator, and (counted always) the chunked form's (B, H, N, C) scores and
+    (B, H, N/C, F, d_h) prefix states.
+    """
+    b, h, dh = s.batch, s.n_heads, s.head_dim
+    chunk = max(1, min(chunk_size, s.seq))
+    if s.causal:
+        padded = chunk * math.ceil(s.seq / chunk)
+        maths = 2 * b * h * padded * (chunk * features + chunk * dh + 2 * features * dh)
+    else:
+        maths = 2 * b * h * features * dh * (s.keys + s.seq)
+    live = h * features * (s.tokens + s.key_tokens) + 2 * s.tokens * s.d_model
+    chunked = s.tokens * h * chunk + 2 * b * h * math.ceil(s.seq / chunk) * features * dh
+    return AttentionCost(projections(s, 2, 2), maths, FLOAT_BYTES * (live + chunked))

@@ -1,0 +1,105 @@
+"""Decode parity: prefill + one-token steps reproduce the full forward at every position.
+
+:data:`DECODE_PARITY` is the :class:`attnx.parity.check.ParityExtension` of decode exports. For
+each prompt length n (the verify ``seq_lens``), random ids of length n + :data:`STEPS` (after a
+random source of n + 2 tokens with a random padding mask, for seq2seq) go through the torch
+model's full forward once; each backend then runs prefill on the first n ids and decodes the
+remaining ones token by token. Every position is compared with the full forward's logits at that
+position by the one parity rule: one row for the prompt ("prefill logits") and one per decoded
+token ("logits @ p", p counted from 0).
+
+Backends: "torch decode" (the stateful torch modules, checking the decode machinery itself) and
+"<backend> decode" for each backend the check was asked for (prefill.onnx + decode.onnx).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from attnx.decode.runtime import Stepper, decode_graphs, decode_section
+from attnx.exporter.assemble import Assembly
+from attnx.exporter.directory import ExportDir
+from attnx.exporter.inputs import random_feed
+from attnx.parity.backends import BACKENDS, REFERENCE, Backend
+from attnx.parity.check import Cases
+from attnx.parity.report import BackendParity, Comparison
+from attnx.parity.rule import compare
+from attnx.parity.runners import BackendSkipped
+from attnx.variant import Tolerance
+
+STEPS = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class _Case:
+    length: int
+    ids: np.ndarray
+    source: dict[str, np.ndarray]
+    full: np.ndarray  # the full forward's logits, float32
+
+
+class DecodeParity:
+    """Checks ``prefill.onnx`` + ``decode.onnx`` against the full torch forward."""
+
+    def applies(self, export: ExportDir) -> bool:
+        return export.manifest.decode is not None
+
+    def check(
+        self, export: ExportDir, assembly: Assembly, backends: Sequence[Backend], cases: Cases
+    ) -> list[BackendParity]:
+        """One result per backend, named "<backend> decode", plus "torch decode" first."""
+        section = decode_section(export)
+        rng = np.random.default_rng(cases.seed + 1)
+        vocab = int(export.manifest.model_config["vocab_size"])
+        source_specs = section.prefill.inputs[:-1]  # seq2seq: source ids and mask
+        runs = []
+        for n in cases.seq_lens:
+            ids = rng.integers(0, vocab, size=(cases.batch, n + STEPS))
+            source = random_feed(source_specs, {"batch": cases.batch, "src_seq": n + 2}, rng)
+            args = [torch.from_numpy(a) for a in source.values()] + [torch.from_numpy(ids)]
+            if source:
+                args.append(torch.ones(ids.shape, dtype=torch.bool))  # every target token is real
+            with torch.inference_mode():
+                (full,) = assembly.module(*args)
+            runs.append(_Case(n, ids, source, full.float().numpy()))
+        prefill, decode = decode_graphs(export, assembly)
+        results = []
+        for backend in [BACKENDS[REFERENCE], *backends]:
+            label = f"{backend.name} decode"
+            reason = backend.unavailable(export) if "decode" in backend.graphs else "runs model.onnx only"
+            if reason:
+                results.append(BackendParity(label, "skipped", reason))
+                continue
+            try:
+                with Stepper(section, backend.runner(prefill, None), backend.runner(decode, None)) as stepper:
+                    comparisons = [c for run in runs for c in _positions(stepper, run, cases.tolerance)]
+            except BackendSkipped as exc:
+                results.append(BackendParity(label, "skipped", str(exc)))
+                continue
+            status = "passed" if all(c.passed for c in comparisons) else "failed"
+            results.append(BackendParity(label, status, comparisons=comparisons))
+        return results
+
+
+def _positions(stepper: Stepper, run: _Case, tolerance: Tolerance) -> list[Comparison]:
+    """Prefill on ids[:, :n] (after the source), then decode the rest; each position against the full
+    forward's logits."""
+    n = run.length
+    logits, state = stepper.prefill(run.ids[:, :n], run.source)
+    rows = [
+        Comparison(n, "prefill logits", *dataclasses.astuple(compare(logits, run.full[:, :n], tolerance)))
+    ]
+    for position in range(n, run.ids.shape[1]):
+        logits, state = stepper.decode(run.ids[:, position : position + 1], state)
+        expected = run.full[:, position : position + 1]
+        rows.append(
+            Comparison(n, f"logits @ {position}", *dataclasses.astuple(compare(logits, expected, tolerance)))
+        )
+    return rows
+
+
+DECODE_PARITY = DecodeParity()

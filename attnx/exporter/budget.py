@@ -1,0 +1,113 @@
+"""Memory and FLOPs of a model forward, and the guard that refuses jobs that cannot fit in memory.
+
+The model declares how its layers, FFN and heads add up (``ModelSpec.cost``), each variant the
+cost of one attention layer (``Variant.cost``); :func:`model_cost` puts them together for a
+model at ``batch`` x ``seq`` tokens. See :mod:`attnx.cost` for what the FLOPs count.
+
+Memory is an upper bound in float32, used to skip cases that cannot fit before running them:
+every tensor the attention maths may hold at once plus the block's activations, times a 1.5
+safety factor; layers run one after another, so the largest layer's working set counts once,
+plus what outlives the layers (seq2seq's encoder output) or follows them (the (B, N, vocab)
+logits, often the largest tensor of an lm). A variant without a cost model is assumed
+quadratic (:func:`attnx.cost.dense_attention_cost`, so long inputs are skipped rather than
+risked) and gets no FLOP count.
+
+:func:`require_memory` is the guard ``attnx export`` and ``attnx verify`` apply before they
+build or load anything (``attnx bench`` skips cases with the same estimate): the weights, the
+copies an export or a check holds of them, and the activations of its largest parity case.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Mapping
+from pathlib import Path
+
+from attnx.config import Config
+from attnx.cost import Part, Shape, dense_attention_cost
+from attnx.errors import AttnxError
+from attnx.models.spec import ModelSpec
+from attnx.variant import Variant
+
+SAFETY = 1.5
+GiB = 1 << 30
+# ONNX Runtime held up to 2.9x torch eager's activation memory (inlined function bodies materialise
+# more intermediates; the CPU arena grows in powers of two) and three copies of the weights while
+# loading (the proto, the initializers, MLAS's prepacked GEMM weights).
+ORT_MEMORY_FACTOR = 2.0
+ORT_WEIGHT_COPIES = 3
+# An export holds the torch weights, the exported ONNX proto (a copy of them), its serialisation and
+# the safetensors file, then the torch model and ORT session of the parity check.
+EXPORT_WEIGHT_COPIES = 4 + ORT_WEIGHT_COPIES
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelCost:
+    flops: int | None  # None: a variant without a cost model
+    working_bytes: int  # activation bound, safety factor included (weights not included)
+
+
+def model_cost(
+    model: ModelSpec,
+    model_config: Config,
+    roles: Mapping[str, tuple[Variant, Config]],
+    batch: int,
+    seq: int,
+) -> ModelCost | None:
+    """Cost of one forward of ``model`` at ``batch`` x ``seq`` tokens; None for a model without a
+    cost model. ``roles`` maps "self" (and "cross" for cross-attention models) to the variant and
+    its config serving that role."""
+    if model.cost is None:
+        return None
+
+    def attend(shape: Shape, role: str) -> Part:
+        variant, config = roles[role]
+        if variant.cost is None:
+            return Part(None, dense_attention_cost(shape).working_bytes)
+        cost = variant.cost(shape, config)
+        return Part(cost.flops, cost.working_bytes)
+
+    shape = Shape(batch, seq, model_config.d_model, model_config.n_heads)
+    part = model.cost(model_config, shape, attend)
+    return ModelCost(flops=part.flops, working_bytes=int(SAFETY * part.working))
+
+
+def available_memory() -> int | None:
+    """``MemAvailable`` of /proc/meminfo (None where there is none)."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    return None
+
+
+def check_needs(
+    model: ModelSpec,
+    model_config: Config,
+    roles: Mapping[str, tuple[Variant, Config]],
+    *,
+    weights_bytes: int,
+    weight_copies: int,
+    batch: int,
+    seq: int,
+) -> int:
+    """Bytes a parity check of this model needs at its largest case: ``weight_copies`` copies of the
+    weights plus the torch and ONNX Runtime activations of one forward at ``batch`` x ``seq``."""
+    cost = model_cost(model, model_config, roles, batch, seq)
+    activations = 0 if cost is None else int((1 + ORT_MEMORY_FACTOR) * cost.working_bytes)
+    return weight_copies * weights_bytes + activations
+
+
+def require_memory(needed: int, what: str, fix: str, available: int | None = None) -> None:
+    """Refuse a job that needs more memory than is available (unknown availability: no check).
+
+    Raises:
+        AttnxError: naming the estimate, what is available and the fix.
+    """
+    available = available_memory() if available is None else available
+    if available is not None and needed > available:
+        raise AttnxError(
+            f"{what} needs about {needed / GiB:.1f} GiB of memory, but {available / GiB:.1f} GiB is "
+            f"available; {fix}"
+        )

@@ -1,0 +1,156 @@
+"""An export on disk, opened and checked once: the one door every reader of an OUT directory uses.
+
+``ExportDir.open(OUT)`` reads ``attnx.json`` strictly and checks that every file it lists is
+inside OUT and has the recorded SHA-256, so verify, bench, generate, build and serving configs
+never run a file the manifest does not describe. It answers "which ops does this export use"
+(from the manifest, resolved through the installed plugins) and rebuilds the torch model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from attnx.atomic import write_atomic
+from attnx.config import Config
+from attnx.domains import DOMAIN
+from attnx.errors import AttnxError
+from attnx.exporter.assemble import Assembly, rebuild
+from attnx.exporter.manifest import MANIFEST, EngineSection, FileRecord, Manifest, sha256_file
+from attnx.models.spec import ModelSpec
+from attnx.registry import Registry, get_registry
+from attnx.variant import Variant
+
+if TYPE_CHECKING:
+    from attnx.ops import AttentionOp
+
+# What to do when an optional file is missing, per manifest file key.
+_FIXES = {
+    "prefill": "re-export with `attnx export --decode`",
+    "decode": "re-export with `attnx export --decode`",
+    "engine": "run `attnx build OUT`",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class ExportDir:
+    """An ``attnx export`` OUT directory whose manifest and files were checked when opened."""
+
+    path: Path
+    manifest: Manifest
+
+    @classmethod
+    def open(cls, out: str | Path) -> ExportDir:
+        """Read ``OUT/attnx.json`` and check every file it lists (present, inside OUT, same hash).
+
+        Raises:
+            AttnxError: OUT is not an attnx export, its manifest is malformed, or a file is missing
+                or changed since export.
+        """
+        directory = Path(out)
+        if not directory.is_dir():
+            raise AttnxError(f"'{directory}' is not a directory; pass the OUT directory of an `attnx export`")
+        path = directory / MANIFEST
+        if not path.is_file():
+            raise AttnxError(f"'{directory}' has no {MANIFEST}; pass the OUT directory of an `attnx export`")
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (UnicodeDecodeError, OSError) as exc:
+            raise AttnxError(f"cannot read {path} ({type(exc).__name__}); re-export") from None
+        export = cls(directory, Manifest.from_json(text, str(path)))
+        for key in export.manifest.files:
+            export._check(key)
+        return export
+
+    def _check(self, key: str) -> Path:
+        record = self.manifest.files[key]
+        path = self.path / record.path
+        if not path.is_file():
+            raise AttnxError(f"'{self.path}' lacks {record.path}; re-export it with `attnx export`")
+        if sha256_file(path) != record.sha256:
+            raise AttnxError(
+                f"{path} changed since it was written (its SHA-256 differs from attnx.json's); re-export"
+            )
+        return path
+
+    def has(self, key: str) -> bool:
+        return key in self.manifest.files
+
+    def file(self, key: str) -> Path:
+        """The path of manifest file ``key`` ("model", "weights", "prefill", "decode", "engine", ...)."""
+        if key not in self.manifest.files:
+            fix = _FIXES.get(key, "re-export it with `attnx export`").replace("OUT", str(self.path))
+            raise AttnxError(f"'{self.path}' has no {key} file; {fix}")
+        return self.path / self.manifest.files[key].path
+
+    @property
+    def model_path(self) -> Path:
+        return self.file("model")
+
+    @property
+    def label(self) -> str:
+        return self.path.name or str(self.path)
+
+    def size(self, key: str) -> int:
+        """Bytes of file ``key`` (with external data ``<file>.data`` for an ONNX graph)."""
+        path = self.file(key)
+        return sum(p.stat().st_size for p in (path, path.with_name(path.name + ".data")) if p.is_file())
+
+    def ops(self, registry: Registry | None = None) -> list[AttentionOp]:
+        """The ``attnx::`` ops the export's graphs hold, from the installed plugins.
+
+        Raises:
+            AttnxError: an op no installed plugin provides (naming it and the fix).
+        """
+        registry = registry or get_registry()
+        wanted = [name.split("::", 1)[-1] for name in self.manifest.ops]
+        first = [n for n in (self.manifest.variant, self.manifest.cross_variant) if n]
+        found: dict[str, AttentionOp] = {}
+        for name in [*first, *sorted(set(registry.variants) - set(first))]:
+            if set(wanted) <= set(found):
+                break
+            impl = registry.variant(name).load()
+            for op in [*impl.ops, *impl.decode_ops]:
+                found.setdefault(op.name, op)
+        missing = [name for name in wanted if name not in found]
+        if missing:
+            raise AttnxError(
+                f"'{self.path}' uses {', '.join(f'{DOMAIN}::{m}' for m in missing)}, which no installed "
+                "plugin provides; install the plugin it was exported with"
+            )
+        return [found[name] for name in wanted]
+
+    def specs(
+        self, registry: Registry | None = None
+    ) -> tuple[ModelSpec, Config, dict[str, tuple[Variant, Config]]]:
+        """The model and variants the export was made from, with their configs: (model, its config,
+        {"self": (variant, config)[, "cross": (variant, config)]})."""
+        registry = registry or get_registry()
+        m = self.manifest
+        model = registry.model(m.model)
+        variant = registry.variant(m.variant)
+        roles = {"self": (variant, variant.make_config(m.variant_config))}
+        if m.cross_variant is not None:
+            cross = registry.variant(m.cross_variant)
+            roles["cross"] = (cross, cross.make_config(m.cross_variant_config or {}))
+        return model, model.make_config(m.model_config), roles
+
+    def rebuild(self) -> Assembly:
+        """The torch model the export was made from (manifest + saved weights)."""
+        return rebuild(self.manifest, self.file("weights"))
+
+    def write_manifest(self, manifest: Manifest) -> ExportDir:
+        """Replace ``attnx.json`` atomically; returns the export with the new manifest."""
+        write_atomic(self.path / MANIFEST, manifest.to_json())
+        return dataclasses.replace(self, manifest=manifest)
+
+    def record_engine(self, file_name: str, section: EngineSection) -> ExportDir:
+        """Add ``OUT/<file_name>`` (already written) as the export's engine."""
+        files = {**self.manifest.files, "engine": record_file(self.path, file_name)}
+        return self.write_manifest(dataclasses.replace(self.manifest, files=files, engine=section))
+
+
+def record_file(directory: Path, name: str) -> FileRecord:
+    """The manifest record of ``directory/name``."""
+    return FileRecord(name, sha256_file(Path(directory) / name))

@@ -1,0 +1,197 @@
+"""Parity between the torch model and an export, on every backend asked for, by the one rule.
+
+For each backend, fresh random inputs at each sequence length go through the torch model (the
+reference) and the backend's runner on ``model.onnx``; every output is compared with
+:func:`attnx.parity.rule.compare`. Graphs an export carries beside ``model.onnx`` are checked by
+:class:`ParityExtension` objects the caller passes (decode parity: :mod:`attnx.decode.parity`),
+so this module knows nothing about them. An fp16 export is compared with the torch model in
+fp16 (the computation it exports); the report's ``fp32_drift`` also shows how far that is from
+float32.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import secrets
+from collections.abc import Sequence
+from typing import Protocol
+
+import numpy as np
+from polygraphy.backend.base import BaseRunner
+
+from attnx.errors import AttnxError
+from attnx.exporter.assemble import Assembly
+from attnx.exporter.directory import ExportDir
+from attnx.exporter.inputs import random_feed
+from attnx.models.spec import TensorSpec
+from attnx.parity.backends import REFERENCE, Backend
+from attnx.parity.report import BackendParity, Comparison, Drift, ParityReport
+from attnx.parity.rule import compare
+from attnx.parity.runners import BackendSkipped, Graph, TorchRunner
+from attnx.recipes import VerifySettings
+from attnx.variant import Tolerance
+
+DEFAULTS = VerifySettings()
+
+
+@dataclasses.dataclass(frozen=True)
+class Cases:
+    """What a parity check runs: sequence lengths, batch, the seed of the random inputs, the tolerance."""
+
+    seq_lens: tuple[int, ...]
+    batch: int
+    seed: int
+    tolerance: Tolerance
+
+    @classmethod
+    def make(
+        cls,
+        export: ExportDir,
+        seq_lens: Sequence[int] | None = None,
+        batch: int | None = None,
+        tolerance: Tolerance | None = None,
+        seed: int | None = None,
+    ) -> Cases:
+        """Defaults filled in: ``[verify]``'s lengths and batch, the manifest's tolerance, a fresh seed.
+
+        Raises:
+            AttnxError: a length or batch below 1, or a negative tolerance.
+        """
+        lengths = tuple(seq_lens or DEFAULTS.seq_lens)
+        batch = DEFAULTS.batch if batch is None else batch
+        if min(lengths) < 1 or batch < 1:
+            raise AttnxError(f"sequence lengths and batch must be >= 1 (got {list(lengths)}, batch {batch})")
+        tolerance = tolerance or Tolerance(**export.manifest.tolerance)
+        if tolerance.atol < 0 or tolerance.rtol < 0:
+            raise AttnxError(f"--atol and --rtol must be >= 0 (got {tolerance.atol:g}, {tolerance.rtol:g})")
+        return cls(lengths, batch, secrets.randbits(31) if seed is None else seed, tolerance)
+
+    def feeds(self, specs: Sequence[TensorSpec], offset: int = 0) -> list[dict[str, np.ndarray]]:
+        """One random feed per sequence length (every named axis but batch takes that length)."""
+        rng = np.random.default_rng(self.seed + offset)
+        return [random_feed(specs, sizes(specs, self.batch, n), rng) for n in self.seq_lens]
+
+
+def sizes(specs: Sequence[TensorSpec], batch: int, length: int) -> dict[str, int]:
+    """Every named axis of ``specs``: ``batch`` for "batch", ``length`` for the others."""
+    axes = {a for s in specs for a in s.axes if isinstance(a, str)}
+    return {a: batch if a == "batch" else length for a in axes}
+
+
+class ParityExtension(Protocol):
+    """Checks the graphs an export carries beside model.onnx (e.g. decode graphs)."""
+
+    def applies(self, export: ExportDir) -> bool:
+        """Whether the export has what this extension checks."""
+
+    def check(
+        self, export: ExportDir, assembly: Assembly, backends: Sequence[Backend], cases: Cases
+    ) -> list[BackendParity]:
+        """One result per backend (named after the backend and what it checks)."""
+
+
+def check_parity(
+    export: ExportDir,
+    assembly: Assembly,
+    backends: Sequence[Backend],
+    cases: Cases,
+    extensions: Sequence[ParityExtension] = (),
+) -> ParityReport:
+    """Compare ``assembly.module`` (the reference) with the export on each backend.
+
+    Raises:
+        AttnxError: a backend that is the reference itself.
+    """
+    if any(b.name == REFERENCE for b in backends):
+        raise AttnxError(f"{REFERENCE} is the reference every backend is compared with; choose others")
+    manifest = export.manifest
+    feeds = cases.feeds(manifest.inputs)
+    graph = Graph.of_model(export, assembly.module)
+    results = []
+    for backend in backends:
+        tolerance = engine_tolerance(export, assembly) if backend.name == "trt" else None
+        results.append(run_backend(backend, graph, feeds, cases, tolerance))
+    for extension in extensions:
+        if extension.applies(export):
+            results += extension.check(export, assembly, backends, cases)
+    drift = []
+    if assembly.dtype != "fp32":
+        drift = fp32_drift(assembly, manifest.inputs, manifest.outputs, feeds, cases.seq_lens)
+    tol = cases.tolerance
+    return ParityReport(
+        tol.atol, tol.rtol, cases.batch, list(cases.seq_lens), cases.seed, results, assembly.dtype, drift
+    )
+
+
+def run_backend(
+    backend: Backend,
+    graph: Graph,
+    feeds: Sequence[dict[str, np.ndarray]],
+    cases: Cases,
+    tolerance: Tolerance | None = None,
+) -> BackendParity:
+    """The backend's outputs on ``feeds`` against the torch module's (``tolerance``: a backend's own)."""
+    reason = backend.unavailable(graph.export)
+    if reason:
+        return BackendParity(backend.name, "skipped", reason)
+    limits = tolerance or cases.tolerance
+    try:
+        expected = infer(TorchRunner(graph.module(), graph.inputs, graph.outputs), feeds)
+        actual = infer(backend.runner(graph, None), feeds)
+    except BackendSkipped as exc:
+        return BackendParity(backend.name, "skipped", str(exc))
+    comparisons = [
+        Comparison(n, name, *dataclasses.astuple(compare(got[name], want[name], limits)))
+        for n, got, want in zip(cases.seq_lens, actual, expected, strict=True)
+        for name in want
+    ]
+    status = "passed" if comparisons and all(c.passed for c in comparisons) else "failed"
+    own = dataclasses.asdict(tolerance) if tolerance else None
+    return BackendParity(backend.name, status, comparisons=comparisons, tolerance=own)
+
+
+def infer(runner: BaseRunner, feeds: Sequence[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
+    """``runner``'s outputs for each feed (activated once)."""
+    with runner:
+        return [dict(runner.infer(feed)) for feed in feeds]
+
+
+def engine_tolerance(export: ExportDir, assembly: Assembly) -> Tolerance | None:
+    """The tolerance of an fp32 export's TensorRT engine built with fp16 kernels (``attnx build
+    --fp16``): the variants' fp16 tolerance; None when the report's own tolerance applies."""
+    engine = export.manifest.engine
+    if engine is None or not engine.fp16 or export.manifest.dtype == "fp16":
+        return None
+    return Tolerance(**assembly.tolerance("fp16"))
+
+
+def fp32_drift(
+    assembly: Assembly,
+    specs: Sequence[TensorSpec],
+    outputs: Sequence[TensorSpec],
+    feeds: Sequence[dict[str, np.ndarray]],
+    seq_lens: Sequence[int],
+) -> list[Drift]:
+    """The torch model against itself in float32 (same weights, upcast exactly) on ``feeds``.
+
+    The module is upcast in place and cast back afterwards: fp16 -> fp32 -> fp16 is lossless,
+    and a copy would need every layer to be deep-copyable.
+    """
+    module = assembly.module
+    dtype = next(module.parameters()).dtype
+    low = infer(TorchRunner(module, specs, outputs), feeds)
+    try:
+        module.float()
+        high = infer(TorchRunner(module, specs, outputs), feeds)
+    finally:
+        module.to(dtype)
+    return [
+        Drift(n, name, *_max_errors(a[name], expected))
+        for n, a, b in zip(seq_lens, low, high, strict=True)
+        for name, expected in b.items()
+    ]
+
+
+def _max_errors(actual: np.ndarray, expected: np.ndarray) -> tuple[float, float]:
+    difference = compare(actual, expected, Tolerance(np.inf, np.inf))
+    return difference.max_abs, difference.max_rel
