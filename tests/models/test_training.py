@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from attnx.parity.inputs import random_feed
 
 import attnx
 from attnx.errors import AttnxError
+from attnx.exporter.inputs import random_feed
 from tests.models.cases import CASES, VARIANT_OPTIONS, cross_for
 
 TINY = {"d_model": 32, "n_heads": 2, "n_layers": 2, "d_ff": 64, "vocab_size": 50}

@@ -14,6 +14,7 @@ from attnx.exporter.assemble import assemble
 from attnx.recipes import load_recipe
 from tests.helpers import assert_one_line_error, run_cli
 
+NO_VERIFY = {"verify.enabled": False}
 TINY_LM = {"vocab_size": 50, "d_model": 32, "n_heads": 2, "n_layers": 1, "d_ff": 64}
 RECIPE = """
 [model]
@@ -46,7 +47,7 @@ def test_the_checkpoint_is_found_beside_the_recipe_wherever_it_is_run_from(tmp_p
     recipe = write(tmp_path / "recipes", "weights/lm.safetensors")
     monkeypatch.chdir(tmp_path)
     assert load_recipe(recipe).export.checkpoint == str(tmp_path / "recipes" / "weights" / "lm.safetensors")
-    result = attnx.export(recipe=str(recipe), out=tmp_path / "out", verify=False)
+    result = attnx.export(recipe=str(recipe), out=tmp_path / "out", options=NO_VERIFY)
     exported = load_file(str(result.out / "weights.safetensors"))
     trained = load_file(str(tmp_path / "recipes" / "weights" / "lm.safetensors"))
     seeded = assemble("linear", "lm", TINY_LM, seed=0).module.state_dict()
@@ -57,7 +58,7 @@ def test_the_checkpoint_is_found_beside_the_recipe_wherever_it_is_run_from(tmp_p
 def test_an_explicit_checkpoint_replaces_the_recipes(tmp_path):
     recipe = write(tmp_path, "lm.safetensors", seed=1)
     other = attnx.save_checkpoint(assemble("linear", "lm", TINY_LM, seed=2), tmp_path / "other.safetensors")
-    result = attnx.export(recipe=str(recipe), out=tmp_path / "out", checkpoint=other, verify=False)
+    result = attnx.export(recipe=str(recipe), out=tmp_path / "out", checkpoint=other, options=NO_VERIFY)
     name = "blocks.0.ffn.up.weight"
     exported = load_file(str(result.out / "weights.safetensors"))[name]
     assert torch.equal(exported, load_file(str(other))[name])
