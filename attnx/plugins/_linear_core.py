@@ -1,8 +1,8 @@
 """Kernelised linear attention, shared by the ``linear`` and ``cosformer`` variants.
 
 A variant maps queries and keys to non-negative features qf = phi(q), kf = phi(k)
-(float32) and hands them to :func:`kernel_attention` (torch) or ``LinearCoreAttend``
-(ONNX), which compute, per head,
+(float32, or float64 for float64 inputs) and hands them to :func:`kernel_attention` (torch)
+or ``LinearCoreAttend`` (ONNX), which compute, per head,
 
     out_i = qf_i^T (sum_j kf_j v_j^T) / den_i,   den_i = qf_i^T sum_j kf_j
 
@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from onnxscript import BOOL, FLOAT, INT64
 from onnxscript import opset18 as op
 
-from attnx.ops import LIBRARY
+from attnx.ops import LIBRARY, at_least_float32
 
 # The stateful step ops return (out, S', Z'); the state is float32 whatever the activations.
 STEP_OUTPUT_NAMES = ("output", "kv_sum", "k_sum")
@@ -47,8 +47,10 @@ STATE_TYPES = {"kv_sum": "tensor(float)", "k_sum": "tensor(float)"}
 def step_fake(
     q: torch.Tensor, v: torch.Tensor, features: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Fake outputs of a step op: out like q with v's last dim, float32 S (b, h, f, dv) and Z (b, h, f)."""
-    state = q.new_empty((*q.shape[:2], features, v.shape[-1]), dtype=torch.float32)
+    """Fake outputs of a step op: out like q with v's last dim, float32 S (b, h, f, dv) and Z (b, h, f)
+    (float64 for float64 inputs)."""
+    dtype = torch.promote_types(q.dtype, torch.float32)
+    state = q.new_empty((*q.shape[:2], features, v.shape[-1]), dtype=dtype)
     return q.new_empty((*q.shape[:-1], v.shape[-1])), state, state.new_empty(state.shape[:-1])
 
 
@@ -70,8 +72,7 @@ def kernel_attention(
     clamp: bool,
 ) -> torch.Tensor:
     """Linear attention over features qf (b, h, nq, f), kf (b, h, nk, f); float32 (b, h, nq, dv)."""
-    v = v.float()
-    values = _with_ones(v)
+    values = _with_ones(at_least_float32(v))
     sums = _causal_sums(qf, kf, values, chunk_size) if causal else _full_sums(qf, kf, values)
     return _normalise(sums, eps, clamp)
 
@@ -91,8 +92,7 @@ def kernel_attention_step(
 
     Returns the float32 output (b, h, n, dv) and the state after the chunk.
     """
-    v = v.float()
-    values = _with_ones(v)
+    values = _with_ones(at_least_float32(v))
     sums = _causal_sums(qf, kf, values, chunk_size)
     grown = kf.transpose(-1, -2) @ values  # [S, Z] of the chunk, (b, h, f, dv + 1)
     if kv_sum is not None and k_sum is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import pytest
@@ -102,6 +103,33 @@ def test_causality_allows_rounding_and_a_leak_exceeds_it_by_orders_of_magnitude(
     report = check_variant("seeded_leak", registry=registry, checks=["causality"])
     found = re.findall(r"by ([0-9.e+-]+) \(allowed ([0-9.e+-]+)", failures(report)["causality"])
     assert found and all(float(change) > 1000 * float(allowed) > 0 for change, allowed in found)
+
+
+def test_a_backward_that_drops_a_term_is_named(registry):
+    report = check_variant("seeded_grad", registry=registry, heavy=False)
+    assert set(failures(report)) == {"gradients"}, str(report)
+    message = failures(report)["gradients"]
+    assert "attnx_seeded::grad_attention has wrong gradients with respect to q: along a random direction" in (
+        message
+    )
+    assert "a central difference" in message and "causal=True" in message
+
+
+def test_a_variant_that_does_not_declare_trainable_must_refuse_backward(registry):
+    sound = seeded_plugins.VARIANTS["sound"]
+    undeclared = dataclasses.replace(
+        sound, name="seeded_undeclared", capabilities=dataclasses.replace(sound.capabilities, trainable=False)
+    )
+    report = check_variant(undeclared, checks=["gradients"])
+    assert "does not declare trainable, but backward through its self layer returns gradients" in str(report)
+    without_backward = check_variant("sigmoid_test", registry=third_party_registry(), checks=["gradients"])
+    assert without_backward.passed, str(without_backward)  # no backward registered: torch refuses
+
+
+def third_party_registry() -> Registry:
+    from tests.third_party import sigmoid_plugin
+
+    return Registry(plugins=[("sigmoid", sigmoid_plugin, "test")], autoload=False)
 
 
 def test_a_library_function_named_like_another_variants_is_named(registry):

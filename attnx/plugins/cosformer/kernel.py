@@ -11,7 +11,7 @@ from onnxscript import opset18 as op
 
 from attnx.attention import MultiHeadAttention
 from attnx.errors import AttnxError
-from attnx.ops import LIBRARY, OPSET, AttentionOp, AttnxWiden, VariantImpl
+from attnx.ops import LIBRARY, OPSET, AttentionOp, AttnxWiden, VariantImpl, at_least_float32, trainable_op
 from attnx.plugins._linear_core import (
     STATE_TYPES,
     STEP_OUTPUT_NAMES,
@@ -37,17 +37,18 @@ CROSS_DECODE_NEEDS_MAX_LEN = (
 
 
 def cos_features(x: torch.Tensor, offset: int | torch.Tensor, m: float) -> torch.Tensor:
-    """[relu(x) sin(a_p), relu(x) cos(a_p)] in float32, a_p = pi/2 · p/M, positions p = offset + 1, ...
+    """[relu(x) sin(a_p), relu(x) cos(a_p)] in float32 (float64 stays float64), a_p = pi/2 · p/M,
+    positions p = offset + 1, ...
 
     ``offset`` may be an int64 (1,) tensor (the decode position, a graph input).
     """
+    x = torch.relu(at_least_float32(x))
     positions = torch.arange(1, x.shape[-2] + 1, device=x.device) + offset
-    angle = (positions.float() * HALF_PI / m)[:, None]
-    x = torch.relu(x.float())
+    angle = (positions.to(x.dtype) * HALF_PI / m)[:, None]
     return torch.cat((x * angle.sin(), x * angle.cos()), dim=-1)
 
 
-@torch.library.custom_op("attnx::cosformer_attention", mutates_args=())
+@trainable_op("attnx::cosformer_attention")
 def cosformer_attention(
     q: torch.Tensor,
     k: torch.Tensor,

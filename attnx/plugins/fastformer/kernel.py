@@ -33,7 +33,7 @@ from onnxscript import opset18 as op
 from torch import nn
 
 from attnx.attention import MASKED_SCORE, merge_heads, split_heads
-from attnx.ops import LIBRARY, OPSET, AttentionOp, VariantImpl
+from attnx.ops import LIBRARY, OPSET, AttentionOp, VariantImpl, trainable_op
 from attnx.plugins.fastformer.config import FastformerConfig
 from attnx.variant import AttentionSpec
 
@@ -48,7 +48,7 @@ def additive_pool(
     return (scores.softmax(dim=-2) * x).sum(dim=-2, keepdim=True)
 
 
-@torch.library.custom_op("attnx::fastformer_attention", mutates_args=())
+@trainable_op("attnx::fastformer_attention")
 def fastformer_attention(
     q: torch.Tensor,
     k: torch.Tensor,

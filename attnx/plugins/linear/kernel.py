@@ -9,7 +9,7 @@ from onnxscript import BOOL, FLOAT
 from onnxscript import opset18 as op
 
 from attnx.attention import MultiHeadAttention
-from attnx.ops import LIBRARY, OPSET, AttentionOp, AttnxWiden, VariantImpl
+from attnx.ops import LIBRARY, OPSET, AttentionOp, AttnxWiden, VariantImpl, at_least_float32, trainable_op
 from attnx.plugins._linear_core import (
     STATE_TYPES,
     STEP_OUTPUT_NAMES,
@@ -28,11 +28,11 @@ from attnx.variant import AttentionSpec
 
 
 def elu_features(x: torch.Tensor) -> torch.Tensor:
-    """phi(x) = elu(x) + 1 > 0, in float32."""
-    return F.elu(x.float()) + 1.0
+    """phi(x) = elu(x) + 1 > 0, in float32 (float64 stays float64)."""
+    return F.elu(at_least_float32(x)) + 1.0
 
 
-@torch.library.custom_op("attnx::linear_attention", mutates_args=())
+@trainable_op("attnx::linear_attention")
 def linear_attention(
     q: torch.Tensor,
     k: torch.Tensor,

@@ -18,7 +18,7 @@ from torch import nn
 
 from attnx.attention import merge_heads, split_heads
 from attnx.errors import AttnxError
-from attnx.ops import LIBRARY, OPSET, AttentionOp, AttnxWiden, VariantImpl
+from attnx.ops import LIBRARY, OPSET, AttentionOp, AttnxWiden, VariantImpl, trainable_op
 from attnx.plugins.reformer.config import ReformerConfig
 from attnx.plugins.reformer.lsh import NORM_EPS, SELF_SCORE, lsh_attention
 from attnx.variant import AttentionSpec
@@ -26,7 +26,7 @@ from attnx.variant import AttentionSpec
 NEG_INF = float("-inf")
 
 
-@torch.library.custom_op("attnx::reformer_attention", mutates_args=())
+@trainable_op("attnx::reformer_attention")
 def reformer_attention(
     qk: torch.Tensor,
     v: torch.Tensor,
@@ -36,7 +36,8 @@ def reformer_attention(
     chunk_size: int,
 ) -> torch.Tensor:
     """LSH attention: qk, v (b, h, n, d), rotations (h, d, n_hashes, n_buckets/2); see ``lsh_attention``."""
-    return lsh_attention(qk, v, rotations, key_padding_mask, causal, chunk_size)
+    # contiguous, as the fake kernel promises (torch.compile checks the strides; the result is a slice)
+    return lsh_attention(qk, v, rotations, key_padding_mask, causal, chunk_size).contiguous()
 
 
 @reformer_attention.register_fake

@@ -10,7 +10,7 @@ from onnxscript import BOOL, FLOAT
 from onnxscript import opset18 as op
 
 from attnx.attention import MASKED_SCORE, MultiHeadAttention
-from attnx.ops import LIBRARY, OPSET, AttentionOp, AttnxWiden, VariantImpl
+from attnx.ops import LIBRARY, OPSET, AttentionOp, AttnxWiden, VariantImpl, trainable_op
 from attnx.plugins.softmax.config import SoftmaxConfig
 from attnx.state import GROWING, StateTensor
 from attnx.variant import AttentionSpec
@@ -24,7 +24,7 @@ def causal_keep(n_queries: int, n_keys: int, device: torch.device) -> torch.Tens
 NEG_INF = float("-inf")
 
 
-@torch.library.custom_op("attnx::softmax_attention", mutates_args=())
+@trainable_op("attnx::softmax_attention")
 def softmax_attention(
     q: torch.Tensor,
     k: torch.Tensor,

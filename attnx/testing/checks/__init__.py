@@ -15,6 +15,7 @@ from attnx.testing.checks.common import Broken, Skip
 from attnx.testing.checks.contract import check_capabilities, check_contract
 from attnx.testing.checks.export import export_check
 from attnx.testing.checks.fp16_convert import check_fp16_convert
+from attnx.testing.checks.gradients import check_gradients
 from attnx.testing.checks.onnx_body import check_onnx_body, check_onnx_schema
 from attnx.testing.checks.plugin import check_plugin_kernel
 from attnx.testing.checks.torch_op import check_fake_impl, check_fp16
@@ -65,6 +66,12 @@ CHECKS: tuple[Check, ...] = (
     ),
     Check("causality", "causal mode never reads future tokens (torch and ONNX Runtime)", check_causality),
     Check("fp16", "fp16 inputs give finite fp16 outputs", check_fp16),
+    Check(
+        "gradients",
+        "a trainable variant's ops pass gradcheck in float64 and every layer parameter gets a finite "
+        "gradient; a variant that does not declare trainable refuses backward",
+        check_gradients,
+    ),
     Check(
         "plugin-kernel",
         "the op fits the TensorRT plugin slot: its output_shape rule gives the eager shape "
