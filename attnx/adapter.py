@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,19 @@ class Adapter:
     def load(self) -> AdapterImpl:
         """Import and return the heavy half."""
         return load_object(self.impl, f"adapter '{self.name}'")
+
+    def library_version(self) -> str | None:
+        """The installed version of :attr:`library` (None: not installed)."""
+        try:
+            return metadata.version(self.library)
+        except metadata.PackageNotFoundError:
+            return None
+
+    def describe(self) -> str:
+        """e.g. "fast_transformers (pytorch-fast-transformers 0.4.0)" or
+        "fla (flash-linear-attention not installed)"."""
+        version = self.library_version()
+        return f"{self.name} ({self.library} {version or 'not installed'})"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -137,6 +137,12 @@ class DecodeSection:
         """State output name -> the input it feeds at the next step."""
         return {s.output: s.input for s in self.state}
 
+    @property
+    def vocab_size(self) -> int:
+        """Token ids are below this (the token input's ``high``)."""
+        (tokens,) = [s for s in self.prefill.inputs if s.name == self.tokens]
+        return int(tokens.high or 0)
+
 
 def _malformed(why: str) -> AttnxError:
     return AttnxError(
@@ -155,6 +161,26 @@ class EngineSection:
     workspace: int | None
     profiles: list[dict[str, dict[str, list[int]]]]
     plugins: list[str]
+
+
+@dataclasses.dataclass
+class ModuleSection:
+    """Where the torch reference of an ``attnx.export_module`` export comes from: a user's
+    ``nn.Module``, not a registered model (the manifest's ``model`` is then "module").
+
+    ``program``: the manifest file key of its ``torch.export`` program after the adapters (saved with
+    ``torch.export.save``), which ``attnx verify`` runs instead of rebuilding a model, so the user's
+    code and the adapted library are not needed; ``variants``: the variants whose ``attnx::`` ops it
+    calls, whose plugins are imported before the program is loaded; ``adapters``: those that converted
+    part of it; ``module_class``: the class exported; ``entry``: "pkg.mod:factory" of
+    ``attnx export --module`` (None from Python).
+    """
+
+    module_class: str
+    program: str
+    variants: list[str]
+    adapters: list[str]
+    entry: str | None = None
 
 
 @dataclasses.dataclass
@@ -179,6 +205,7 @@ class Manifest:
     recipe: str | None = None  # the recipe exported, if any
     decode: DecodeSection | None = None
     engine: EngineSection | None = None
+    module: ModuleSection | None = None  # the reference is a user's module, not model + model_config
 
     def to_json(self) -> str:
         data = _plain(self)
@@ -221,6 +248,11 @@ class Manifest:
                 )
         if manifest.decode is not None:
             manifest.decode.check()
+        if manifest.module is not None and manifest.module.program not in manifest.files:
+            raise AttnxError(
+                f"{where}: the module section's program {manifest.module.program!r} is not a listed file; "
+                "re-export"
+            )
         return manifest
 
 

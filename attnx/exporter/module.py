@@ -1,0 +1,484 @@
+"""A user's ``nn.Module`` as the torch side of an export (``attnx.export_module``).
+
+:func:`build_module` is the module path's build step: it refuses a module in training mode and
+example inputs of the wrong kind, applies the registered adapters (:mod:`attnx.adapters.apply`),
+derives the graph's TensorSpecs from the example inputs and traces the adapted module once with
+``torch.export``. That program is what ``model.onnx`` is made from and what the export stores as
+its reference (``reference.pt2``), so ``attnx verify`` re-checks it in a fresh process without
+the user's code: :func:`load_reference` imports the plugins of the variants whose ``attnx::`` ops
+it calls (through the registry) and loads it.
+
+Inputs and outputs:
+
+* example inputs are a dict name -> tensor (the forward is called with keywords) or a tuple of
+  tensors (positionally; named after the forward's parameters). Dynamic axes are
+  ``{input: {dim: axis name}}``; by default dim 0 is "batch" and dim 1 (if any) "seq". Integer
+  inputs are drawn from [0, example max + 1) by parity checks, bool inputs are key-padding masks.
+* outputs are the forward's return value flattened: a tensor is "output"; a dict (or an HF-style
+  ``ModelOutput``, whose None fields are dropped) gives its keys in order, a tuple/list its
+  indices ("output.0", "output.1"), nested values join their path with "." ("hidden_states.1").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import traceback
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from attnx.adapters.apply import adapter_summary, apply_adapters
+from attnx.config import Config
+from attnx.domains import DOMAIN
+from attnx.errors import AttnxError, first_line
+from attnx.exporter.manifest import ModuleSection
+from attnx.models.spec import ModelSpec, TensorSpec
+from attnx.registry import Registry, get_registry
+
+if TYPE_CHECKING:
+    from attnx.exporter.directory import ExportDir
+    from attnx.ops import AttentionOp, VariantImpl
+    from attnx.variant import Variant
+
+REFERENCE_FILE = "reference.pt2"
+MODULE_MODEL = "module"  # the manifest's ``model`` of a module export
+DTYPES = {torch.float32: "fp32", torch.float16: "fp16"}
+_INTERNAL = (str(Path(torch.__file__).parent), str(Path(__file__).parents[1]))
+
+
+@dataclasses.dataclass(frozen=True)
+class ModuleConfig(Config):
+    """A module export has no model options: its layers carry their own."""
+
+
+MODULE_SPEC = ModelSpec(MODULE_MODEL, "a user's nn.Module (attnx.export_module)", ModuleConfig, impl="")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModuleSource:
+    """What ``attnx.export_module`` was given.
+
+    ``entry``: "pkg.mod:factory" when it came from ``attnx export --module`` (None from Python).
+    """
+
+    module: nn.Module
+    example: Mapping[str, Any] | Sequence[Any]
+    dynamic_axes: Mapping[str, Mapping[int, str]] | None = None
+    entry: str | None = None
+
+
+@dataclasses.dataclass
+class ModuleAssembly:
+    """The torch side of a module export, with the attributes :class:`attnx.exporter.assemble.Assembly`
+    has for the steps they share (``module``, ``dtype``, ``impls``, ``ops``, ``inputs``, ``outputs``,
+    ``tolerance``).
+
+    ``module`` (graph inputs positionally -> the flattened outputs) is the parity reference: the
+    module as given at export (the library's own forward), the stored program at verify.
+    ``adapted`` is the module after the adapters (None when loaded from an export), ``program``
+    its ``torch.export`` program, ``example`` the example inputs in graph order.
+    """
+
+    module: nn.Module
+    adapted: nn.Module | None
+    program: Any
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
+    example: tuple[torch.Tensor, ...]
+    variants: list[Variant]
+    impls: dict[str, VariantImpl]
+    section: ModuleSection
+    dtype: str = "fp32"
+    keywords: bool = True  # the forward takes the inputs as keywords (example inputs were a dict)
+
+    @property
+    def ops(self) -> list[AttentionOp]:
+        seen: dict[str, AttentionOp] = {}
+        for impl in self.impls.values():
+            for op in impl.ops:
+                seen.setdefault(op.name, op)
+        return list(seen.values())
+
+    def tolerance(self, dtype: str | None = None) -> dict[str, float]:
+        """The loosest parity tolerance of the variants the module calls, in ``dtype`` (default: its own)."""
+        tolerances = [v.tolerance_for(dtype or self.dtype) for v in self.variants]
+        return {"atol": max(t.atol for t in tolerances), "rtol": max(t.rtol for t in tolerances)}
+
+    def sizes(self) -> dict[str, int]:
+        """The example length of each named axis."""
+        return {
+            axis: size
+            for spec, tensor in zip(self.inputs, self.example, strict=True)
+            for axis, size in zip(spec.axes, tensor.shape, strict=True)
+            if isinstance(axis, str)
+        }
+
+
+@dataclasses.dataclass
+class OutputNames:
+    """The output names of a :class:`FlatModule`'s last call (an object, not a list attribute:
+    torch.export restores list attributes a traced forward assigns)."""
+
+    names: list[str] = dataclasses.field(default_factory=list)
+
+
+class FlatModule(nn.Module):
+    """``module`` with the graph inputs as positional arguments and the flattened outputs as a tuple."""
+
+    def __init__(self, module: nn.Module, names: Sequence[str], keywords: bool) -> None:
+        super().__init__()
+        self.module, self.names, self.keywords = module, list(names), keywords
+        self.last = OutputNames()
+        fixed_arity(self, self.call, len(self.names))
+
+    def call(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        if self.keywords:
+            result = self.module(**dict(zip(self.names, inputs, strict=True)))
+        else:
+            result = self.module(*inputs)
+        pairs = flatten_outputs(result)
+        self.last.names = [name for name, _ in pairs]
+        return tuple(tensor for _, tensor in pairs)
+
+
+class ProgramModule(nn.Module):
+    """A loaded ``torch.export`` program as a module the runners can move, cast and put in eval mode."""
+
+    def __init__(self, program: Any) -> None:
+        super().__init__()
+        self.graph = program.module()
+
+    def train(self, mode: bool = True) -> ProgramModule:
+        # An exported module refuses train()/eval(); its graph has no training behaviour to switch.
+        self.training = mode
+        return self
+
+    def forward(self, *inputs: torch.Tensor) -> Any:
+        return self.graph(*inputs)
+
+
+def fixed_arity(module: nn.Module, call: Any, count: int) -> None:
+    """Make ``module.forward`` ``call`` with one positional parameter per graph input: torch.export
+    matches dynamic shapes to forward's parameters."""
+    module.forward = functools.partial(call)
+    module.forward.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        [inspect.Parameter(f"input_{i}", inspect.Parameter.POSITIONAL_ONLY) for i in range(count)]
+    )
+
+
+def flatten_outputs(value: Any) -> list[tuple[str, torch.Tensor]]:
+    """A forward's return value as (name, tensor) pairs, in order (see the module docstring).
+
+    Raises:
+        AttnxError: a value that is not a tensor, None, mapping, tuple or list.
+    """
+    if isinstance(value, torch.Tensor):
+        return [("output", value)]
+    return _flatten(value, "" if isinstance(value, Mapping) else "output")
+
+
+def _flatten(value: Any, path: str) -> list[tuple[str, torch.Tensor]]:
+    if isinstance(value, torch.Tensor):
+        return [(path, value)]
+    if value is None:
+        return []
+    if isinstance(value, Mapping):
+        items = list(value.items())
+    elif isinstance(value, (tuple, list)):
+        items = list(enumerate(value))
+    else:
+        raise AttnxError(
+            f"the forward returns a {type(value).__name__} at '{path or 'the root'}'; outputs must be "
+            "tensors, or dicts/tuples/lists of tensors"
+        )
+    return [pair for key, item in items for pair in _flatten(item, f"{path}.{key}" if path else str(key))]
+
+
+def input_specs(
+    module: nn.Module, example: Any, dynamic_axes: Mapping[str, Mapping[int, str]] | None
+) -> tuple[list[TensorSpec], tuple[torch.Tensor, ...], bool]:
+    """TensorSpecs of the example inputs, the tensors in graph order, and whether the forward takes
+    them as keywords.
+
+    Raises:
+        AttnxError: example inputs that are not a dict of tensors or a tuple of tensors, a dtype
+            numpy has no name for, dynamic axes of unknown inputs or of example length 1, or one
+            axis name with two example lengths.
+    """
+    if isinstance(example, Mapping):
+        names, tensors, keywords = [str(k) for k in example], list(example.values()), True
+    elif isinstance(example, (tuple, list)):
+        tensors, keywords = list(example), False
+        names = _positional_names(module, len(tensors))
+    else:
+        raise AttnxError(
+            "example inputs must be a dict of name -> tensor or a tuple of tensors, "
+            f"not {type(example).__name__}"
+        )
+    for name, tensor in zip(names, tensors, strict=True):
+        if not isinstance(tensor, torch.Tensor):
+            raise AttnxError(f"example input '{name}' is a {type(tensor).__name__}, not a torch.Tensor")
+    given = dict(dynamic_axes or {})
+    unknown = sorted(set(given) - set(names))
+    if unknown:
+        raise AttnxError(f"dynamic axes name unknown inputs {unknown} (inputs: {', '.join(names)})")
+    specs, lengths = [], {}
+    for name, tensor in zip(names, tensors, strict=True):
+        axes = given.get(name, _default_axes(tensor.dim()))
+        spec = _spec(name, tensor, axes)
+        for axis, size in zip(spec.axes, tensor.shape, strict=True):
+            if isinstance(axis, str) and lengths.setdefault(axis, size) != size:
+                raise AttnxError(
+                    f"axis '{axis}' is {lengths[axis]} long in one example input and {size} in '{name}'; "
+                    "one axis name means one length"
+                )
+        specs.append(spec)
+    return specs, tuple(tensors), keywords
+
+
+def _positional_names(module: nn.Module, count: int) -> list[str]:
+    parameters = [
+        p.name
+        for p in inspect.signature(module.forward).parameters.values()
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+    ]
+    return [parameters[i] if i < len(parameters) else f"input_{i}" for i in range(count)]
+
+
+def _default_axes(rank: int) -> dict[int, str]:
+    return {i: axis for i, axis in enumerate(("batch", "seq")) if i < rank}
+
+
+def _spec(name: str, tensor: torch.Tensor, axes: Mapping[int, str]) -> TensorSpec:
+    dtype = str(tensor.dtype).removeprefix("torch.")
+    if tensor.dtype == torch.bfloat16 or tensor.is_complex():
+        raise AttnxError(
+            f"example input '{name}' is {dtype}; export float32, float16, integer or bool inputs"
+        )
+    bad = sorted(d for d in axes if not 0 <= d < tensor.dim())
+    if bad:
+        raise AttnxError(f"dynamic axes of '{name}' name dims {bad}, but it has {tensor.dim()}")
+    for dim, axis in axes.items():
+        if tensor.shape[dim] < 2:
+            raise AttnxError(
+                f"example input '{name}' is {tensor.shape[dim]} long in dynamic axis '{axis}'; give an "
+                "example of length >= 2 there (1 would be specialised)"
+            )
+    high = None
+    if not tensor.is_floating_point() and tensor.dtype != torch.bool:
+        high = int(tensor.max()) + 1 if tensor.numel() else 1
+    shape = tuple(axes.get(d, n) for d, n in enumerate(tensor.shape))
+    return TensorSpec(name, dtype, shape, high=high)
+
+
+def module_dtype(module: nn.Module) -> str:
+    """ "fp32" or "fp16": the dtype of the module's floating-point parameters.
+
+    Raises:
+        AttnxError: parameters of another or of mixed floating dtypes.
+    """
+    found = {p.dtype for p in module.parameters() if p.is_floating_point()}
+    if len(found) > 1 or not found <= set(DTYPES):
+        names = ", ".join(sorted(str(d).removeprefix("torch.") for d in found))
+        raise AttnxError(f"the module's parameters are {names}; export a float32 or a float16 module")
+    return DTYPES[found.pop()] if found else "fp32"
+
+
+def build_module(source: ModuleSource, registry: Registry | None = None) -> ModuleAssembly:
+    """Adapt and trace ``source.module`` (the module path's build step).
+
+    Raises:
+        AttnxError: not a module, a module in training mode, bad example inputs, an unsupported
+            third-party module, a forward that cannot be traced (naming the first failing call),
+            or a module that calls no attnx op.
+    """
+    registry = registry or get_registry()
+    module = source.module
+    if not isinstance(module, nn.Module):
+        raise AttnxError(f"export_module exports a torch.nn.Module, not a {type(module).__name__}")
+    kind = f"{type(module).__module__}.{type(module).__qualname__}"
+    training = [name or type(module).__name__ for name, m in module.named_modules() if m.training]
+    if training:
+        raise AttnxError(
+            f"{kind} is in training mode ({training[0]}: dropout and batch statistics would change every "
+            "run); call .eval() before exporting"
+        )
+    inputs, example, keywords = input_specs(module, source.example, source.dynamic_axes)
+    dtype = module_dtype(module)
+    adapted = apply_adapters(module, registry)
+    flat = FlatModule(adapted.module, [s.name for s in inputs], keywords)
+    program = trace_module(flat, example, inputs, kind)
+    variants = _variants(program, registry, kind)
+    section = ModuleSection(
+        entry=source.entry,
+        module_class=kind,
+        program="reference",
+        adapters=adapted.adapters,
+        variants=[v.name for v in variants],
+    )
+    return ModuleAssembly(
+        module=FlatModule(module, [s.name for s in inputs], keywords),
+        adapted=adapted.module,
+        program=program,
+        inputs=inputs,
+        outputs=output_specs(program, inputs, flat.last.names),
+        example=example,
+        variants=variants,
+        impls={v.name: v.load() for v in variants},
+        section=section,
+        dtype=dtype,
+        keywords=keywords,
+    )
+
+
+def trace_module(
+    flat: FlatModule, example: tuple[torch.Tensor, ...], inputs: Sequence[TensorSpec], kind: str
+) -> Any:
+    """``torch.export`` of the adapted module, every named axis dynamic.
+
+    Raises:
+        AttnxError: the forward cannot be traced, naming the first failing call (an AttnxError an
+            adapter raised while tracing is passed on as it is).
+    """
+    try:
+        return torch.export.export(flat, example, dynamic_shapes=dynamic_shapes(inputs), strict=False)
+    except Exception as exc:
+        raise untraceable(exc, kind) from None
+
+
+def dynamic_shapes(specs: Sequence[TensorSpec]) -> tuple[dict[int, Any], ...]:
+    """torch.export's dynamic shapes of graph inputs: one ``Dim`` per axis name, shared by every input
+    that has that axis."""
+    dims: dict[str, Any] = {}
+    return tuple(
+        {
+            i: dims.setdefault(a, torch.export.Dim(a.replace("-", "_").replace(".", "_")))
+            for i, a in enumerate(s.axes)
+            if isinstance(a, str)
+        }
+        for s in specs
+    )
+
+
+def untraceable(exc: BaseException, kind: str) -> AttnxError:
+    """The one-line error of a failed trace: the AttnxError in its causes, else the error's first line
+    and the first call outside torch and attnx that was running when it was raised."""
+    cause: BaseException | None = exc
+    while cause is not None:
+        if isinstance(cause, AttnxError):
+            return cause
+        cause = cause.__cause__ or cause.__context__
+    where = _quoted_call(str(exc)) or _user_frame(exc)
+    at = f" at {where}" if where else ""
+    return AttnxError(
+        f"cannot trace {kind}.forward with torch.export{at}: {first_line(exc, with_type=True, limit=200)}; "
+        "make that call traceable (no data-dependent Python control flow, no untraceable extension kernels)"
+    )
+
+
+def _quoted_call(message: str) -> str | None:
+    """torch.export's own "The following call raised this error:" location, when it gives one."""
+    lines = message.splitlines()
+    for i, line in enumerate(lines):
+        if "The following call raised this error" in line and i + 2 < len(lines):
+            return f"{lines[i + 1].strip()}: {lines[i + 2].strip()}"
+    return None
+
+
+def _user_frame(exc: BaseException) -> str | None:
+    """The innermost frame of the traceback outside torch and attnx ("file:line in func: code")."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith(_INTERNAL)]
+    if not frames:
+        return None
+    frame = frames[-1]
+    return f'File "{frame.filename}", line {frame.lineno}, in {frame.name}: {(frame.line or "").strip()}'
+
+
+def _variants(program: Any, registry: Registry, kind: str) -> list[Variant]:
+    """The variants whose ops the program calls, in order of first use.
+
+    Raises:
+        AttnxError: the program calls no attnx op.
+    """
+    owners: dict[Any, Variant] = {}
+    for _, variant in sorted(registry.variants.items()):
+        impl = variant.load()
+        for op in [*impl.ops, *impl.decode_ops]:
+            owners.setdefault(op.overload, variant)
+    calls = [n.target for n in program.graph.nodes if n.op == "call_function"]
+    used = list(dict.fromkeys(t for t in calls if getattr(t, "namespace", None) == DOMAIN))
+    if not used:
+        raise AttnxError(
+            f"{kind} calls no attnx op, so its attention is not attnx's: build it from attnx layers or "
+            f"use a library an adapter converts (adapters: {adapter_summary(registry)})"
+        )
+    missing = [str(op) for op in used if op not in owners]
+    if missing:
+        raise AttnxError(f"{kind} calls {', '.join(missing)}, which no installed variant provides")
+    return list({owners[op].name: owners[op] for op in used}.values())
+
+
+def output_specs(program: Any, inputs: Sequence[TensorSpec], names: Sequence[str]) -> list[TensorSpec]:
+    """The flattened outputs' specs: ``names`` (from the traced call), dtypes and axes from the program
+    (a dimension that is an input's dynamic axis takes its name, another symbolic one
+    "<output>_dim<i>")."""
+    symbols: dict[str, str] = {}
+    placeholders = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
+    for spec, name in zip(inputs, program.graph_signature.user_inputs, strict=True):
+        for axis, dim in zip(spec.axes, placeholders[name].meta["val"].shape, strict=True):
+            if isinstance(axis, str):
+                symbols[str(dim)] = axis
+    output = next(n for n in program.graph.nodes if n.op == "output")
+    specs = []
+    for name, node in zip(names, output.args[0], strict=True):
+        value = node.meta["val"]
+        axes = tuple(
+            dim if isinstance(dim, int) else symbols.get(str(dim), f"{name}_dim{i}")
+            for i, dim in enumerate(value.shape)
+        )
+        specs.append(TensorSpec(name, str(value.dtype).removeprefix("torch."), axes))
+    return specs
+
+
+def save_reference(assembly: ModuleAssembly, directory: Path) -> str:
+    """Write the adapted module's program into ``directory``; returns its file name."""
+    torch.export.save(assembly.program, str(directory / REFERENCE_FILE))
+    return REFERENCE_FILE
+
+
+def load_reference(export: ExportDir, registry: Registry | None = None) -> ModuleAssembly:
+    """The stored reference of a module export, its variants' plugins imported first.
+
+    Raises:
+        AttnxError: a variant that is not installed, or a program that cannot be loaded.
+    """
+    registry = registry or get_registry()
+    manifest = export.manifest
+    section = manifest.module
+    variants = [registry.variant(name) for name in section.variants]
+    impls = {v.name: v.load() for v in variants}  # registers the attnx:: torch ops the program calls
+    path = export.file(section.program)
+    try:
+        program = torch.export.load(str(path))
+    except Exception as exc:
+        raise AttnxError(
+            f"cannot load the reference program {path}: {first_line(exc, with_type=True)}; install the "
+            f"plugins of variants {', '.join(section.variants)} and the torch it was saved with"
+        ) from None
+    return ModuleAssembly(
+        module=ProgramModule(program),
+        adapted=None,
+        program=program,
+        inputs=list(manifest.inputs),
+        outputs=list(manifest.outputs),
+        example=(),
+        variants=variants,
+        impls=impls,
+        section=section,
+        dtype=manifest.dtype,
+    )
