@@ -25,9 +25,9 @@ from attnx.exporter import export as steps
 from attnx.exporter.budget import ORT_WEIGHT_COPIES, check_needs, require_memory
 from attnx.exporter.directory import ExportDir
 from attnx.exporter.export import ExportJob
-from attnx.exporter.module import ModuleSource
 from attnx.exporter.lowering import attnx_nodes
 from attnx.exporter.manifest import Manifest
+from attnx.exporter.module import ModuleSource
 from attnx.parity.backends import backends as backend_list
 from attnx.parity.check import Cases, check_parity
 from attnx.parity.report import ParityReport

@@ -69,7 +69,10 @@ def apply_adapters(module: nn.Module, registry: Registry | None = None) -> Adapt
         return None
 
     def walk(parent: nn.Module) -> None:
-        for name, child in list(parent.named_children()):
+        # _modules, not named_children(): that skips a second reference to one module.
+        for name, child in list(parent._modules.items()):
+            if child is None:
+                continue
             replacement = convert(child)
             if replacement is None:
                 walk(child)

@@ -91,8 +91,12 @@ class ModuleStepModel(nn.Module):
         position = given[PAST_LENGTH] if self.with_past else torch.zeros(1, dtype=torch.int64)
         steps = []
         for i, layer in enumerate(self.layers):
-            past = tuple(given[s.input] for s in self.layout.layer_slots if s.layer == i)
-            layer.stepping = Step(past if self.with_past else None, position)
+            past = (
+                tuple(given[s.input] for s in self.layout.layer_slots if s.layer == i)
+                if self.with_past
+                else None
+            )
+            layer.stepping = Step(past, position)
             steps.append(layer.stepping)
         extra = {PAST_LENGTH: position} if self.positions else {}
         try:

@@ -15,9 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import io
-import logging
-import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -43,6 +40,7 @@ from attnx.exporter.module import (
     ModuleSource,
     build_module,
     dynamic_shapes,
+    quiet_torch,
     save_reference,
 )
 from attnx.models.spec import TensorSpec
@@ -385,7 +383,7 @@ def export_onnx(
     ``dynamic_shapes`` unused), with ``ops`` as bare ``attnx::`` nodes; checks the graph's dtypes
     against the specs and names their dynamic axes."""
     table = {op.overload: op.translation() for op in ops}
-    with _quiet_exporter():
+    with quiet_torch():
         program = torch.onnx.export(
             model,
             args,
@@ -441,17 +439,3 @@ def save_onnx(proto: onnx.ModelProto, path: Path) -> None:
     onnx.save_model(
         proto, str(path), save_as_external_data=large, location=f"{path.name}.data" if large else None
     )
-
-
-@contextlib.contextmanager
-def _quiet_exporter() -> Iterator[None]:
-    """Silence torch.onnx's progress prints and warnings; attnx reports its own progress."""
-    logger = logging.getLogger("torch.onnx")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        logger.setLevel(level)

@@ -21,11 +21,18 @@ Inputs and outputs:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
+import importlib
+import importlib.util
 import inspect
+import io
+import logging
+import sys
 import traceback
-from collections.abc import Mapping, Sequence
+import warnings
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -70,6 +77,44 @@ class ModuleSource:
     example: Mapping[str, Any] | Sequence[Any]
     dynamic_axes: Mapping[str, Mapping[int, str]] | None = None
     entry: str | None = None
+
+
+def from_entry(entry: str) -> ModuleSource:
+    """The module ``attnx export --module ENTRY`` exports: ``ENTRY`` is "pkg.mod:factory" (importable,
+    the current directory included) or "path/to/file.py:factory"; ``factory()`` returns
+    ``(module, example_inputs)`` or ``(module, example_inputs, dynamic_axes)``.
+
+    Raises:
+        AttnxError: a malformed entry, a module or attribute that cannot be found, or a factory that
+            returns something else (an exception the factory raises keeps its traceback).
+    """
+    target, _, name = entry.partition(":")
+    if not target or not name:
+        raise AttnxError(f"--module takes pkg.mod:factory or path/to/file.py:factory, not '{entry}'")
+    try:
+        if target.endswith(".py"):
+            spec = importlib.util.spec_from_file_location(Path(target).stem, target)
+            if spec is None or not Path(target).is_file():
+                raise FileNotFoundError(f"no file {target}")
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)  # type: ignore[union-attr]
+        else:
+            if "" not in sys.path:
+                sys.path.insert(0, "")  # as `python -m` would: the current directory's modules
+            module = importlib.import_module(target)
+    except (ImportError, FileNotFoundError) as exc:
+        why = first_line(exc, with_type=True)
+        raise AttnxError(f"cannot import '{target}' for --module: {why}") from None
+    factory = getattr(module, name, None)
+    if not callable(factory):
+        raise AttnxError(f"'{target}' has no callable '{name}' for --module")
+    made = factory()
+    if not isinstance(made, tuple) or len(made) not in (2, 3):
+        raise AttnxError(
+            f"{entry}() must return (module, example_inputs) or (module, example_inputs, dynamic_axes), "
+            f"not {type(made).__name__}"
+        )
+    return ModuleSource(*made, entry=entry)
 
 
 @dataclasses.dataclass
@@ -346,9 +391,25 @@ def trace_module(
             adapter raised while tracing is passed on as it is).
     """
     try:
-        return torch.export.export(flat, example, dynamic_shapes=dynamic_shapes(inputs), strict=False)
+        with quiet_torch():
+            return torch.export.export(flat, example, dynamic_shapes=dynamic_shapes(inputs), strict=False)
     except Exception as exc:
         raise untraceable(exc, kind) from None
+
+
+@contextlib.contextmanager
+def quiet_torch() -> Iterator[None]:
+    """Silence torch.export's and torch.onnx's prints, warnings and logs (a failed trace dumps its
+    graph); attnx reports its own progress and errors."""
+    disabled = logging.root.manager.disable
+    logging.disable(logging.CRITICAL)
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+            warnings.simplefilter("ignore")
+            with contextlib.redirect_stderr(io.StringIO()):
+                yield
+    finally:
+        logging.disable(disabled)
 
 
 def dynamic_shapes(specs: Sequence[TensorSpec]) -> tuple[dict[int, Any], ...]:
