@@ -17,13 +17,13 @@ from attnx.config import Config
 from attnx.domains import DOMAIN
 from attnx.errors import AttnxError
 from attnx.exporter.assemble import Assembly, rebuild
-from attnx.exporter.manifest import MANIFEST, EngineSection, FileRecord, Manifest, sha256_file
-from attnx.exporter.module import MODULE_SPEC, ModuleAssembly, load_reference
+from attnx.exporter.manifest import MANIFEST, MODULE_SPEC, EngineSection, FileRecord, Manifest, sha256_file
 from attnx.models.spec import ModelSpec
 from attnx.registry import Registry, get_registry
 from attnx.variant import Variant
 
 if TYPE_CHECKING:
+    from attnx.exporter.module import ModuleAssembly
     from attnx.ops import AttentionOp
 
 # What to do when an optional file is missing, per manifest file key.
@@ -142,6 +142,8 @@ class ExportDir:
         """The torch model the export was made from: rebuilt from the manifest and the saved weights, or
         a module export's stored program (its variants' plugins imported first)."""
         if self.manifest.module is not None:
+            from attnx.exporter.module import load_reference  # imports torch: readers of OUT stay light
+
             return load_reference(self)
         return rebuild(self.manifest, self.file("weights"))
 

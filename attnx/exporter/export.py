@@ -33,9 +33,8 @@ from attnx.exporter.assemble import Assembly, assemble
 from attnx.exporter.budget import EXPORT_WEIGHT_COPIES, ORT_WEIGHT_COPIES, check_needs, require_memory
 from attnx.exporter.directory import ExportDir, record_file
 from attnx.exporter.inputs import random_feed
-from attnx.exporter.manifest import MANIFEST, MODEL_FILE, WEIGHTS_FILE, Manifest
+from attnx.exporter.manifest import MANIFEST, MODEL_FILE, MODULE_MODEL, WEIGHTS_FILE, Manifest
 from attnx.exporter.module import (
-    MODULE_MODEL,
     ModuleAssembly,
     ModuleSource,
     build_module,

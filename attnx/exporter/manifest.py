@@ -17,10 +17,10 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Literal, TypeVar, Union, get_args, get_origin
 
-from attnx.config import expected_type, value_type
+from attnx.config import Config, expected_type, value_type
 from attnx.domains import Lowering
 from attnx.errors import AttnxError
-from attnx.models.spec import TensorSpec
+from attnx.models.spec import ModelSpec, TensorSpec
 
 MANIFEST = "attnx.json"
 MODEL_FILE = "model.onnx"
@@ -181,6 +181,16 @@ class ModuleSection:
     variants: list[str]
     adapters: list[str]
     entry: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class ModuleConfig(Config):
+    """A module export has no model options: its layers carry their own."""
+
+
+MODULE_MODEL = "module"  # the manifest's ``model`` of a module export
+# What ExportDir.specs() answers for a module export: no options, no cost model.
+MODULE_SPEC = ModelSpec(MODULE_MODEL, "a user's nn.Module (attnx.export_module)", ModuleConfig, impl="")
 
 
 @dataclasses.dataclass

@@ -40,11 +40,10 @@ import torch
 from torch import nn
 
 from attnx.adapters.apply import adapter_summary, apply_adapters
-from attnx.config import Config
 from attnx.domains import DOMAIN
 from attnx.errors import AttnxError, first_line
 from attnx.exporter.manifest import ModuleSection
-from attnx.models.spec import ModelSpec, TensorSpec
+from attnx.models.spec import TensorSpec
 from attnx.registry import Registry, get_registry
 
 if TYPE_CHECKING:
@@ -53,17 +52,8 @@ if TYPE_CHECKING:
     from attnx.variant import Variant
 
 REFERENCE_FILE = "reference.pt2"
-MODULE_MODEL = "module"  # the manifest's ``model`` of a module export
 DTYPES = {torch.float32: "fp32", torch.float16: "fp16"}
 _INTERNAL = (str(Path(torch.__file__).parent), str(Path(__file__).parents[1]))
-
-
-@dataclasses.dataclass(frozen=True)
-class ModuleConfig(Config):
-    """A module export has no model options: its layers carry their own."""
-
-
-MODULE_SPEC = ModelSpec(MODULE_MODEL, "a user's nn.Module (attnx.export_module)", ModuleConfig, impl="")
 
 
 @dataclasses.dataclass(frozen=True)

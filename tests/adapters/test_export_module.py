@@ -81,6 +81,11 @@ def test_adapted_causal_model_matches_its_library_and_generates_like_a_greedy_lo
         for _ in range(10):  # a greedy loop through the library's own model, whole sequence each time
             ids.append(int(model(torch.tensor([ids]))[0, -1].argmax()))
     assert generated.tokens == ids[len(prompt) :]
+    # Later, from the stored program: the decode graphs against the full forward; no torch step model.
+    report = attnx.verify(tmp_path / "o", seq_lens=[4], write=False)
+    assert report.passed and {b.backend: b.status for b in report.backends}["torch decode"] == "skipped"
+    with pytest.raises(attnx.AttnxError, match="not a torch step model"):
+        attnx.generate(tmp_path / "o", prompt, max_new_tokens=2, backend="torch")
 
 
 def test_a_wrong_adapter_is_caught_by_parity_against_the_library(tmp_path, swapped_registry):
