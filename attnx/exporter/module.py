@@ -42,6 +42,7 @@ from torch import nn
 from attnx.adapters.apply import adapter_summary, apply_adapters
 from attnx.domains import DOMAIN
 from attnx.errors import AttnxError, first_line
+from attnx.exporter.assemble import distinct_ops, loosest_tolerance
 from attnx.exporter.manifest import ModuleSection
 from attnx.models.spec import TensorSpec
 from attnx.registry import Registry, get_registry
@@ -133,16 +134,11 @@ class ModuleAssembly:
 
     @property
     def ops(self) -> list[AttentionOp]:
-        seen: dict[str, AttentionOp] = {}
-        for impl in self.impls.values():
-            for op in impl.ops:
-                seen.setdefault(op.name, op)
-        return list(seen.values())
+        return distinct_ops(self.impls.values())
 
     def tolerance(self, dtype: str | None = None) -> dict[str, float]:
         """The loosest parity tolerance of the variants the module calls, in ``dtype`` (default: its own)."""
-        tolerances = [v.tolerance_for(dtype or self.dtype) for v in self.variants]
-        return {"atol": max(t.atol for t in tolerances), "rtol": max(t.rtol for t in tolerances)}
+        return loosest_tolerance(self.variants, dtype or self.dtype)
 
     def sizes(self) -> dict[str, int]:
         """The example length of each named axis."""
