@@ -63,17 +63,21 @@ class AdapterImpl:
     Attributes:
         convert: ``convert(module) -> replacement | None``: the attnx module computing what
             ``module`` computes with the same parameters, or None when this adapter does not handle
-            it. attnx walks a model top-down and replaces the first module an adapter converts (its
-            children are not visited). A module whose library behaviour cannot be reproduced raises
-            :class:`attnx.errors.AttnxError` naming why.
+            it. attnx walks a private copy of the model (parameters shared) top-down and replaces the
+            first module an adapter converts (its children are not visited), so ``convert`` may also
+            change the module it is given and return it. A replacement that decodes implements
+            :class:`attnx.state.SteppingAttention`. A module whose library behaviour cannot be
+            reproduced raises :class:`attnx.errors.AttnxError` naming why.
         needs_adapter: ``needs_adapter(module) -> bool``: a module that must be converted for the
             model to export (the library's attention classes); one left unconverted is refused,
             naming its class and the adapters that exist.
-        load: ``load(path) -> (model, inputs, outputs)`` for ``--from SCHEME:PATH``: the library's
-            model in eval mode from a local directory, and its graph inputs and outputs as
-            ``attnx.models.spec.TensorSpec`` lists; None when the adapter loads nothing.
+        load: ``load(path) -> (model, example_inputs, dynamic_axes)`` for ``attnx export --from
+            SCHEME:PATH`` (SCHEME in :attr:`Adapter.sources`): the library's model in eval mode from
+            a local directory, example inputs and dynamic axes (None: the defaults) exactly as
+            ``attnx.export_module`` takes them (the graph's specs are derived from them); None when
+            the adapter loads nothing. Raises AttnxError for a directory it cannot load.
     """
 
     convert: Callable[[Any], Any | None]
     needs_adapter: Callable[[Any], bool]
-    load: Callable[[Path], tuple[Any, list[Any], list[Any]]] | None = None
+    load: Callable[[Path], tuple[Any, Any, Any]] | None = None

@@ -56,6 +56,13 @@ Examples:
     help="Export the nn.Module that FACTORY() returns with its example inputs, adapters applied "
     "(instead of --variant/--model; see docs/importing.md).",
 )
+@click.option(
+    "--from",
+    "source",
+    default=None,
+    metavar="SCHEME:DIR",
+    help="Export a library's saved model through the adapter that loads SCHEME (see `attnx list`).",
+)
 @click.option("--out", "-o", default="out", show_default=True, type=click.Path(), help="Output directory.")
 @click.option("--lowering", "-l", default=None, help="function | decomposed | plugin.  [default: function]")
 @click.option(
@@ -105,6 +112,7 @@ def command(
     model: str | None,
     cross_variant: str | None,
     entry: str | None,
+    source: str | None,
     out: str,
     lowering: str | None,
     assignments: tuple[str, ...],
@@ -144,10 +152,12 @@ def command(
     }
     options = {**parse_assignments(assignments), **{k: v for k, v in flags.items() if v is not None}}
     progress = progress_printer(quiet or as_json)
-    if entry is not None:
-        from attnx.exporter.module import from_entry
+    if entry is not None and source is not None:
+        raise AttnxError("--module and --from both name what to export; give one")
+    if entry is not None or source is not None:
+        from attnx.exporter.module import from_entry, from_source
 
-        given = {
+        model_flags = {
             "--recipe": recipe,
             "--variant": variant,
             "--model": model,
@@ -155,18 +165,20 @@ def command(
             "--checkpoint": checkpoint,
             "--save-checkpoint": save_checkpoint,
         }
-        clashes = [flag for flag, value in given.items() if value is not None]
+        clashes = [flag for flag, value in model_flags.items() if value is not None]
         if clashes:
-            raise AttnxError(f"--module exports a module as it is; drop {', '.join(clashes)}")
-        source = from_entry(entry)
+            raise AttnxError(
+                f"{'--module' if entry else '--from'} exports a module as it is; drop {', '.join(clashes)}"
+            )
+        given = from_entry(entry) if entry is not None else from_source(source)
         result = export_module(
-            source.module,
-            source.example,
+            given.module,
+            given.example,
             out,
-            dynamic_axes=source.dynamic_axes,
+            dynamic_axes=given.dynamic_axes,
             options=options,
             force=force,
-            entry=entry,
+            entry=given.entry,
             progress=progress,
         )
     else:

@@ -108,6 +108,30 @@ def from_entry(entry: str) -> ModuleSource:
     return ModuleSource(*made, entry=entry)
 
 
+def from_source(source: str, registry: Registry | None = None) -> ModuleSource:
+    """The module ``attnx export --from SCHEME:PATH`` exports: loaded by the adapter whose ``sources``
+    name SCHEME (``AdapterImpl.load``) from the local directory PATH.
+
+    Raises:
+        AttnxError: a malformed source, a scheme no adapter loads, an adapter whose library is not
+            installed, or the adapter's own refusal of PATH.
+    """
+    registry = registry or get_registry()
+    scheme, _, path = source.partition(":")
+    schemes = {s: a for a in registry.adapters.values() for s in a.sources}
+    if not path or scheme not in schemes:
+        known = ", ".join(f"{s}:DIR" for s in sorted(schemes)) or "none: no adapter loads saved models"
+        raise AttnxError(f"--from takes SCHEME:PATH with a scheme an adapter loads ({known}), not '{source}'")
+    adapter = schemes[scheme]
+    if adapter.library_version() is None:
+        raise AttnxError(f"--from {scheme}: needs {adapter.library}; install it (adapter {adapter.name})")
+    load = adapter.load().load
+    if load is None:
+        raise AttnxError(f"adapter {adapter.name} declares source '{scheme}' but loads nothing")
+    module, example, dynamic_axes = load(Path(path))
+    return ModuleSource(module, example, dynamic_axes, entry=source)
+
+
 @dataclasses.dataclass
 class ModuleAssembly:
     """The torch side of a module export, with the attributes :class:`attnx.exporter.assemble.Assembly`

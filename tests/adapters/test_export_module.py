@@ -88,6 +88,21 @@ def test_adapted_causal_model_matches_its_library_and_generates_like_a_greedy_lo
         attnx.generate(tmp_path / "o", prompt, max_new_tokens=2, backend="torch")
 
 
+def test_from_loads_a_saved_library_model_through_its_adapter(tmp_path, toy_registry):
+    torch.manual_seed(3)
+    saved = tmp_path / "saved"
+    saved.mkdir()
+    torch.save(ToyModel(causal=True).state_dict(), saved / "weights.pt")
+    out = tmp_path / "out"
+    code, stdout, stderr = run_cli(["export", "--from", f"toy:{saved}", "-o", str(out), "--seq-lens", "5"])
+    assert code == 0, stderr
+    assert "through adapter toy" in stdout and "parity: PASSED" in stdout
+    assert json.loads((out / "attnx.json").read_text())["module"]["entry"] == f"toy:{saved}"
+    for source, fragment in [("hf:x", "(toy:DIR)"), (f"toy:{tmp_path / 'none'}", "has no weights.pt")]:
+        code, _, stderr = run_cli(["export", "--from", source, "-o", str(tmp_path / "o2")])
+        assert_one_line_error(code, stderr, fragment)
+
+
 def test_a_wrong_adapter_is_caught_by_parity_against_the_library(tmp_path, swapped_registry):
     result = attnx.export_module(
         ToyModel().eval(),

@@ -8,6 +8,8 @@ only a parity check against the library's own forward can catch it.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 from torch import nn
 
@@ -16,7 +18,7 @@ from attnx.adapter import Adapter, AdapterImpl
 from attnx.attention import merge_heads, split_heads
 from attnx.registry import get_registry
 from attnx.state import StateTensor, Step
-from tests.third_party.toy_library import ToyKernelAttention, ToyLinearAttention
+from tests.third_party.toy_library import ToyKernelAttention, ToyLinearAttention, ToyModel
 
 
 class Converted(nn.Module):
@@ -50,14 +52,23 @@ def _converter(swapped: bool):
     return convert
 
 
+def load(path: Path) -> tuple[nn.Module, dict[str, torch.Tensor], None]:
+    """``attnx export --from toy:DIR``: a causal ToyModel with the weights DIR/weights.pt."""
+    if not (path / "weights.pt").is_file():
+        raise attnx.AttnxError(f"'{path}' has no weights.pt; save the toy model there")
+    model = ToyModel(causal=True)
+    model.load_state_dict(torch.load(path / "weights.pt", weights_only=True))
+    return model.eval(), {"input_ids": torch.randint(0, 40, (2, 9))}, None
+
+
 def needs_adapter(module: nn.Module) -> bool:
     return isinstance(module, (ToyLinearAttention, ToyKernelAttention))
 
 
-IMPL = AdapterImpl(convert=_converter(False), needs_adapter=needs_adapter)
+IMPL = AdapterImpl(convert=_converter(False), needs_adapter=needs_adapter, load=load)
 SWAPPED = AdapterImpl(convert=_converter(True), needs_adapter=needs_adapter)
 ADAPTER = Adapter(
-    "toy", "toy library linear attention -> linear", "attnx", "tests.third_party.toy_adapter:IMPL"
+    "toy", "toy library linear attention -> linear", "attnx", "tests.third_party.toy_adapter:IMPL", ("toy",)
 )
 
 
