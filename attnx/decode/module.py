@@ -79,7 +79,11 @@ class ModuleStepModel(nn.Module):
     def __init__(self, assembly: ModuleAssembly, layout: DecodeLayout, with_past: bool) -> None:
         super().__init__()
         self.model, self.layout, self.with_past = _adapted(assembly), layout, with_past
-        self.token, self.keywords = assembly.inputs[0].name, assembly.keywords
+        self.token, self.keywords, self.constants = (
+            assembly.inputs[0].name,
+            assembly.keywords,
+            assembly.constants,
+        )
         self.layers = stepping_layers(self.model)
         self.positions = PAST_LENGTH in inspect.signature(self.model.forward).parameters
         self.names = [s.name for s in layout.inputs(with_past)]
@@ -101,7 +105,9 @@ class ModuleStepModel(nn.Module):
         extra = {PAST_LENGTH: position} if self.positions else {}
         try:
             result = (
-                self.model(**{self.token: tokens}, **extra) if self.keywords else self.model(tokens, **extra)
+                self.model(**{self.token: tokens}, **self.constants, **extra)
+                if self.keywords
+                else self.model(tokens, **extra)
             )
         finally:
             for layer in self.layers:

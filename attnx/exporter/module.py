@@ -11,7 +11,8 @@ it calls (through the registry) and loads it.
 Inputs and outputs:
 
 * example inputs are a dict name -> tensor (the forward is called with keywords) or a tuple of
-  tensors (positionally; named after the forward's parameters). Dynamic axes are
+  tensors (positionally; named after the forward's parameters). A dict's None, bool, int, float
+  and str values are constants passed at every call (``use_cache=False``), not graph inputs. Dynamic axes are
   ``{input: {dim: axis name}}``; by default dim 0 is "batch" and dim 1 (if any) "seq". Integer
   inputs are drawn from [0, example max + 1) by parity checks, bool inputs are key-padding masks.
 * outputs are the forward's return value flattened: a tensor is "output"; a dict (or an HF-style
@@ -155,6 +156,7 @@ class ModuleAssembly:
     section: ModuleSection
     dtype: str = "fp32"
     keywords: bool = True  # the forward takes the inputs as keywords (example inputs were a dict)
+    constants: dict[str, Any] = dataclasses.field(default_factory=dict)  # keyword constants of every call
 
     @property
     def ops(self) -> list[AttentionOp]:
@@ -185,15 +187,22 @@ class OutputNames:
 class FlatModule(nn.Module):
     """``module`` with the graph inputs as positional arguments and the flattened outputs as a tuple."""
 
-    def __init__(self, module: nn.Module, names: Sequence[str], keywords: bool) -> None:
+    def __init__(
+        self,
+        module: nn.Module,
+        names: Sequence[str],
+        keywords: bool,
+        constants: Mapping[str, Any] | None = None,
+    ) -> None:
         super().__init__()
         self.module, self.names, self.keywords = module, list(names), keywords
+        self.constants = dict(constants or {})
         self.last = OutputNames()
         fixed_arity(self, self.call, len(self.names))
 
     def call(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
         if self.keywords:
-            result = self.module(**dict(zip(self.names, inputs, strict=True)))
+            result = self.module(**dict(zip(self.names, inputs, strict=True)), **self.constants)
         else:
             result = self.module(*inputs)
         pairs = flatten_outputs(result)
@@ -254,19 +263,25 @@ def _flatten(value: Any, path: str) -> list[tuple[str, torch.Tensor]]:
     return [pair for key, item in items for pair in _flatten(item, f"{path}.{key}" if path else str(key))]
 
 
+CONSTANT_TYPES = (type(None), bool, int, float, str)
+
+
 def input_specs(
     module: nn.Module, example: Any, dynamic_axes: Mapping[str, Mapping[int, str]] | None
-) -> tuple[list[TensorSpec], tuple[torch.Tensor, ...], bool]:
-    """TensorSpecs of the example inputs, the tensors in graph order, and whether the forward takes
-    them as keywords.
+) -> tuple[list[TensorSpec], tuple[torch.Tensor, ...], bool, dict[str, Any]]:
+    """TensorSpecs of the example inputs, the tensors in graph order, whether the forward takes
+    them as keywords, and the constant keyword arguments (a dict's non-tensor values).
 
     Raises:
         AttnxError: example inputs that are not a dict of tensors or a tuple of tensors, a dtype
             numpy has no name for, dynamic axes of unknown inputs or of example length 1, or one
             axis name with two example lengths.
     """
+    constants: dict[str, Any] = {}
     if isinstance(example, Mapping):
-        names, tensors, keywords = [str(k) for k in example], list(example.values()), True
+        constants = {str(k): v for k, v in example.items() if isinstance(v, CONSTANT_TYPES)}
+        given = {str(k): v for k, v in example.items() if str(k) not in constants}
+        names, tensors, keywords = list(given), list(given.values()), True
     elif isinstance(example, (tuple, list)):
         tensors, keywords = list(example), False
         names = _positional_names(module, len(tensors))
@@ -293,7 +308,7 @@ def input_specs(
                     "one axis name means one length"
                 )
         specs.append(spec)
-    return specs, tuple(tensors), keywords
+    return specs, tuple(tensors), keywords, constants
 
 
 def _positional_names(module: nn.Module, count: int) -> list[str]:
@@ -363,10 +378,10 @@ def build_module(source: ModuleSource, registry: Registry | None = None) -> Modu
             f"{kind} is in training mode ({training[0]}: dropout and batch statistics would change every "
             "run); call .eval() before exporting"
         )
-    inputs, example, keywords = input_specs(module, source.example, source.dynamic_axes)
+    inputs, example, keywords, constants = input_specs(module, source.example, source.dynamic_axes)
     dtype = module_dtype(module)
     adapted = apply_adapters(module, registry)
-    flat = FlatModule(adapted.module, [s.name for s in inputs], keywords)
+    flat = FlatModule(adapted.module, [s.name for s in inputs], keywords, constants)
     program = trace_module(flat, example, inputs, kind)
     variants = _variants(program, registry, kind)
     section = ModuleSection(
@@ -377,7 +392,7 @@ def build_module(source: ModuleSource, registry: Registry | None = None) -> Modu
         variants=[v.name for v in variants],
     )
     return ModuleAssembly(
-        module=FlatModule(module, [s.name for s in inputs], keywords),
+        module=FlatModule(module, [s.name for s in inputs], keywords, constants),
         adapted=adapted.module,
         program=program,
         inputs=inputs,
@@ -388,6 +403,7 @@ def build_module(source: ModuleSource, registry: Registry | None = None) -> Modu
         section=section,
         dtype=dtype,
         keywords=keywords,
+        constants=constants,
     )
 
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import attnx
-from attnx.exporter.module import flatten_outputs
+from attnx.exporter.module import flatten_outputs, input_specs
 from tests.helpers import assert_one_line_error, run_cli
 from tests.third_party.toy_library import ToyModel
 
@@ -35,6 +35,20 @@ class ModelOutput(collections.OrderedDict):
 )
 def test_outputs_are_flattened_deterministically(value, names):
     assert [name for name, _ in flatten_outputs(value)] == names
+
+
+def test_inputs_are_named_and_a_dicts_plain_values_are_constants():
+    ids = torch.randint(3, 17, (2, 9))
+    specs, tensors, keywords, constants = input_specs(
+        ToyModel(), {"input_ids": ids, "use_cache": False, "mask": torch.ones(2, 9, 4)}, {"mask": {1: "seq"}}
+    )
+    assert [(s.name, s.dtype, s.axes, s.high) for s in specs] == [
+        ("input_ids", "int64", ("batch", "seq"), int(ids.max()) + 1),
+        ("mask", "float32", (2, "seq", 4), None),
+    ]
+    assert keywords and constants == {"use_cache": False} and tensors[0] is ids
+    specs, _, keywords, _ = input_specs(ToyModel(), (ids,), None)
+    assert not keywords and specs[0].name == "input_ids"  # named after forward's parameter
 
 
 def test_cli_exports_a_module_of_attnx_layers_and_verify_needs_no_user_code(tmp_path):
