@@ -22,7 +22,8 @@ from torch import nn
 
 from attnx.decode.model import PAST_LENGTH, POSITION, TOKENS, DecodeLayout, StateSlot
 from attnx.errors import AttnxError
-from attnx.exporter.module import ModuleAssembly, fixed_arity, flatten_outputs
+from attnx.exporter.module import ModuleAssembly
+from attnx.exporter.signature import fixed_arity, flatten_outputs
 from attnx.parity.runners import BackendSkipped
 from attnx.state import Step, SteppingAttention
 

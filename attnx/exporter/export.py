@@ -34,14 +34,8 @@ from attnx.exporter.budget import EXPORT_WEIGHT_COPIES, ORT_WEIGHT_COPIES, check
 from attnx.exporter.directory import ExportDir, record_file
 from attnx.exporter.inputs import random_feed
 from attnx.exporter.manifest import MANIFEST, MODEL_FILE, MODULE_MODEL, WEIGHTS_FILE, Manifest
-from attnx.exporter.module import (
-    ModuleAssembly,
-    ModuleSource,
-    build_module,
-    dynamic_shapes,
-    quiet_torch,
-    save_reference,
-)
+from attnx.exporter.module import ModuleAssembly, ModuleSource, build_module, quiet_torch, save_reference
+from attnx.exporter.signature import dynamic_shapes
 from attnx.models.spec import TensorSpec
 from attnx.recipes import ExportSettings, Recipe
 

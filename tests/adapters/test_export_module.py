@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import attnx
-from attnx.exporter.module import flatten_outputs, input_specs
+from attnx.exporter.signature import flatten_outputs, input_specs
 from tests.helpers import assert_one_line_error, run_cli
 from tests.third_party.toy_library import ToyModel
 
