@@ -30,6 +30,7 @@ __all__ = [
     "get_registry",
     "hookimpl",
     "save_checkpoint",
+    "triton",
     "verify",
 ]
 
@@ -41,6 +42,7 @@ _LAZY = {
     "bench": ("attnx.bench", "bench"),
     "get_registry": ("attnx.registry", "get_registry"),
     "save_checkpoint": ("attnx.checkpoint", "save_checkpoint"),
+    "triton": ("attnx.api", "triton"),
 }
 
 

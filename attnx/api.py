@@ -32,9 +32,13 @@ from attnx.parity.backends import backends as backend_list
 from attnx.parity.check import Cases, check_parity
 from attnx.parity.report import ParityReport
 from attnx.recipes import Recipe, resolve
+from attnx.serve.genai import GENAI
+from attnx.serve.tokenizer import TOKENIZER
+from attnx.serve.triton import write_repository
 from attnx.variant import Tolerance
 
-GRAPH_EXTENSIONS = (DECODE_GRAPHS,)
+# In this order: the genai decoder is made from the decode graph and reads the tokenizer's special ids.
+GRAPH_EXTENSIONS = (DECODE_GRAPHS, TOKENIZER, GENAI)
 PARITY_EXTENSIONS = (DECODE_PARITY,)
 Progress = Callable[[str], None]
 
@@ -195,6 +199,11 @@ def verify(
     if write:
         report.write(export.path)
     return report
+
+
+# attnx.triton(out, repo, *, name, max_batch, batching, instances, force): a Triton model repository
+# serving the export (docs/deploying.md); the serving layer does the whole job.
+triton = write_repository
 
 
 def _tolerance(atol: float | None, rtol: float | None, export: ExportDir) -> Tolerance | None:

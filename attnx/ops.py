@@ -77,6 +77,8 @@ class AttentionOp:
             in input order); dims may be ints or TensorRT shape expressions, so the rule
             may only index and do + - * // on them. TensorRT plugins need it because the
             torch fake kernel cannot be evaluated on symbolic dimensions.
+        kernel: "module:attribute" of an :class:`attnx.kernels.TritonKernel` computing the op in
+            one launch (TensorRT's AOT plugins, GPU benchmarks), imported only when asked; None: none.
     """
 
     name: str
@@ -87,6 +89,7 @@ class AttentionOp:
     output_shape: Callable[[Mapping[str, Sequence[Any]]], tuple[Any, ...]] = query_shaped_output
     output_names: Sequence[str] = ()
     output_types: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    kernel: str | None = None
 
     @functools.cached_property
     def overload(self) -> torch._ops.OpOverload:

@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import importlib
+import os
 from collections.abc import Iterator
 
 import pytest
+import torch
 
 from attnx.registry import Registry, set_registry
+
+# Without CUDA, the Triton kernel tests (tests/kernels) run in Triton's interpreter, which triton
+# fixes when it is first imported; torch._dynamo (the ONNX exporter) imports it, so switch it on now.
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
 
 TINY = {"d_model": 32, "n_heads": 2, "n_layers": 1, "d_ff": 64, "vocab_size": 50}
 

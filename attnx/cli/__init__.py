@@ -11,7 +11,7 @@ import sys
 import click
 
 from attnx import __version__
-from attnx.cli import bench, build, doctor, export, generate, listing, new_plugin, verify
+from attnx.cli import bench, build, doctor, export, generate, listing, new_plugin, triton, verify
 from attnx.errors import AttnxError
 from attnx.registry import get_registry
 
@@ -32,7 +32,7 @@ def cli() -> None:
 
 
 for command in (listing.command, doctor.command, export.command, verify.command, build.command, bench.command,
-                new_plugin.command, generate.command):
+                new_plugin.command, generate.command, triton.command):
     cli.add_command(command)
 
 

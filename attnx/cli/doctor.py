@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from attnx.cli.common import echo_json, json_option
+from attnx.errors import AttnxError
 
 
 def plugin_status(registry: Any) -> dict[str, list[dict[str, Any]]]:
@@ -74,16 +75,40 @@ def doctor_data() -> dict:
     }
 
 
+def print_targets(out: str, as_json: bool) -> None:
+    """Which serving targets the export ``out`` can be served with, and why not."""
+    from attnx.exporter.directory import ExportDir
+    from attnx.serve.targets import serving_targets
+
+    targets = serving_targets(ExportDir.open(out))
+    if as_json:
+        echo_json({"export": out, "targets": [dataclasses.asdict(t) for t in targets]})
+        return
+    for target in targets:
+        status = "ok" if target.reason is None else f"no: {target.reason}"
+        click.echo(f"{target.name:25} {status}")
+        click.echo(f"{'':25} {target.how}")
+
+
 @click.command("doctor")
+@click.argument("out", required=False, type=click.Path())
+@click.option("--export", "export", default=None, type=click.Path(), help="Same as OUT.")
 @json_option
-def command(as_json: bool) -> None:
-    """Report library versions, ONNX Runtime providers, CUDA/TensorRT status and plugin health.
+def command(out: str | None, export: str | None, as_json: bool) -> None:
+    """Report library versions, ONNX Runtime providers, CUDA/TensorRT status and plugin health;
+    with OUT (an export), which serving targets it can be served with and why not.
 
     \b
     Examples:
       attnx doctor
       attnx doctor --json > doctor.json
+      attnx doctor out          # ORT, onnxruntime-genai, Triton, TensorRT for this export
     """
+    if out is not None and export is not None and out != export:
+        raise AttnxError("give the export once: OUT or --export OUT")
+    if (out or export) is not None:
+        print_targets(str(out or export), as_json)
+        return
     data = doctor_data()
     if as_json:
         echo_json(data)

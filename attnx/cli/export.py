@@ -29,6 +29,7 @@ Examples:
   attnx export --recipe tiny-lm --checkpoint lm.safetensors --save-checkpoint copy.pt -o lm
   attnx export --recipe linear-lm --decode -o lm-decode
   attnx export --variant linear --model lm --dtype fp16 -o lm-fp16
+  attnx export --recipe tiny-lm --decode --tokenizer tokenizer.json -o chat   # + genai, text in/out
   attnx export --module mymodels.py:linear_lm --decode -o my-lm     # any nn.Module (docs/importing.md)
 """
 
@@ -99,7 +100,15 @@ Examples:
 @click.option(
     "--decode",
     is_flag=True,
-    help="Also export prefill.onnx + decode.onnx (KV cache or recurrent state) for generation.",
+    help="Also export prefill.onnx + decode.onnx (KV cache or recurrent state) for generation "
+    "(an lm also gets genai.onnx + genai_config.json for onnxruntime-genai).",
+)
+@click.option(
+    "--tokenizer",
+    default=None,
+    type=click.Path(),
+    metavar="FILE",
+    help="A Hugging Face tokenizer.json to ship with the export (attnx generate --prompt TEXT).",
 )
 @click.option("--verify/--no-verify", default=None, help="Check parity torch vs ORT.  [default: verify]")
 @tolerance_options
@@ -122,6 +131,7 @@ def command(
     checkpoint: str | None,
     save_checkpoint: str | None,
     decode: bool,
+    tokenizer: str | None,
     verify: bool | None,
     seq_lens: str | None,
     atol: float | None,
@@ -145,6 +155,7 @@ def command(
         "export.dtype": dtype,
         "export.seed": seed,
         "export.decode": decode or None,
+        "export.tokenizer": tokenizer,
         "verify.enabled": verify,
         "verify.seq_lens": parse_int_list(seq_lens, "--seq-lens"),
         "verify.atol": atol,
@@ -215,6 +226,11 @@ def command(
                 f"wrote {result.out}/prefill.onnx and {result.out}/decode.onnx ({section.mode} state, "
                 f"{len(section.state)} tensors; run `attnx generate {result.out} --prompt-ids 1,2,3`)"
             )
+        if result.manifest.genai:
+            where = f"onnxruntime_genai.Model('{result.out}')"
+            click.echo(f"wrote {result.out}/genai.onnx + genai_config.json ({where})")
+        if result.manifest.tokenizer:
+            click.echo(f"wrote {result.out}/tokenizer.json ({result.manifest.tokenizer.vocab_size} tokens)")
         if save_checkpoint:
             click.echo(f"saved weights to {save_checkpoint}")
         if result.parity:

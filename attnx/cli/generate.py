@@ -17,6 +17,7 @@ Examples:
   attnx generate out --prompt-file prompt.txt --temperature 0.8 --top-k 20 --seed 7
   attnx generate out --prompt-ids 5 --backend torch --greedy --json
   attnx generate s2s-out --source-ids 4,8,15,16,23,42 --prompt-ids 0 -n 20
+  attnx generate chat --prompt "once upon a time" -n 20     # an export with --tokenizer
 """
 
 
@@ -41,6 +42,7 @@ def parse_ids(text: str, what: str) -> list[int]:
     metavar="FILE",
     help="Read the prompt ids from FILE (separated by whitespace or commas).",
 )
+@click.option("--prompt", default=None, metavar="TEXT", help="Prompt text (exports made with --tokenizer).")
 @click.option(
     "--source-ids", default=None, metavar="ID,ID,...", help="seq2seq exports: the source token ids."
 )
@@ -62,6 +64,7 @@ def command(
     out: str,
     prompt_ids: str | None,
     prompt_file: str | None,
+    prompt: str | None,
     source_ids: str | None,
     max_new_tokens: int,
     backend: str,
@@ -75,12 +78,13 @@ def command(
 ) -> None:
     """Generate token ids after a prompt with OUT's prefill.onnx and decode.onnx.
 
-    OUT is an `attnx export --decode` directory. Ids in, ids out (no tokenizer): the new
-    ids are printed on one line, then the speed. Progress goes to stderr. A seq2seq
-    export also needs the source (--source-ids); the prompt then starts the target.
+    OUT is an `attnx export --decode` directory. Ids in, ids out: the new ids are printed
+    on one line, then the speed; with --prompt (an export with a tokenizer) text in, text
+    out. Progress goes to stderr. A seq2seq export also needs the source (--source-ids);
+    the prompt then starts the target.
     """
-    if (prompt_ids is None) == (prompt_file is None):
-        raise AttnxError("give the prompt with exactly one of --prompt-ids or --prompt-file")
+    if sum(given is not None for given in (prompt_ids, prompt_file, prompt)) != 1:
+        raise AttnxError("give the prompt with exactly one of --prompt-ids, --prompt-file or --prompt")
     if greedy and (temperature is not None or top_k):
         raise AttnxError("--greedy picks the argmax; drop it to sample with --temperature/--top-k")
     if top_k and temperature is None:
@@ -90,6 +94,11 @@ def command(
         if not path.is_file():
             raise AttnxError(f"prompt file '{prompt_file}' does not exist")
         ids = parse_ids(path.read_text(), f"prompt file '{prompt_file}'")
+    elif prompt is not None:
+        from attnx.serve.tokenizer import encode, export_tokenizer
+
+        tokenizer = export_tokenizer(out)
+        ids = encode(tokenizer, prompt)
     else:
         ids = parse_ids(prompt_ids or "", "--prompt-ids")
 
@@ -107,10 +116,11 @@ def command(
         threads=threads,
         progress=progress_printer(quiet or as_json),
     )
+    text = None if prompt is None else tokenizer.decode(result.tokens)
     if as_json:
-        echo_json(result.to_dict())
+        echo_json({**result.to_dict(), **({"text": text} if text is not None else {})})
         return
-    click.echo(",".join(str(t) for t in result.tokens))
+    click.echo(text if text is not None else ",".join(str(t) for t in result.tokens))
     per_token = result.decode_ms_per_token
     decode = f"; decode {per_token:.2f} ms/token" if per_token is not None else ""
     click.echo(

@@ -2,8 +2,9 @@
 
 * prefill: the prompt -> ``logits`` (batch, seq, vocab), ``present_length`` and every
   layer's ``present.<layer>.<name>`` state after the prompt;
-* decode: one token per row (batch, 1), ``past_length`` and every ``past.<layer>.<name>``
-  -> the logits of that token, ``present_length`` and the next state.
+* decode: the next tokens (batch, seq), usually one, ``past_length`` and every
+  ``past.<layer>.<name>`` -> their logits, ``present_length`` and the next state (from an empty
+  state, past_seq 0 or zero sums, it computes what prefill does).
 
 ``lm``: the prompt is ``input_ids``. ``seq2seq``: prefill takes the source (``input_ids``,
 ``attention_mask``) and the decoder prompt ``decoder_input_ids``; it runs the encoder once
@@ -43,7 +44,7 @@ from attnx.state import GROWING, DecodableAttention, PositionalCrossAttention, S
 from attnx.variant import Variant
 
 PAST_LENGTH, PRESENT_LENGTH = "past_length", "present_length"
-PRESENT_SEQ = "present_seq"  # = past_seq + 1 in the decode graph
+PRESENT_SEQ = "present_seq"  # = past_seq + seq in the decode graph
 TOKENS, LOGITS = "input_ids", "logits"
 DECODER_TOKENS, SOURCE_MASK, MEMORY = "decoder_input_ids", "attention_mask", "encoder_hidden_states"
 
@@ -196,15 +197,13 @@ class DecodeLayout:
         return [*self.made(), self.source()[1]]
 
     def inputs(self, with_past: bool) -> list[TensorSpec]:
-        length = 1 if with_past else "seq"
-        tokens = TensorSpec(self.tokens, "int64", ("batch", length), high=self.vocab_size, doc="token ids")
+        tokens = TensorSpec(self.tokens, "int64", ("batch", "seq"), high=self.vocab_size, doc="token ids")
         if not with_past:
             return [*self.source(), tokens]
         return [tokens, *self.context(), *(s.spec("input", GROWING, self.activation) for s in self.slots)]
 
     def outputs(self, with_past: bool) -> list[TensorSpec]:
-        length = 1 if with_past else "seq"
-        shape = ("batch", length, self.vocab_size)
+        shape = ("batch", "seq", self.vocab_size)
         logits = TensorSpec(LOGITS, self.activation, shape, doc="next-token logits")
         made = [] if with_past else self.made()
         growing = PRESENT_SEQ if with_past else "seq"

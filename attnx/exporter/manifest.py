@@ -164,6 +164,30 @@ class EngineSection:
 
 
 @dataclasses.dataclass
+class TokenizerSection:
+    """``tokenizer.json`` (file "tokenizer", a Hugging Face tokenizer; with "tokenizer_config") and the
+    special token ids found in it (None: it names none)."""
+
+    vocab_size: int
+    bos_token_id: int | None = None
+    eos_token_id: int | None = None
+    pad_token_id: int | None = None
+
+
+@dataclasses.dataclass
+class GenaiSection:
+    """The onnxruntime-genai decoder of an lm decode export: ``genai.onnx`` (file "genai", the decode
+    graph under genai's input/output names) described by ``genai_config.json`` (file "genai_config").
+
+    ``packed``: per recurrent state, the attnx state tensors concatenated along the last axis into
+    genai's one ``recurrent_state`` per layer (empty for a KV cache).
+    """
+
+    mode: str
+    packed: list[str]
+
+
+@dataclasses.dataclass
 class ModuleSection:
     """Where the torch reference of an ``attnx.export_module`` export comes from: a user's
     ``nn.Module``, not a registered model (the manifest's ``model`` is then "module").
@@ -215,6 +239,8 @@ class Manifest:
     recipe: str | None = None  # the recipe exported, if any
     decode: DecodeSection | None = None
     engine: EngineSection | None = None
+    tokenizer: TokenizerSection | None = None
+    genai: GenaiSection | None = None
     module: ModuleSection | None = None  # the reference is a user's module, not model + model_config
 
     def to_json(self) -> str:

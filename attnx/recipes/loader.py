@@ -43,7 +43,9 @@ class ExportSettings(Config):
         example_lengths: length per axis of the example inputs torch.export traces with
             (None: distinct primes 17, 19, ... and batch 2); a dynamic axis needs >= 2.
         decode: also export ``prefill.onnx`` + ``decode.onnx`` (KV cache or recurrent state) for
-            token-by-token generation (:mod:`attnx.decode`).
+            token-by-token generation (:mod:`attnx.decode`); an lm also gets the onnxruntime-genai
+            decoder (``genai.onnx`` + ``genai_config.json``, :mod:`attnx.serve.genai`).
+        tokenizer: a Hugging Face ``tokenizer.json`` copied into the export (text in, text out).
     """
 
     opset: int = 18
@@ -53,6 +55,7 @@ class ExportSettings(Config):
     dynamic_axes: tuple[str, ...] | None = None
     example_lengths: dict[str, int] | None = None
     decode: bool = False
+    tokenizer: str | None = None
 
     def validate(self) -> None:
         require(self.seed >= 0, f"export setting seed={self.seed} must be >= 0")

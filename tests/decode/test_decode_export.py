@@ -98,7 +98,7 @@ def test_recurrent_state_is_static_except_batch(decode_export, variant):
         if name.startswith("past."):
             assert dims[0] == "batch" and all(isinstance(x, int) and x > 0 for x in dims[1:]), (name, dims)
             assert outputs[name.replace("past.", "present.")] == dims
-    assert inputs["past_length"] == [1] and inputs["input_ids"] == ["batch", 1]
+    assert inputs["past_length"] == [1] and inputs["input_ids"] == ["batch", "seq"]
 
 
 def test_kv_cache_grows_with_the_past(decode_export):

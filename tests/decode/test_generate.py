@@ -77,7 +77,7 @@ def test_cli_prints_ids_and_speed(decode_export, tmp_path):
         (["--prompt-ids", "1,50"], ["prompt id 50 is out of range", "0..49"]),
         (["--prompt-ids", "-1"], ["prompt id -1 is out of range"]),
         (["--prompt-ids", " , "], ["the prompt is empty"]),
-        ([], ["exactly one of --prompt-ids or --prompt-file"]),
+        ([], ["exactly one of --prompt-ids, --prompt-file or --prompt"]),
         (["--prompt-ids", "1", "--max-new-tokens", "0"], ["--max-new-tokens must be >= 1"]),
         (["--prompt-ids", "1", "--temperature", "0"], ["--temperature must be > 0"]),
         (["--prompt-ids", "1", "--greedy", "--temperature", "0.7"], ["--greedy"]),

@@ -270,6 +270,7 @@ COSFORMER_OP = AttentionOp(
     bodies=(CosformerAttention, CosformerAttentionNoMask),
     input_types={"key_padding_mask": "tensor(bool)"},
     doc="cosFormer attention per head; q,k,v (batch, heads, seq, dim); max_len 0: M = max(n_q, n_k).",
+    kernel="attnx.plugins.cosformer.triton_kernel:COSFORMER_KERNEL",
 )
 
 

@@ -110,6 +110,7 @@ FASTFORMER_OP = AttentionOp(
     input_types={"key_padding_mask": "tensor(bool)"},
     doc="Fastformer additive attention per head: u_i = k_global * v_i; q,k,v (batch, heads, seq, dim), "
     "w_q,w_k (heads, dim).",
+    kernel="attnx.plugins.fastformer.triton_kernel:FASTFORMER_KERNEL",
 )
 
 

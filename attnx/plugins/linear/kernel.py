@@ -135,6 +135,7 @@ LINEAR_OP = AttentionOp(
     bodies=(LinearAttention, LinearAttentionNoMask),
     input_types={"key_padding_mask": "tensor(bool)"},
     doc="elu+1 linear attention per head; q,k,v (batch, heads, seq, dim); causal is bottom-right aligned.",
+    kernel="attnx.plugins.linear.triton_kernel:LINEAR_KERNEL",
 )
 
 

@@ -239,6 +239,7 @@ REFORMER_OP = AttentionOp(
     input_types={"key_padding_mask": "tensor(bool)"},
     doc="Reformer shared-QK LSH attention; qk, v (batch, heads, seq, dim), rotations (heads, dim, n_hashes, "
     "n_buckets/2); key_padding_mask (batch, seq) bool, True = real token.",
+    kernel="attnx.plugins.reformer.triton_kernel:REFORMER_KERNEL",
 )
 
 

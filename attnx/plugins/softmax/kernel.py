@@ -97,6 +97,7 @@ SOFTMAX_OP = AttentionOp(
     bodies=(SoftmaxAttention, SoftmaxAttentionNoMask),
     input_types={"key_padding_mask": "tensor(bool)"},
     doc="softmax(q k^T * scale + mask) v per head; q,k,v (batch, heads, seq, dim).",
+    kernel="attnx.plugins.softmax.triton_kernel:SOFTMAX_KERNEL",
 )
 
 

@@ -1,0 +1,102 @@
+"""Serving layouts: an export's ONNX graph under another runtime's input/output contract.
+
+A :class:`Layout` keeps every node and weight of the source graph and adds a few adapter nodes
+around it: new graph inputs feed the source graph's inputs through nodes placed before it (a
+position from ``position_ids``, a KV cache trimmed to its valid length, a state unpacked), and new
+graph outputs are made from the source graph's outputs by nodes placed after it. So the
+serving graph computes exactly what the checked source graph computes, and only the adapters
+are new (:mod:`attnx.serve.genai`, :mod:`attnx.serve.triton`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+PREFIX = "serve/"  # names of the adapter's own values
+
+
+def value(name: str, dtype: str, axes: Sequence[str | int]) -> onnx.ValueInfoProto:
+    """A graph input/output of numpy ``dtype`` with ``axes`` (str: a named dynamic axis)."""
+    elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    return helper.make_tensor_value_info(name, elem, list(axes))
+
+
+@dataclasses.dataclass
+class Layout:
+    """A source graph (``proto``, left unchanged) and the adapter that gives it new inputs/outputs."""
+
+    proto: onnx.ModelProto
+    inputs: list[onnx.ValueInfoProto] = dataclasses.field(default_factory=list)
+    outputs: list[onnx.ValueInfoProto] = dataclasses.field(default_factory=list)
+    before: list[onnx.NodeProto] = dataclasses.field(default_factory=list)
+    after: list[onnx.NodeProto] = dataclasses.field(default_factory=list)
+    renamed: dict[str, str] = dataclasses.field(default_factory=dict)
+
+    def source(self, name: str) -> onnx.ValueInfoProto:
+        """The source graph's input or output ``name``."""
+        graph = self.proto.graph
+        return next(v for v in [*graph.input, *graph.output] if v.name == name)
+
+    def feed(self, name: str) -> str:
+        """Take source input ``name`` off the graph's inputs; returns the value the adapter must
+        compute for it (its consumers read that value instead)."""
+        self.renamed[name] = f"{PREFIX}{name}"
+        return self.renamed[name]
+
+    def keep(self, name: str) -> None:
+        """Keep source input or output ``name`` as it is."""
+        spec = self.source(name)
+        is_input = any(v.name == name for v in self.proto.graph.input)
+        (self.inputs if is_input else self.outputs).append(spec)
+
+    def constant(self, name: str, values: Sequence[int]) -> str:
+        """An int64 constant before the source graph."""
+        tensor = numpy_helper.from_array(np.asarray(values, dtype=np.int64), f"{PREFIX}{name}")
+        self.before.append(helper.make_node("Constant", [], [tensor.name], value=tensor))
+        return tensor.name
+
+    def node(
+        self, op: str, inputs: Sequence[str], output: str, *, after: bool = False, **attrs: object
+    ) -> str:
+        """Add one adapter node (before the source graph, or ``after`` it); returns its output."""
+        (self.after if after else self.before).append(helper.make_node(op, list(inputs), [output], **attrs))
+        return output
+
+    def build(self, name: str) -> onnx.ModelProto:
+        """The serving graph: the adapter's inputs, nodes and outputs around the source graph."""
+        nodes = [_renamed(node, self.renamed) for node in self.proto.graph.node]
+        graph = helper.make_graph(
+            [*self.before, *nodes, *self.after],
+            name,
+            self.inputs,
+            self.outputs,
+            initializer=list(self.proto.graph.initializer),
+        )
+        model = helper.make_model(
+            graph,
+            opset_imports=list(self.proto.opset_import),
+            functions=list(self.proto.functions),
+            ir_version=self.proto.ir_version,
+            producer_name=self.proto.producer_name,
+            producer_version=self.proto.producer_version,
+        )
+        onnx.checker.check_model(model, full_check=True)
+        return model
+
+
+def _renamed(node: onnx.NodeProto, names: dict[str, str]) -> onnx.NodeProto:
+    """``node`` reading ``names[x]`` wherever it read ``x`` (subgraphs too, which may read outer values)."""
+    copy = onnx.NodeProto()
+    copy.CopyFrom(node)
+    for i, name in enumerate(copy.input):
+        copy.input[i] = names.get(name, name)
+    for attribute in copy.attribute:
+        for graph in [attribute.g, *attribute.graphs]:
+            for j, inner in enumerate(graph.node):
+                graph.node[j].CopyFrom(_renamed(inner, names))
+    return copy

@@ -1,0 +1,145 @@
+"""onnxruntime-genai decoders: genai.onnx computes the full forward, and genai generates what attnx does."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+import attnx
+from attnx.exporter.directory import ExportDir
+from attnx.serve.genai import blocker
+from tests.helpers import run_cli
+
+VARIANTS = ["softmax", "linear", pytest.param("cosformer", marks=pytest.mark.slow)]
+
+
+def full_logits(out, ids: np.ndarray) -> np.ndarray:
+    """The reference: model.onnx's full forward over the whole sequence."""
+    session = ort.InferenceSession(str(out / "model.onnx"))
+    return session.run(["logits"], {"input_ids": ids})[0]
+
+
+def zero_state(session: ort.InferenceSession, batch: int) -> dict[str, np.ndarray]:
+    """genai's empty state: a KV cache of length 0, zero recurrent/conv state."""
+    state = {}
+    for spec in session.get_inputs():
+        if spec.name.startswith("past_key_values."):
+            shape = [batch if d == "batch" else 0 if isinstance(d, str) else d for d in spec.shape]
+            state[spec.name] = np.zeros(shape, dtype=np.float32)
+    return state
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_genai_graph_computes_the_full_forward(serve_export, variant):
+    """Drive genai.onnx in ONNX Runtime the way genai does (position_ids, packed state fed back)."""
+    out = serve_export(variant)
+    session = ort.InferenceSession(str(out / "genai.onnx"))
+    names = [o.name for o in session.get_outputs()]
+    for batch, prompt, total in [(1, 1, 6), (2, 5, 9)]:
+        ids = np.random.default_rng(prompt).integers(0, 50, size=(batch, total))
+        expected = full_logits(out, ids)
+        state, start = zero_state(session, batch), 0
+        for stop in [prompt, *range(prompt + 1, total + 1)]:
+            positions = np.broadcast_to(np.arange(start, stop), (batch, stop - start))
+            feed = {"input_ids": ids[:, start:stop], "position_ids": np.ascontiguousarray(positions), **state}
+            outputs = dict(zip(names, session.run(None, feed), strict=True))
+            np.testing.assert_allclose(outputs["logits"], expected[:, start:stop], atol=2e-5, rtol=1e-4)
+            state = {
+                k.replace("present.", "past_key_values.", 1): v for k, v in outputs.items() if k != "logits"
+            }
+            start = stop
+
+
+@pytest.mark.parametrize("variant", ["softmax", "linear"])
+def test_genai_names_and_config(serve_export, variant):
+    out = serve_export(variant)
+    graph = onnx.load(str(out / "genai.onnx"), load_external_data=False).graph
+    inputs = {v.name for v in graph.input}
+    config = json.loads((out / "genai_config.json").read_text())
+    decoder = config["model"]["decoder"]
+    assert config["model"]["type"] == "decoder" and decoder["filename"] == "genai.onnx"
+    assert decoder["num_hidden_layers"] == 2 and config["search"]["past_present_share_buffer"] is False
+    assert config["model"]["eos_token_id"] == 1  # "</s>" of the tokenizer
+    if variant == "softmax":
+        assert inputs == {"input_ids", "position_ids"} | {
+            f"past_key_values.{i}.{k}" for i in (0, 1) for k in ("key", "value")
+        }
+    else:
+        assert inputs == {"input_ids", "position_ids"} | {
+            f"past_key_values.{i}.{k}" for i in (0, 1) for k in ("recurrent_state", "conv_state")
+        }
+        shapes = {
+            v.name: [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim] for v in graph.input
+        }
+        assert shapes["past_key_values.0.recurrent_state"] == ["batch", 2, 16, 17]  # S (16 x 16) and Z
+        assert shapes["past_key_values.0.conv_state"] == ["batch", 1, 1]
+    manifest = ExportDir.open(out).manifest
+    assert {"genai", "genai_config", "tokenizer", "tokenizer_config"} <= set(manifest.files)
+
+
+def genai_greedy(out, prompt: list[int], new: int) -> list[int]:
+    og = pytest.importorskip("onnxruntime_genai")
+    model = og.Model(str(out))
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=len(prompt) + new, do_sample=False)
+    generator = og.Generator(model, params)
+    generator.append_tokens(np.asarray([prompt], dtype=np.int32))
+    tokens: list[int] = []
+    while not generator.is_done():
+        generator.generate_next_token()
+        tokens.append(int(generator.get_next_tokens()[0]))
+    return tokens
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_genai_generates_what_attnx_generates(serve_export, variant):
+    out = serve_export(variant)
+    eos = json.loads((out / "genai_config.json").read_text())["model"]["eos_token_id"]
+    for prompt in ([7], [3, 9, 4, 12, 5, 6, 2]):
+        tokens = genai_greedy(out, prompt, 12)
+        expected = attnx.generate(out, prompt, 12).tokens
+        assert tokens == expected[: len(tokens)]
+        assert len(tokens) == 12 or tokens[-1] == eos  # genai stops early only at the end token
+
+
+def test_genai_follows_forced_tokens_at_every_position(serve_export):
+    """genai's own logits for a forced continuation equal the full forward's (catches a wrong position)."""
+    og = pytest.importorskip("onnxruntime_genai")
+    out = serve_export("linear")
+    ids = np.random.default_rng(5).integers(2, 50, size=(1, 11))
+    expected = full_logits(out, ids)[0]
+    model = og.Model(str(out))
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=32)
+    generator = og.Generator(model, params)
+    generator.append_tokens(ids[:, :4].astype(np.int32))
+    for position in range(4, 11):
+        logits = generator.get_output("logits")[0, -1]
+        np.testing.assert_allclose(logits, expected[position - 1], atol=2e-5, rtol=1e-4)
+        generator.append_tokens(ids[:, position : position + 1].astype(np.int32))
+
+
+def test_seq2seq_and_plain_exports_are_not_genai_decoders(serve_export):
+    section = ExportDir.open(serve_export("softmax")).manifest.decode
+    assert blocker("lm", section) is None
+    assert "decoder-only" in blocker("seq2seq", section)
+    assert "--decode" in blocker("lm", None)
+
+
+def test_doctor_names_every_target(serve_export):
+    code, stdout, stderr = run_cli(["doctor", str(serve_export("softmax")), "--json"])
+    assert code == 0, stderr
+    targets = {t["name"]: t["reason"] for t in json.loads(stdout)["targets"]}
+    assert set(targets) == {
+        "onnxruntime",
+        "onnxruntime decode",
+        "onnxruntime-genai",
+        "triton dynamic batching",
+        "triton sequence batching",
+        "tensorrt",
+    }
+    assert targets["onnxruntime"] is None and targets["triton sequence batching"] is None
