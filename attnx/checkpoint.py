@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import pickle
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -17,11 +18,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from attnx.atomic import write_atomic
+from attnx.atomic import check_output_file, write_atomic
 from attnx.errors import AttnxError
 
 SAFETENSORS_SUFFIX = ".safetensors"
 LISTED = 5  # names shown per mismatch kind before "..."
+# What the weights-only unpickler says when a file pickles more than tensors (not when it is garbage).
+_REFUSED = re.compile(r"GLOBAL|reduce|object|build", re.IGNORECASE)
 
 
 def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
@@ -45,7 +48,7 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
         data = torch.load(str(path), map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
         reason = _unpickler_reason(exc)
-        if "global" not in reason.lower():
+        if not _REFUSED.search(reason):
             raise AttnxError(f"cannot read checkpoint '{path}' as a PyTorch state dict: {reason}") from None
         raise AttnxError(
             f"refusing checkpoint '{path}': it pickles objects other than tensors ({reason}); "
@@ -54,6 +57,11 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     except (RuntimeError, OSError, EOFError, ValueError) as exc:
         raise AttnxError(
             f"cannot read checkpoint '{path}' as a PyTorch state dict: {_first_line(exc)}"
+        ) from None
+    except Exception as exc:  # the file is user input: torch.load fails on garbage with any type
+        raise AttnxError(
+            f"cannot read checkpoint '{path}' as a PyTorch state dict: not a torch.save file "
+            f"({type(exc).__name__}: {_first_line(exc)})"
         ) from None
     if isinstance(data, Mapping) and set(data) == {"state_dict"}:
         data = data["state_dict"]
@@ -112,6 +120,7 @@ def save_checkpoint(model: Any, path: str | Path) -> Path:
         raise TypeError(
             f"save_checkpoint expects an nn.Module or an attnx Assembly, got {type(model).__name__}"
         )
+    check_checkpoint_target(path, force=True)
     path = Path(path)
     state = {name: tensor.detach().cpu().contiguous().clone() for name, tensor in module.state_dict().items()}
     if path.suffix == SAFETENSORS_SUFFIX:
@@ -125,6 +134,16 @@ def save_checkpoint(model: Any, path: str | Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, data)
     return path
+
+
+def check_checkpoint_target(path: str | Path, force: bool) -> None:
+    """Refuse a ``save_checkpoint`` target before any work: a directory, an existing file
+    (without ``force``), or a path that cannot be created.
+
+    Raises:
+        AttnxError: naming the path and the fix.
+    """
+    check_output_file(path, force, what="checkpoint file")
 
 
 def _looks_like_safetensors(path: Path) -> bool:
@@ -142,10 +161,18 @@ def _listing(title: str, names: list[str]) -> str:
 
 
 def _unpickler_reason(exc: BaseException) -> str:
-    """The specific part of torch's long weights-only refusal, e.g. "Unsupported global: GLOBAL os.system"."""
-    detail = str(exc).partition("WeightsUnpickler error:")[2]
-    lines = [line.strip() for line in detail.splitlines() if line.strip()]
-    return lines[0].partition(" was not an allowed global")[0] if lines else _first_line(exc)
+    """The weights-only unpickler's own sentence in torch's long message, without torch's advice
+    (which suggests ``weights_only=False``), e.g. "Unsupported global: GLOBAL os.system"."""
+    text = str(exc).partition("Check the documentation of torch.load")[0]
+    text = text.rpartition("WeightsUnpickler error:")[2]
+    lines = [
+        line.strip()
+        for line in text.splitlines()
+        if line.strip() and "weights_only" not in line and not line.startswith("Weights only load failed")
+    ]
+    if not lines:
+        return type(exc).__name__
+    return re.sub(r"\s+(was not an allowed global|whose module)\b.*", "", lines[-1])
 
 
 def _first_line(exc: BaseException) -> str:

@@ -4,6 +4,13 @@ Environment:
     ATTNX_DISABLE_PLUGIN_AUTOLOAD=1  do not load entry points (tests, debugging).
     ATTNX_PLUGINS=mod_a,mod_b        also register these importable modules as plugins
                                       (like pytest's PYTEST_PLUGINS).
+
+A plugin can break only itself: an import or hook that raises (``SystemExit`` included;
+Ctrl-C still interrupts), a hook that returns anything but a list of well-formed
+declarations, or a name that another plugin registered is recorded in
+:attr:`Registry.failures` (shown by ``attnx list`` and ``attnx doctor``) and the rest
+keeps working. A name claimed by a built-in plugin (an entry point of the attnx
+distribution itself) and by another plugin stays the built-in's.
 """
 
 from __future__ import annotations
@@ -11,8 +18,10 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import os
+import re
 import traceback
-from collections.abc import Iterable
+import typing
+from collections.abc import Callable, Iterable
 from importlib.metadata import entry_points
 from types import ModuleType
 from typing import Any
@@ -23,6 +32,7 @@ from attnx import hookspecs
 from attnx.errors import AttnxError, unknown_choice
 
 ENTRY_POINT_GROUP = "attnx"
+BUILTIN_DISTRIBUTION = "attnx"
 DISABLE_AUTOLOAD_ENV = "ATTNX_DISABLE_PLUGIN_AUTOLOAD"
 EXTRA_PLUGINS_ENV = "ATTNX_PLUGINS"
 
@@ -40,6 +50,7 @@ class PluginFailure:
 class LoadedPlugin:
     name: str
     source: str  # "entry point <dist>" or "ATTNX_PLUGINS" or "explicit"
+    builtin: bool = False  # an entry point of the attnx distribution itself
 
 
 class Registry:
@@ -62,70 +73,101 @@ class Registry:
         self._variants: dict[str, Any] | None = None
         self._models: dict[str, Any] | None = None
         self._adapters: dict[str, Any] | None = None
-        self._variant_conflicts: dict[str, list[str]] = {}
-        self._model_conflicts: dict[str, list[str]] = {}
-        self._adapter_conflicts: dict[str, list[str]] = {}
+        self._variant_conflicts: dict[str, str] = {}
+        self._model_conflicts: dict[str, str] = {}
+        self._adapter_conflicts: dict[str, str] = {}
 
     # -- loading -----------------------------------------------------------------
     def _load_entry_points(self) -> None:
-        for ep in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
-            dist = getattr(ep.dist, "name", "?")
-            try:
-                module = ep.load()
-            except Exception as exc:  # a broken plugin must not break the CLI
-                self.failures.append(PluginFailure(ep.name, "import", _one_line(exc)))
-                continue
-            self._register(ep.name, module, f"entry point ({dist})")
+        def builtins_first(ep: Any) -> tuple[bool, str]:
+            return _distribution(ep) != BUILTIN_DISTRIBUTION, ep.name
+
+        for ep in sorted(entry_points(group=ENTRY_POINT_GROUP), key=builtins_first):
+            dist = _distribution(ep)
+            loaded, module = self._attempt(ep.name, "import", ep.load)
+            if loaded:
+                self._register(ep.name, module, f"entry point ({dist})", builtin=dist == BUILTIN_DISTRIBUTION)
 
     def _register_import(self, name: str, module_name: str, source: str) -> None:
-        try:
-            module = importlib.import_module(module_name)
-        except Exception as exc:
-            self.failures.append(PluginFailure(name, "import", _one_line(exc)))
-            return
-        self._register(name, module, source)
+        loaded, module = self._attempt(name, "import", lambda: importlib.import_module(module_name))
+        if loaded:
+            self._register(name, module, source)
 
-    def _register(self, name: str, plugin: ModuleType | object, source: str) -> None:
+    def _register(self, name: str, plugin: ModuleType | object, source: str, builtin: bool = False) -> None:
         if self.pm.has_plugin(name):
+            taken = next((p.source for p in self.plugins if p.name == name), "another plugin")
+            message = f"plugin name '{name}' ({source}) is taken by {taken}; rename it"
+            self.failures.append(PluginFailure(name, "conflict", message))
             return
+        if self._attempt(name, "register", lambda: self._register_checked(name, plugin))[0]:
+            self.plugins.append(LoadedPlugin(name, source, builtin))
+
+    def _register_checked(self, name: str, plugin: ModuleType | object) -> None:
+        """Register ``plugin``; one that implements a hook attnx does not declare (a typo) is
+        unregistered again, so ``check_pending`` cannot fail for everyone."""
+        self.pm.register(plugin, name=name)
+        unknown = sorted(
+            caller.name
+            for caller in self.pm.get_hookcallers(plugin) or []
+            if not caller.has_spec()
+            and any(impl.plugin is plugin and not impl.optionalhook for impl in caller.get_hookimpls())
+        )
+        if unknown:
+            self.pm.unregister(plugin)
+            hooks = ", ".join(sorted(n for n in dir(hookspecs) if n.startswith("attnx_")))
+            raise AttnxError(f"implements {unknown[0]}, which is no attnx hook (hooks: {hooks})")
+
+    def _attempt(self, plugin: str, stage: str, call: Callable[[], Any]) -> tuple[bool, Any]:
+        """(True, call()), or (False, None) with the failure recorded against ``plugin``."""
         try:
-            self.pm.register(plugin, name=name)
-        except Exception as exc:
-            self.failures.append(PluginFailure(name, "register", _one_line(exc)))
-            return
-        self.plugins.append(LoadedPlugin(name, source))
+            return True, call()
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # SystemExit too: a plugin calling sys.exit() must not end the CLI
+            self.failures.append(PluginFailure(plugin, stage, _one_line(exc)))
+            return False, None
 
     # -- hook calls, one implementation at a time ----------------------------------
-    def _collect(self, hook_name: str, stage: str) -> list[tuple[str, Any]]:
+    def _collect(self, hook_name: str) -> list[tuple[str, Any]]:
+        """Every plugin's well-formed declarations; a malformed result fails its plugin."""
+        kind = _declared_item(hook_name)
         results: list[tuple[str, Any]] = []
         for impl in getattr(self.pm.hook, hook_name).get_hookimpls():
-            try:
-                items = impl.function() or []
-            except Exception as exc:
-                self.failures.append(PluginFailure(impl.plugin_name, stage, _one_line(exc)))
+            called, items = self._attempt(impl.plugin_name, "register", impl.function)
+            if not called:
                 continue
-            results.extend((impl.plugin_name, item) for item in items)
+            problem = _malformed(items, kind)
+            if problem:
+                self.failures.append(PluginFailure(impl.plugin_name, "register", f"{hook_name}() {problem}"))
+                continue
+            results.extend((impl.plugin_name, item) for item in items or [])
         return results
 
-    def _index(self, hook_name: str, kind: str) -> tuple[dict[str, Any], dict[str, list[str]]]:
+    def _index(self, hook_name: str, word: str) -> tuple[dict[str, Any], dict[str, str]]:
+        """Declarations by name, and the names two plugins claim (with the error to show)."""
         owners: dict[str, list[tuple[str, Any]]] = {}
-        for plugin_name, item in self._collect(hook_name, "register"):
+        for plugin_name, item in self._collect(hook_name):
             owners.setdefault(item.name, []).append((plugin_name, item))
+        builtins = {p.name for p in self.plugins if p.builtin}
         table, conflicts = {}, {}
         for name, claims in owners.items():
-            if len(claims) == 1:
-                table[name] = claims[0][1]
-                continue
             plugins = [p for p, _ in claims]
-            conflicts[name] = plugins
-            self.failures.append(
-                PluginFailure(
-                    ", ".join(plugins),
-                    "conflict",
-                    f"{kind} '{name}' is registered by plugins {' and '.join(repr(p) for p in plugins)}; "
-                    "uninstall or rename one",
-                )
+            builtin = [claim for claim in claims if claim[0] in builtins]
+            if len(claims) == 1 or len(builtin) == 1:
+                winner, table[name] = claims[0] if len(claims) == 1 else builtin[0]
+                others = [p for p in plugins if p != winner]
+                if others:
+                    message = (
+                        f"{word} '{name}' is registered by the built-in plugin {winner!r} and by "
+                        f"{' and '.join(repr(p) for p in others)}; the built-in is used, rename the other"
+                    )
+                    self.failures.append(PluginFailure(", ".join(others), "conflict", message))
+                continue
+            conflicts[name] = (
+                f"{word} '{name}' is registered by plugins {' and '.join(repr(p) for p in plugins)}; "
+                "uninstall or rename one"
             )
+            self.failures.append(PluginFailure(", ".join(plugins), "conflict", conflicts[name]))
         return table, conflicts
 
     @property
@@ -161,24 +203,76 @@ class Registry:
         if name in table:
             return table[name]
         if name in conflicts:
-            plugins = " and ".join(repr(p) for p in conflicts[name])
-            raise AttnxError(f"{kind} '{name}' is registered by plugins {plugins}; uninstall or rename one")
+            raise AttnxError(conflicts[name])
         failed = [f for f in self.failures if f.plugin == name]
         if failed:
             raise AttnxError(
                 f"{kind} '{name}' is unavailable: plugin failed to {failed[0].stage}: {failed[0].error}"
             )
-        raise unknown_choice(kind, name, table)
+        error = unknown_choice(kind, name, table)
+        if self.failures:  # the name may be one a failed plugin would have registered
+            plugins = ", ".join(sorted({f.plugin for f in self.failures}))
+            error = AttnxError(f"{error}; plugins that failed: {plugins} (see `attnx list`)")
+        raise error
 
     def add_commands(self, cli: Any) -> None:
         for impl in self.pm.hook.attnx_register_commands.get_hookimpls():
-            try:
-                impl.function(cli=cli)
-            except Exception as exc:
-                self.failures.append(PluginFailure(impl.plugin_name, "commands", _one_line(exc)))
+            self._attempt(impl.plugin_name, "commands", lambda impl=impl: impl.function(cli=cli))
+
+
+def _distribution(ep: Any) -> str:
+    return getattr(ep.dist, "name", "?")
+
+
+def _declared_item(hook_name: str) -> str:
+    """The class a registration hook's list holds, from its hookspec (``-> list[Variant]``)."""
+    annotation = str(getattr(hookspecs, hook_name).__annotations__["return"])
+    found = re.fullmatch(r"list\[(\w+)\]", annotation)
+    if found is None:
+        raise AssertionError(f"hookspec {hook_name} must return list[<declaration class>], not {annotation}")
+    return found.group(1)
+
+
+def _malformed(items: Any, kind: str) -> str | None:
+    """What is wrong with a registration hook's result (None: a list of well-formed ``kind``)."""
+    if items is None:
+        return None
+    if not isinstance(items, (list, tuple)):
+        return f"returned {type(items).__name__} {_short(items)}, not a list of {kind}"
+    for item in items:
+        if kind not in (c.__name__ for c in type(item).__mro__) or not dataclasses.is_dataclass(item):
+            return f"returned a list holding {type(item).__name__} {_short(item)}, not a {kind}"
+        hints = typing.get_type_hints(type(item))
+        for field in dataclasses.fields(item):
+            value, hint = getattr(item, field.name), hints[field.name]
+            if typing.get_origin(hint) is type:
+                (base,) = typing.get_args(hint)
+                if not (isinstance(value, type) and issubclass(value, base) and _declares_dataclass(value)):
+                    return (
+                        f"returned {kind} {_short(item.name)} whose {field.name} {_short(value)} is not a "
+                        f"@dataclass subclass of {base.__name__}"
+                    )
+            elif isinstance(hint, type) and not isinstance(value, hint):
+                return (
+                    f"returned {kind} {_short(item.name)} whose {field.name} {_short(value)} is "
+                    f"{type(value).__name__}, not {hint.__name__}"
+                )
+    return None
+
+
+def _declares_dataclass(cls: type) -> bool:
+    """``cls`` itself is decorated with @dataclass (a plain subclass inherits Config's empty fields)."""
+    return "__dataclass_fields__" in vars(cls)
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _one_line(exc: BaseException) -> str:
+    if isinstance(exc, AttnxError):
+        return str(exc)
     text = "".join(traceback.format_exception_only(type(exc), exc)).strip().splitlines()
     return text[-1] if text else type(exc).__name__
 

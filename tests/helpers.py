@@ -4,6 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import io
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -31,3 +37,42 @@ def assert_one_line_error(code: int, stderr: str, *fragments: str) -> None:
     for fragment in fragments:
         if fragment not in lines[0]:
             pytest.fail(f"{fragment!r} not in error line {lines[0]!r}")
+
+
+def assert_unchanged(actual: Any, expected: Any, what: str = "") -> None:
+    """``actual`` equals ``expected`` up to the rounding of correct kernels (the conformance kit's
+    causality bound, ``attnx.testing.checks.causality.rounding_bound``). Bit equality would depend
+    on the CPU: BLAS may block a matmul differently once other rows of its input change."""
+    from attnx.testing.checks.causality import rounding_bound
+
+    assert actual.shape == expected.shape, what
+    change = float((actual.double() - expected.double()).abs().max()) if actual.numel() else 0.0
+    bound = rounding_bound(expected)
+    assert change <= bound, f"{what} changed by {change:.3g} (rounding allows {bound:.3g})"
+
+
+REPO = Path(__file__).resolve().parents[1]
+_HOLDER = textwrap.dedent(
+    """
+    import sys, time
+    from pathlib import Path
+    from attnx.atomic import staged_directory
+    out, signal_file = Path(sys.argv[1]), Path(sys.argv[2])
+    with staged_directory(out, marker="attnx.json") as staging:
+        (staging / "attnx.json").write_text("{}")
+        signal_file.write_text("inside")
+        time.sleep(float(sys.argv[3]))
+    """
+)
+
+
+def start_holder(out: Path, seconds: float) -> subprocess.Popen:
+    """A process inside ``staged_directory(out)`` (lock held, staging folder written) for ``seconds``."""
+    inside = out.parent / ".holder-inside"
+    holder = subprocess.Popen([sys.executable, "-c", _HOLDER, str(out), str(inside), str(seconds)], cwd=REPO)
+    deadline = time.monotonic() + 60
+    while not inside.exists():
+        assert holder.poll() is None and time.monotonic() < deadline, "holder did not start"
+        time.sleep(0.02)
+    inside.unlink()
+    return holder

@@ -1,12 +1,19 @@
 """The ``attnx`` command line: a thin Click layer over the Python API.
 
 Every command turns :class:`attnx.AttnxError` and Click usage errors into one
-line on stderr and exit code 2; a failed check (parity) exits with 1.
+line on stderr and exit code 2; a failed check (parity) exits with 1. Ctrl-C
+prints "Interrupted." and exits with 130 (what was being written is removed); a
+reader that closes stdout early (``attnx list | head -1``) ends the command
+quietly with exit code 0.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
+from collections.abc import Iterator
+from typing import Any
 
 import click
 
@@ -16,9 +23,24 @@ from attnx.errors import AttnxError
 from attnx.registry import get_registry
 
 EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+class AttnxGroup(click.Group):
+    """The command group; a broken pipe on stdout ends the CLI with exit 0 (Click would exit 1)."""
+
+    def make_context(self, *args: Any, **kwargs: Any) -> click.Context:
+        with _exit_0_on_closed_stdout():  # --help and --version print while parsing
+            return super().make_context(*args, **kwargs)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        with _exit_0_on_closed_stdout():
+            return super().invoke(ctx)
+
+
+@click.group(
+    cls=AttnxGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100}
+)
 @click.version_option(__version__, prog_name="attnx")
 def cli() -> None:
     """Export efficient-attention Transformers to ONNX/TensorRT and prove they compute the same thing.
@@ -42,9 +64,11 @@ def _add_plugin_commands() -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: run the CLI and map errors to one line + exit code."""
-    _add_plugin_commands()
     try:
-        cli.main(args=argv, prog_name="attnx", standalone_mode=False)
+        _add_plugin_commands()
+        with _exit_0_on_closed_stdout():
+            cli.main(args=argv, prog_name="attnx", standalone_mode=False)
+            sys.stdout.flush()  # a closed pipe shows here when the output fitted the buffer
     except AttnxError as exc:
         click.echo(f"Error: {exc}", err=True)
         sys.exit(EXIT_BAD_INPUT)
@@ -57,6 +81,18 @@ def main(argv: list[str] | None = None) -> None:
     except click.ClickException as exc:
         click.echo(f"Error: {exc.format_message()}", err=True)
         sys.exit(exc.exit_code)
-    except click.Abort:
-        click.echo("Aborted.", err=True)
-        sys.exit(130)
+    except (KeyboardInterrupt, click.Abort):  # Click turns Ctrl-C inside a command into Abort
+        click.echo("Interrupted.", err=True)
+        sys.exit(EXIT_INTERRUPTED)
+
+
+@contextlib.contextmanager
+def _exit_0_on_closed_stdout() -> Iterator[None]:
+    """The reader of stdout went away: point stdout at devnull so the exit flush cannot fail again,
+    and exit 0 (https://docs.python.org/3/library/signal.html#note-on-sigpipe)."""
+    try:
+        yield
+    except BrokenPipeError:
+        with contextlib.suppress(OSError, ValueError):  # stdout may be no real file (tests)
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(0)

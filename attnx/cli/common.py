@@ -46,6 +46,18 @@ def progress_printer(quiet: bool) -> Callable[[str], None]:
     return report
 
 
+def console() -> Any:
+    """A rich Console for stdout whose broken pipe (``attnx list | head -1``) reaches the CLI's
+    handler (exit 0) like any other write; rich itself would exit with 1."""
+    from rich.console import Console
+
+    class PipeConsole(Console):
+        def on_broken_pipe(self) -> None:
+            raise BrokenPipeError
+
+    return PipeConsole(soft_wrap=True)
+
+
 def tolerance_options(func: Callable[..., Any]) -> Callable[..., Any]:
     func = click.option(
         "--rtol", type=float, default=None, help="Relative tolerance (default: the variant's)."
@@ -63,7 +75,6 @@ def tolerance_options(func: Callable[..., Any]) -> Callable[..., Any]:
 
 def print_parity(report: Any) -> None:
     """The per-backend, per-output parity table."""
-    from rich.console import Console
     from rich.table import Table
 
     table = Table(title=f"parity vs torch (atol={report.atol:g}, rtol={report.rtol:g}, seed={report.seed})")
@@ -81,7 +92,7 @@ def print_parity(report: Any) -> None:
                 f"{c.max_rel:.3g}",
                 "pass" if c.passed else "FAIL",
             )
-    Console(soft_wrap=True).print(table)
+    console().print(table)
     if report.fp32_drift:
         worst = max(report.fp32_drift, key=lambda d: d.max_abs)
         click.echo(

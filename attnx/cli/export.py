@@ -112,7 +112,11 @@ Examples:
 )
 @click.option("--verify/--no-verify", default=None, help="Check parity torch vs ORT.  [default: verify]")
 @tolerance_options
-@click.option("--force", is_flag=True, help="Replace OUT (and the --save-checkpoint file) if it exists.")
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Replace OUT if it is an earlier export (has attnx.json) or empty, and the --save-checkpoint file.",
+)
 @click.option("--quiet", "-q", is_flag=True, help="No progress messages.")
 @json_option
 def command(

@@ -9,6 +9,7 @@ import click
 
 from attnx.cli.common import echo_json, json_option, progress_printer
 from attnx.errors import AttnxError
+from attnx.recipes.loader import MAX_SEED
 
 EPILOG = """\b
 Examples:
@@ -30,6 +31,22 @@ def parse_ids(text: str, what: str) -> list[int]:
         bad = next(p for p in parts if not re.fullmatch(r"[+-]?\d+", p))
         message = f"{what} must hold integer token ids, comma- or space-separated (got '{bad}')"
         raise AttnxError(message) from None
+
+
+def read_prompt(name: str) -> str:
+    """The text of a ``--prompt-file``; one-line errors for a missing, unreadable or non-UTF-8 file."""
+    path = Path(name)
+    if not path.is_file():
+        raise AttnxError(f"prompt file '{name}' does not exist")
+    try:
+        return path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise AttnxError(
+            f"prompt file '{name}' is not UTF-8 text (bad byte at offset {exc.start}); "
+            "it should hold token ids"
+        ) from None
+    except OSError as exc:
+        raise AttnxError(f"cannot read prompt file '{name}': {exc.strerror or exc}") from None
 
 
 @click.command("generate", epilog=EPILOG)
@@ -56,7 +73,9 @@ def parse_ids(text: str, what: str) -> list[int]:
 @click.option("--greedy", is_flag=True, help="Pick the likeliest token (default without --temperature).")
 @click.option("--temperature", default=None, type=float, help="Sample from softmax(logits / T).")
 @click.option("--top-k", default=0, show_default=True, type=int, help="Sample from the K likeliest.")
-@click.option("--seed", default=0, show_default=True, type=int, help="Seed of the sampler.")
+@click.option(
+    "--seed", default=0, show_default=True, type=click.IntRange(0, MAX_SEED), help="Seed of the sampler."
+)
 @click.option("--threads", default=None, type=int, help="ONNX Runtime intra-op threads (default: all cores).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress messages.")
 @json_option
@@ -90,10 +109,7 @@ def command(
     if top_k and temperature is None:
         temperature = 1.0
     if prompt_file is not None:
-        path = Path(prompt_file)
-        if not path.is_file():
-            raise AttnxError(f"prompt file '{prompt_file}' does not exist")
-        ids = parse_ids(path.read_text(), f"prompt file '{prompt_file}'")
+        ids = parse_ids(read_prompt(prompt_file), f"prompt file '{prompt_file}'")
     elif prompt is not None:
         from attnx.serve.tokenizer import encode, export_tokenizer
 

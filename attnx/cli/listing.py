@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from attnx.cli.common import echo_json, json_option
+from attnx.cli.common import console, echo_json, json_option
 from attnx.recipes import summaries
 from attnx.registry import get_registry
 
@@ -79,10 +79,9 @@ def command(as_json: bool) -> None:
     if as_json:
         echo_json(data)
         return
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console(soft_wrap=True)
+    out = console()
     table = Table(title="attention variants")
     for column in ("variant", "causal", "cross", "pad mask", "decode", "fp16", "paper"):
         table.add_column(column)
@@ -98,20 +97,20 @@ def command(as_json: bool) -> None:
             yes[caps["fp16"]],
             v["paper"].split(" (")[0],
         )
-    console.print(table)
+    out.print(table)
     models = Table(title="models")
     models.add_column("model")
     models.add_column("summary")
     for m in data["models"]:
         models.add_row(m["name"], m["summary"])
-    console.print(models)
+    out.print(models)
     adapters = Table(title="adapters (attnx.export_module, docs/importing.md)")
     for column in ("adapter", "library", "installed", "sources", "summary"):
         adapters.add_column(column)
     for a in data["adapters"]:
         sources = ", ".join(f"{s}:" for s in a["sources"]) or "-"
         adapters.add_row(a["name"], a["library"], a["installed"] or "no", sources, a["summary"])
-    console.print(adapters)
+    out.print(adapters)
     recipes = Table(title="recipes (--recipe)")
     for column in ("recipe", "model", "variant", "description"):
         recipes.add_column(column)
@@ -120,17 +119,17 @@ def command(as_json: bool) -> None:
         if r.get("cross_variant"):
             variant += f" (cross: {r['cross_variant']})"
         recipes.add_row(r["name"], r.get("model") or "?", variant, r.get("error") or r["description"])
-    console.print(recipes)
+    out.print(recipes)
     lowerings = Table(title="lowerings (--lowering)")
     lowerings.add_column("lowering")
     lowerings.add_column("ONNX graph holds")
     for name, text in LOWERINGS.items():
         lowerings.add_row(name, text)
-    console.print(lowerings)
+    out.print(lowerings)
     if data["failed_plugins"]:
         failed = Table(title="FAILED plugins")
         for column in ("plugin", "stage", "error"):
             failed.add_column(column)
         for f in data["failed_plugins"]:
             failed.add_row(f["plugin"], f["stage"], f["error"])
-        console.print(failed)
+        out.print(failed)

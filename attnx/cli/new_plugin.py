@@ -17,7 +17,7 @@ Examples:
 @click.option(
     "--out", "-o", default=None, type=click.Path(), help="Directory to create (default: ./attnx-NAME)."
 )
-@click.option("--force", is_flag=True, help="Replace OUT if it exists.")
+@click.option("--force", is_flag=True, help="Replace OUT if it is an earlier scaffold of NAME or empty.")
 def command(name: str, out: str | None, force: bool) -> None:
     """Create a plugin package for attention variant NAME (lower-case, e.g. window).
 

@@ -25,7 +25,7 @@ import torch
 from safetensors.torch import save_model
 
 from attnx.atomic import check_output_dir, staged_directory, write_atomic
-from attnx.checkpoint import load_checkpoint
+from attnx.checkpoint import check_checkpoint_target, load_checkpoint
 from attnx.domains import DOMAIN
 from attnx.errors import AttnxError, unknown_choice
 from attnx.exporter import lowering as lowering_mod
@@ -34,7 +34,14 @@ from attnx.exporter.budget import EXPORT_WEIGHT_COPIES, ORT_WEIGHT_COPIES, check
 from attnx.exporter.directory import ExportDir, record_file
 from attnx.exporter.inputs import random_feed
 from attnx.exporter.manifest import MANIFEST, MODEL_FILE, MODULE_MODEL, WEIGHTS_FILE, Manifest
-from attnx.exporter.module import ModuleAssembly, ModuleSource, build_module, quiet_torch, save_reference
+from attnx.exporter.module import (
+    ModuleAssembly,
+    ModuleSource,
+    build_module,
+    quiet_torch,
+    save_reference,
+    unwrap_interrupt,
+)
 from attnx.exporter.signature import dynamic_shapes
 from attnx.models.spec import TensorSpec
 from attnx.recipes import ExportSettings, Recipe
@@ -108,11 +115,9 @@ def preflight(job: ExportJob, extensions: Sequence[GraphExtension] = ()) -> None
     for extension in extensions:
         if extension.wanted(job):
             extension.check(job)
-    check_output_dir(job.out, job.force)
-    if job.save_checkpoint is not None and job.save_checkpoint.exists() and not job.force:
-        raise AttnxError(
-            f"checkpoint file '{job.save_checkpoint}' already exists; pass --force to replace it"
-        )
+    check_output_dir(job.out, job.force, MANIFEST)
+    if job.save_checkpoint is not None:
+        check_checkpoint_target(job.save_checkpoint, job.force)
 
 
 def build(job: ExportJob, progress: Progress | None = None) -> Assembly | ModuleAssembly:
@@ -148,7 +153,7 @@ def build(job: ExportJob, progress: Progress | None = None) -> Assembly | Module
 @contextlib.contextmanager
 def staged(job: ExportJob) -> Iterator[Path]:
     """A staging directory that replaces OUT when the block succeeds (``--force``: only an export)."""
-    with staged_directory(job.out, job.force) as staging:
+    with staged_directory(job.out, job.force, MANIFEST) as staging:
         yield staging
 
 
@@ -378,7 +383,7 @@ def export_onnx(
     ``dynamic_shapes`` unused), with ``ops`` as bare ``attnx::`` nodes; checks the graph's dtypes
     against the specs and names their dynamic axes."""
     table = {op.overload: op.translation() for op in ops}
-    with quiet_torch():
+    with quiet_torch(), unwrap_interrupt():
         program = torch.onnx.export(
             model,
             args,

@@ -114,7 +114,11 @@ def _drop_opsets(model: onnx.ModelProto, domains: set[str]) -> None:
 
 
 def function_protos(body: onnxscript.OnnxFunction) -> list[onnx.FunctionProto]:
-    """``body`` and every library function it calls, transitively, as FunctionProtos."""
+    """``body`` and every library function it calls, transitively, as FunctionProtos.
+
+    Each proto imports the domain of every function it calls, also from inside an ``If``
+    branch (onnxscript imports only the domains of its top-level nodes).
+    """
     seen: dict[tuple[str, str], onnx.FunctionProto] = {}
 
     def visit(fn: onnxscript.OnnxFunction) -> None:
@@ -123,7 +127,13 @@ def function_protos(body: onnxscript.OnnxFunction) -> list[onnx.FunctionProto]:
         if key in seen:
             return
         seen[key] = proto
-        for callee in fn.function_ir.get_called_functions().values():
+        callees = fn.function_ir.get_called_functions().values()
+        imported = {o.domain for o in proto.opset_import}
+        for callee in callees:
+            if callee.opset.domain not in imported:
+                proto.opset_import.add(domain=callee.opset.domain, version=callee.opset.version)
+                imported.add(callee.opset.domain)
+        for callee in callees:
             visit(callee)
 
     visit(body)

@@ -263,10 +263,25 @@ def trace_module(
             adapter raised while tracing is passed on as it is).
     """
     try:
-        with quiet_torch():
+        with quiet_torch(), unwrap_interrupt():
             return torch.export.export(flat, example, dynamic_shapes=dynamic_shapes(inputs), strict=False)
     except Exception as exc:
         raise untraceable(exc, kind) from None
+
+
+@contextlib.contextmanager
+def unwrap_interrupt() -> Iterator[None]:
+    """Re-raise Ctrl-C that torch.onnx or torch.export wrapped: a KeyboardInterrupt inside their lazy
+    imports surfaces as an exporter error caused by an AttributeError whose context is the interrupt."""
+    try:
+        yield
+    except Exception as exc:
+        cause: BaseException | None = exc
+        while cause is not None and not isinstance(cause, KeyboardInterrupt):
+            cause = cause.__cause__ or cause.__context__
+        if cause is not None:
+            raise KeyboardInterrupt from exc
+        raise
 
 
 @contextlib.contextmanager

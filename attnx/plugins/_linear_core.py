@@ -207,16 +207,19 @@ def LinearCoreAttend(
     """ONNX twin of :func:`kernel_attention`; returns float32.
 
     The causal/bidirectional choice is an ``If`` on a constant: runtimes fold it, and
-    the bidirectional form keeps its O(d^2) state instead of paying for chunks.
+    the bidirectional form keeps its O(d^2) state instead of paying for chunks. Each
+    branch assigns one value: onnxscript orders the outputs of an ``If`` that assigns
+    several by a set of their names, so the bytes would depend on PYTHONHASHSEED.
     """
     values = op.Cast(v, to=FLOAT.dtype)
     chunk = op.Reshape(op.Constant(value_int=chunk_size), [1])
     if op.Cast(op.Constant(value_int=causal), to=BOOL.dtype):
         num, den = LinearCoreCausalSums(qf, kf, values, chunk)
+        out = LinearCoreNormalise(num, den, eps=eps, clamp=clamp)
     else:
         num, den = LinearCoreFullSums(qf, kf, values)
-    # A library call outside the If also makes onnxscript import this domain in the function.
-    return LinearCoreNormalise(num, den, eps=eps, clamp=clamp)
+        out = LinearCoreNormalise(num, den, eps=eps, clamp=clamp)
+    return out
 
 
 @onnxscript.script(LIBRARY, default_opset=op)

@@ -31,6 +31,9 @@ else:  # pragma: no cover - exercised on Python 3.10 only
 
 RECIPE_DIR = Path(__file__).parent
 SUFFIX = ".toml"
+# Seeds are signed 64-bit (torch.manual_seed, numpy and the manifest's JSON readers all take that).
+MAX_SEED = 2**63 - 1
+MAX_NESTING = 16  # a recipe nests 3 deep ([export] example_lengths); deeper is a mistake or an attack
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,7 +61,10 @@ class ExportSettings(Config):
     tokenizer: str | None = None
 
     def validate(self) -> None:
-        require(self.seed >= 0, f"export setting seed={self.seed} must be >= 0")
+        require(
+            0 <= self.seed <= MAX_SEED,
+            f"export setting seed={self.seed} must be in 0..{MAX_SEED} (a signed 64-bit integer)",
+        )
         for axis, length in (self.example_lengths or {}).items():
             require(
                 isinstance(length, int) and not isinstance(length, bool) and length >= 1,
@@ -198,11 +204,39 @@ def recipe_path(name_or_path: str | Path) -> Path:
 
 
 def read_toml(path: Path) -> dict[str, Any]:
+    """The TOML document at ``path``.
+
+    Raises:
+        AttnxError: unreadable, not UTF-8, not TOML, or nested deeper than :data:`MAX_NESTING`.
+    """
     try:
         with open(path, "rb") as handle:
-            return tomllib.load(handle)
+            data = tomllib.load(handle)
     except tomllib.TOMLDecodeError as exc:
         raise AttnxError(f"recipe '{path}' is not valid TOML: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise AttnxError(
+            f"recipe '{path}' is not UTF-8 text (bad byte at offset {exc.start}); save it as UTF-8"
+        ) from None
+    except RecursionError:
+        raise AttnxError(f"recipe '{path}' nests arrays or tables too deeply (max {MAX_NESTING})") from None
+    except OSError as exc:
+        raise AttnxError(f"cannot read recipe '{path}': {exc.strerror or exc}") from None
+    if _nesting(data) > MAX_NESTING:
+        raise AttnxError(f"recipe '{path}' nests arrays or tables too deeply (max {MAX_NESTING})")
+    return data
+
+
+def _nesting(data: Any) -> int:
+    """How deep arrays and tables nest in ``data`` (iteratively: a deep document must not recurse)."""
+    deepest, stack = 0, [(data, 0)]
+    while stack:
+        value, depth = stack.pop()
+        children = value.values() if isinstance(value, dict) else value if isinstance(value, list) else None
+        if children is not None:
+            deepest = max(deepest, depth + 1)
+            stack.extend((child, depth + 1) for child in children)
+    return deepest
 
 
 def load_recipe(name_or_path: str | Path, registry: Registry | None = None) -> Recipe:

@@ -123,12 +123,14 @@ def scaffold(
     """Write a new plugin package for variant ``name`` to ``out`` (default ``./attnx-NAME``), atomically.
 
     Raises:
-        AttnxError: an invalid or taken name, or ``out`` exists (without ``force``) or is not writable.
+        AttnxError: an invalid or taken name, or ``out`` exists (without ``force``; with it, and is
+            neither empty nor an earlier scaffold of this plugin) or is not writable.
     """
     plugin = validate_name(name, registry)
     target = Path(out) if out is not None else Path(plugin.distribution)
     files = render(plugin)
-    with staged_directory(target, force) as staging:
+    # --force replaces an earlier scaffold of this plugin (or an empty directory), nothing else
+    with staged_directory(target, force, marker=f"{plugin.package}/__init__.py") as staging:
         for path, content in files.items():
             (staging / path).parent.mkdir(parents=True, exist_ok=True)
             (staging / path).write_text(content, encoding="utf-8")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 
 import numpy as np
 import onnx
@@ -137,13 +138,22 @@ def test_failed_export_leaves_nothing(tmp_path, monkeypatch):
     assert not out.exists() and not (tmp_path / "sub").exists()
 
 
-def test_force_replaces_atomically(tmp_path):
+def test_force_replaces_an_earlier_export_atomically_and_nothing_else(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     (out / "stale.txt").write_text("old")
-    export("softmax", out, force=True, options={**TINY, "verify.enabled": False})
+    options = {**TINY, "verify.enabled": False}
+    with pytest.raises(AttnxError, match="holds no attnx.json, so it is not an earlier output"):
+        export("softmax", out, force=True, options=options)
+    assert [p.name for p in out.iterdir()] == ["stale.txt"]
+    (out / "attnx.json").write_text("{}")
+    export("softmax", out, force=True, options=options)
     assert not (out / "stale.txt").exists() and (out / "model.onnx").is_file()
     assert [p.name for p in tmp_path.iterdir()] == ["out"]
+    mask = os.umask(0)
+    os.umask(mask)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in out.iterdir()}
+    assert modes == dict.fromkeys(["attnx.json", "model.onnx", "weights.safetensors"], 0o666 & ~mask)
 
 
 def test_third_party_plugin_exports_and_verifies(tmp_path, use_registry):

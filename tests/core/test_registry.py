@@ -63,3 +63,75 @@ def test_third_party_variant_registers_without_changes_to_attnx(monkeypatch):
     monkeypatch.setenv(EXTRA_PLUGINS_ENV, "tests.third_party.sigmoid_plugin")
     variant = Registry().variant("sigmoid_test")
     assert variant.capabilities.cross and not variant.capabilities.causal
+
+
+@pytest.mark.parametrize(
+    ("choice", "fragment"),
+    [
+        ("dict", "attnx_register_variants() returned dict {'name': 'malformed_test'}, not a list of Variant"),
+        ("bare-variant", "returned Variant Variant(name='malformed_test'"),
+        ("string", "returned str 'malformed_test', not a list of Variant"),
+        ("not-a-variant", "returned a list holding str 'softmax', not a Variant"),
+        ("config-not-a-dataclass", "whose config <class "),
+        ("config-not-a-config", "whose config <class 'dict'> is not a @dataclass subclass of Config"),
+        ("config-instance", "is not a @dataclass subclass of Config"),
+        ("capabilities-dict", "whose capabilities {'causal': True} is dict, not Capabilities"),
+        ("name-not-a-string", "whose name 7 is int, not str"),
+        ("sys-exit", "SystemExit: 3"),
+        ("model-config-not-a-config", "attnx_register_models() returned ModelSpec 'malformed_model' whose"),
+        ("model-not-a-model", "returned a list holding Variant"),
+    ],
+)
+def test_malformed_hook_results_fail_only_their_plugin(monkeypatch, choice, fragment):
+    monkeypatch.setenv(EXTRA_PLUGINS_ENV, "tests.third_party.malformed_plugin")
+    monkeypatch.setenv("ATTNX_TEST_MALFORMED", choice)
+    registry = Registry()
+    assert registry.variant("softmax").name == "softmax" and registry.model("encoder").name == "encoder"
+    failures = [f for f in registry.failures if f.plugin == "tests.third_party.malformed_plugin"]
+    assert [f.stage for f in failures] == ["register"], registry.failures
+    assert fragment in failures[0].error
+    assert "malformed_test" not in registry.variants and "malformed_model" not in registry.models
+
+
+def test_a_plugin_calling_sys_exit_at_import_is_reported(monkeypatch):
+    monkeypatch.setenv(EXTRA_PLUGINS_ENV, "tests.third_party.exiting_plugin")
+    registry = Registry()
+    (failure,) = [f for f in registry.failures if f.plugin == "tests.third_party.exiting_plugin"]
+    assert failure.stage == "import"
+    assert "SystemExit: exiting_plugin: cannot find my license file" in failure.error
+    assert "softmax" in registry.variants
+
+
+def test_ctrl_c_in_a_plugin_still_interrupts(monkeypatch):
+    monkeypatch.setenv(EXTRA_PLUGINS_ENV, "tests.third_party.malformed_plugin")
+    registry = Registry()
+    (impl,) = [
+        i for i in registry.pm.hook.attnx_register_variants.get_hookimpls() if "malformed" in i.plugin_name
+    ]
+
+    def interrupted():
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(impl, "function", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        registry.variants  # noqa: B018
+
+
+def test_a_builtin_name_taken_by_a_plugin_stays_the_builtins(monkeypatch):
+    monkeypatch.setenv(EXTRA_PLUGINS_ENV, "tests.third_party.intruder_plugin")
+    registry = Registry()
+    assert registry.variant("softmax").summary != "an impostor"
+    (failure,) = [f for f in registry.failures if f.stage == "conflict"]
+    assert failure.plugin == "tests.third_party.intruder_plugin"
+    assert "built-in plugin 'softmax'" in failure.error
+    assert "and by 'tests.third_party.intruder_plugin'" in failure.error
+    assert {p.name for p in registry.plugins if p.builtin} >= {"softmax", "models", "linear"}
+
+
+def test_a_hook_name_with_a_typo_fails_only_its_plugin(monkeypatch):
+    monkeypatch.setenv(EXTRA_PLUGINS_ENV, "tests.third_party.typo_plugin")
+    registry = Registry()
+    (failure,) = registry.failures
+    assert failure.plugin == "tests.third_party.typo_plugin" and failure.stage == "register"
+    assert failure.error.startswith("implements attnx_register_variant, which is no attnx hook")
+    assert "attnx_register_variants" in failure.error and "softmax" in registry.variants

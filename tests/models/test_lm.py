@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from attnx.exporter.assemble import assemble
 from attnx.exporter.manifest import MODEL_FILE
+from tests.helpers import assert_unchanged
 from tests.models.cases import VARIANT_OPTIONS, causal_variants
 from tests.models.exports import tiny_export
 
@@ -35,7 +36,8 @@ def future_changed(ids: torch.Tensor, k: int, generator: torch.Generator) -> tor
     "architecture", [{}, {"reversible": True, "ff_chunks": 3}], ids=["plain", "reversible"]
 )
 def test_future_tokens_do_not_change_earlier_logits(variant, architecture):
-    """Bit-exact in torch, through embeddings, every layer (plain or reversible, chunked FFN) and the head."""
+    """Unchanged up to rounding in torch, through embeddings, every layer (plain or reversible, chunked FFN)
+    and the head."""
     model = build(variant, **architecture)
     generator = torch.Generator().manual_seed(7)
     for n in (2, 5, 13, 40):
@@ -44,7 +46,7 @@ def test_future_tokens_do_not_change_earlier_logits(variant, architecture):
             (base,) = model(ids)
             for k in sorted({1, n // 2, n - 1}):
                 (changed,) = model(future_changed(ids, k, generator))
-                assert torch.equal(changed[:, :k], base[:, :k]), f"n={n}, k={k}"
+                assert_unchanged(changed[:, :k], base[:, :k], f"n={n}, k={k}")
                 assert not torch.equal(changed[:, k:], base[:, k:]), "later logits must see the change"
 
 

@@ -23,6 +23,7 @@ from attnx.ops import AttentionOp
 from attnx.testing.onnx_op import OpSession
 from attnx.testing.subject import Case, OpCall
 from attnx.variant import AttentionSpec, Variant
+from tests.helpers import assert_unchanged
 
 LOWERINGS = ("function", "decomposed", "plugin")
 
@@ -183,25 +184,26 @@ def assert_padded_keys_ignored(
     attend: Callable[..., torch.Tensor], inputs: Sequence[torch.Tensor], g: torch.Generator
 ) -> None:
     """Noise (100 randn) on the keys and values at padded positions (real: 4 and 9 of 9 keys) leaves
-    ``attend(q, k, v, mask, causal)`` bit-exact, bidirectional and causal."""
+    ``attend(q, k, v, mask, causal)`` unchanged up to rounding, bidirectional and causal."""
     q, k, v = inputs
     mask = torch.arange(9) < torch.tensor([[4], [9]])
     noise = 100 * torch.randn(2, *k.shape, generator=g) * ~mask[:, None, :, None]
     for causal in (False, True):
-        assert torch.equal(attend(q, k, v, mask, causal), attend(q, k + noise[0], v + noise[1], mask, causal))
+        shaken = attend(q, k + noise[0], v + noise[1], mask, causal)
+        assert_unchanged(shaken, attend(q, k, v, mask, causal), f"causal={causal}")
 
 
 def assert_causal_op(
     op: AttentionOp, inputs: Sequence[torch.Tensor], rest: Sequence[Any], cut: int, g: torch.Generator
 ) -> None:
     """New values (10 randn) at positions >= cut (axis -2) of every input leave ``op(*inputs, *rest)``'s
-    outputs before cut bit-exact in torch, and within 1e-6 in ONNX Runtime (function body), and change
-    later ones."""
+    outputs before cut unchanged up to rounding in torch, and within 1e-6 in ONNX Runtime (function body),
+    and change later ones."""
     changed = [t.clone() for t in inputs]
     for t in changed:
         t[..., cut:, :] = torch.randn(t[..., cut:, :].shape, generator=g) * 10
     before, after = op.torch_op(*inputs, *rest), op.torch_op(*changed, *rest)
-    assert torch.equal(before[..., :cut, :], after[..., :cut, :])
+    assert_unchanged(after[..., :cut, :], before[..., :cut, :])
     assert not torch.allclose(before[..., cut:, :], after[..., cut:, :])
     ort_before, ort_after = (run_onnx(op, *tensors, *rest) for tensors in (inputs, changed))
     torch.testing.assert_close(ort_after[..., :cut, :], ort_before[..., :cut, :], atol=1e-6, rtol=1e-5)
@@ -234,12 +236,12 @@ def run_layer(
 
 
 def assert_layer_is_causal(layer: nn.Module) -> None:
-    """New inputs from position 17 of 30 on leave the layer's first 17 outputs bit-exact."""
+    """New inputs from position 17 of 30 on leave the layer's first 17 outputs unchanged up to rounding."""
     g = torch.Generator().manual_seed(1)
     x = torch.randn(2, 30, 24, generator=g)
     y = x.clone()
     y[:, 17:] = torch.randn(2, 13, 24, generator=g)
-    assert torch.equal(run_layer(layer, x)[:, :17], run_layer(layer, y)[:, :17])
+    assert_unchanged(run_layer(layer, y)[:, :17], run_layer(layer, x)[:, :17])
 
 
 def split_heads(layer: nn.Module, name: str, inputs: torch.Tensor) -> torch.Tensor:

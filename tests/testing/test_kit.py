@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
+import torch
 
 from attnx.errors import AttnxError
 from attnx.ops import AttentionOp
 from attnx.registry import Registry
 from attnx.testing import CHECKS, ConformanceError, check_variant, conformance_tests
+from attnx.testing.checks.causality import ROUNDING_ULPS, rounding_bound
 from attnx.testing.checks.onnx_body import schema_problems
 from attnx.testing.checks.plugin import ShapeExpr
 from tests.testing import seeded_plugins
@@ -65,6 +69,18 @@ def test_a_causal_mode_that_leaks_future_tokens_is_named(registry):
     assert "the causal layer's outputs before position 1 change" in message
     assert "attnx_seeded::leak_attention (torch) in causal mode leaks future tokens" in message
     assert "the ONNX body of attnx::SeededLeakAttention in causal mode leaks future tokens" in message
+
+
+def test_causality_allows_rounding_and_a_leak_exceeds_it_by_orders_of_magnitude(registry):
+    """The bound is ROUNDING_ULPS ulps of the output's magnitude (a correct op moves earlier outputs by
+    ~1 ulp on some CPUs); the seeded leak moves them more than 1000 times that."""
+    reference = torch.tensor([0.5, -2.0, 1.0])
+    assert rounding_bound(reference) == ROUNDING_ULPS * torch.finfo(torch.float32).eps * 2.0
+    assert rounding_bound(reference.half()) == ROUNDING_ULPS * torch.finfo(torch.float16).eps * 2.0
+    assert rounding_bound(torch.tensor([3, 4])) == 0.0
+    report = check_variant("seeded_leak", registry=registry, checks=["causality"])
+    found = re.findall(r"by ([0-9.e+-]+) \(allowed ([0-9.e+-]+)", failures(report)["causality"])
+    assert found and all(float(change) > 1000 * float(allowed) > 0 for change, allowed in found)
 
 
 def test_a_library_function_named_like_another_variants_is_named(registry):

@@ -67,7 +67,7 @@ def test_bad_names_are_refused_with_one_line_and_nothing_written(tmp_path, name,
     assert list(tmp_path.iterdir()) == []
 
 
-def test_an_existing_directory_needs_force(tmp_path):
+def test_an_existing_directory_needs_force_and_must_be_an_earlier_scaffold(tmp_path):
     target = tmp_path / "out"
     target.mkdir()
     (target / "keep.txt").write_text("mine")
@@ -75,10 +75,16 @@ def test_an_existing_directory_needs_force(tmp_path):
     assert_one_line_error(code, err, "already exists", "--force")
     assert [p.name for p in tmp_path.iterdir()] == ["out"] and (target / "keep.txt").read_text() == "mine"
 
-    result = CliRunner().invoke(cli, ["new-plugin", "window", "-o", str(target), "--force"])
-    assert result.exit_code == 0, result.output
-    assert not (target / "keep.txt").exists() and (target / "attnx_window" / "kernel.py").is_file()
-    assert [p.name for p in tmp_path.iterdir()] == ["out"]  # no staging leftovers
+    code, _, err = run_cli(["new-plugin", "window", "-o", str(target), "--force"])
+    assert_one_line_error(code, err, "holds no attnx_window/__init__.py", "choose another -o path")
+    assert (target / "keep.txt").read_text() == "mine"
+
+    (target / "keep.txt").unlink()
+    for _ in range(2):  # into the empty directory, then over that earlier scaffold
+        result = CliRunner().invoke(cli, ["new-plugin", "window", "-o", str(target), "--force"])
+        assert result.exit_code == 0, result.output
+        assert (target / "attnx_window" / "kernel.py").is_file()
+        assert [p.name for p in tmp_path.iterdir()] == ["out"]  # no staging leftovers
 
 
 def test_the_default_directory_is_the_distribution_name(tmp_path, monkeypatch):

@@ -1,8 +1,13 @@
 """``causality``: in causal mode, changing later tokens leaves earlier outputs unchanged.
 
-Bit-exact in torch (the layer and the op), within atol through the op's ONNX body in
-ONNX Runtime. Sequence axes are found by length (the kit's sequence length is a prime
-no other axis has); float inputs get new random values at positions >= cut.
+Unchanged up to rounding in torch (the layer and the op): at most :data:`ROUNDING_ULPS`
+units in the last place of the output's largest magnitude (:func:`rounding_bound`), and
+within atol through the op's ONNX body in ONNX Runtime. Bit equality is no promise a
+kernel can keep: a correct op moves earlier outputs by an ulp on some CPUs (BLAS blocks a
+matmul differently once other rows change; 6e-8 to 1.2e-7 measured on AMD EPYC), while a
+real leak moves them by orders of magnitude more (the seeded leak: ~1e-1). Sequence axes
+are found by length (the kit's sequence length is a prime no other axis has); float
+inputs get new random values at positions >= cut.
 """
 
 from __future__ import annotations
@@ -16,10 +21,21 @@ from attnx.testing.checks.common import Skip, forwards
 from attnx.testing.onnx_op import OpSession
 from attnx.testing.subject import LENGTH, OpCall, Subject
 
+ROUNDING_ULPS = 32
+
+
+def rounding_bound(reference: Any) -> float:
+    """How far a correct kernel may move ``reference`` when inputs it does not read change:
+    :data:`ROUNDING_ULPS` ulps (``torch.finfo(dtype).eps``) of its largest magnitude."""
+    tensor = torch.as_tensor(np.asarray(reference)) if not isinstance(reference, torch.Tensor) else reference
+    if not tensor.is_floating_point() or not tensor.numel():
+        return 0.0
+    return ROUNDING_ULPS * torch.finfo(tensor.dtype).eps * float(tensor.detach().abs().max())
+
 
 def check_causality(subject: Subject) -> list[str]:
     """In causal mode, changing tokens at positions >= cut leaves outputs before cut unchanged:
-    bit-exact in torch (layer and op), within atol in ONNX Runtime (op body)."""
+    up to :func:`rounding_bound` in torch (layer and op), within atol in ONNX Runtime (op body)."""
     if not subject.variant.capabilities.causal:
         raise Skip(f"variant '{subject.variant.name}' does not declare causal attention")
     atol = subject.variant.tolerance.atol
@@ -31,11 +47,12 @@ def check_causality(subject: Subject) -> list[str]:
             x = fw.x.clone()
             x[:, cut:] = torch.randn(x[:, cut:].shape, generator=generator)
             change = _max_change(fw.output, fw.rerun(x=x), _positions(fw.output, cut, future=False))
-            if change:
+            allowed = rounding_bound(fw.output)
+            if change > allowed:
                 leaks.setdefault(
                     f"the {fw.case.label} layer",
                     f"the {fw.case.label} layer's outputs before position {cut} change by {change:.3g} "
-                    f"when tokens >= {cut} change",
+                    f"(allowed {allowed:.3g}: rounding) when tokens >= {cut} change",
                 )
         for call in (c for c in fw.calls if c.op is not None):
             output = call.outputs[0]  # the attention output (later ones, if any, are state)
@@ -55,7 +72,7 @@ def check_causality(subject: Subject) -> list[str]:
                 past = _positions(output, cut, future=False)
                 rerun = call.run(changed)
                 rerun = rerun[0] if isinstance(rerun, tuple) else rerun
-                changes = {f"{call.name} (torch)": (_max_change(output, rerun, past), 0.0)}
+                changes = {f"{call.name} (torch)": (_max_change(output, rerun, past), rounding_bound(output))}
                 if session is not None:
                     change = _max_change(baseline, session.run({**call.bound(), **changed})[0], past)
                     changes[f"the ONNX body of attnx::{call.op.name}"] = (change, atol)
@@ -64,7 +81,7 @@ def check_causality(subject: Subject) -> list[str]:
                         leaks.setdefault(
                             who,
                             f"{who} in causal mode leaks future tokens: outputs before position {cut} change "
-                            f"by {change:.3g} (allowed {allowed:g}) when {', '.join(changed)} change at "
+                            f"by {change:.3g} (allowed {allowed:.3g}) when {', '.join(changed)} change at "
                             f"positions >= {cut} ({call.describe()})",
                         )
     return list(leaks.values())
