@@ -46,10 +46,15 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
+_SUBMODULES = ("nn",)  # attnx.nn.Attention(...) after a plain `import attnx`
 
+
+def __getattr__(name: str) -> Any:
+    import importlib
+
+    if name in _LAZY:
         module_name, attribute = _LAZY[name]
         return getattr(importlib.import_module(module_name), attribute)
+    if name in _SUBMODULES:
+        return importlib.import_module(f"attnx.{name}")
     raise AttributeError(f"module 'attnx' has no attribute '{name}'")

@@ -96,20 +96,22 @@ def kernel_attention_cost(s: Shape, chunk_size: int, features: int) -> Attention
     """Kernelised linear attention (phi(Q) (phi(K)^T V), normalised) with F ``features`` per head,
     the causal form in chunks of C = min(chunk_size, N).
 
+    V carries a ones column (d_h + 1 values: the normaliser comes out of the same products).
     Bidirectional: phi(K)^T V over the keys and phi(Q)(phi(K)^T V) over the queries,
-    2·B·H·F·d_h·(M + N). Causal: the sequence padded to P = C·ceil(N/C), per head
-    2·P·(C·F + C·d_h + 2·F·d_h) for the in-chunk scores and their mix, each chunk's phi(K)^T V
-    and the queries against the earlier chunks' sums. Memory: features of Q and K, V and the
+    2·B·H·F·(d_h + 1)·(M + N). Causal: the sequence padded to P = C·ceil(N/C), per head
+    2·P·(C·F + C·(d_h + 1) + 2·F·(d_h + 1)) for the in-chunk scores and their mix, each chunk's
+    phi(K)^T V and the queries against the earlier chunks' sums. Memory: features of Q and K, V and the
     numerator, and (counted always) the chunked form's (B, H, N, C) scores and
     (B, H, N/C, F, d_h) prefix states.
     """
     b, h, dh = s.batch, s.n_heads, s.head_dim
+    values = dh + 1
     chunk = max(1, min(chunk_size, s.seq))
     if s.causal:
         padded = chunk * math.ceil(s.seq / chunk)
-        maths = 2 * b * h * padded * (chunk * features + chunk * dh + 2 * features * dh)
+        maths = 2 * b * h * padded * (chunk * features + chunk * values + 2 * features * values)
     else:
-        maths = 2 * b * h * features * dh * (s.keys + s.seq)
+        maths = 2 * b * h * features * values * (s.keys + s.seq)
     live = h * features * (s.tokens + s.key_tokens) + 2 * s.tokens * s.d_model
     chunked = s.tokens * h * chunk + 2 * b * h * math.ceil(s.seq / chunk) * features * dh
     return AttentionCost(projections(s, 2, 2), maths, FLOAT_BYTES * (live + chunked))

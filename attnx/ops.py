@@ -9,6 +9,8 @@ attnx derives everything else from the torch op's schema:
 * the exporter's translation function, which emits the bare ``attnx::<Name>`` node,
 * which body serves a node: a node that omits optional inputs is served by the
   body whose parameters are exactly the inputs it has (an ONNX function overload).
+
+:func:`trainable_op` defines such an op with a backward derived from its own eager code.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any
 import onnxscript
 import torch
 from onnx import defs
+from onnxscript import opset18
 
 from attnx.domains import DOMAIN, LIBRARY_DOMAIN
 from attnx.variant import AttentionSpec
@@ -29,6 +32,21 @@ from attnx.variant import AttentionSpec
 OPSET = onnxscript.values.Opset(DOMAIN, 1)
 LIBRARY = onnxscript.values.Opset(LIBRARY_DOMAIN, 1)
 FLOAT_TYPES = ["tensor(float)", "tensor(float16)", "tensor(bfloat16)"]
+
+# Where a body must compute in float32 (sums that would overflow fp16), Cast(to=FLOAT) breaks the fp16
+# converters (onnxconverter-common, onnxruntime.transformers.float16): they retype every float tensor of
+# the graphs they visit to float16, so an inlined (decomposed) Cast output no longer matches its declared
+# type. They convert constant tensors too, so CastLike against one widens to float32 in a model-local
+# function (converters do not visit those) and to whatever the converted graph computes in once
+# inlined. Constants meet tensors the same way: CastLike(constant, tensor), never a float32 literal.
+_ACCUMULATOR = onnxscript.ir.tensor([0.0], dtype=onnxscript.ir.DataType.FLOAT)
+
+
+@onnxscript.script(LIBRARY, default_opset=opset18)
+def AttnxWiden(x):
+    """x in float32, the dtype-generic way (float16 after an fp16 converter inlined it)."""
+    return opset18.CastLike(x, opset18.Constant(value=_ACCUMULATOR))
+
 
 _ATTRIBUTE_TYPES: dict[str, tuple[Any, type]] = {
     "bool": (defs.OpSchema.AttrType.INT, int),
@@ -41,6 +59,74 @@ _ATTRIBUTE_TYPES: dict[str, tuple[Any, type]] = {
     "List[float]": (defs.OpSchema.AttrType.FLOATS, list),
     "float[]": (defs.OpSchema.AttrType.FLOATS, list),
 }
+
+
+def trainable_op(qualname: str) -> Callable[[Callable[..., Any]], Any]:
+    """``torch.library.custom_op(qualname, mutates_args=())`` with a backward derived from the function.
+
+    The decorated function must be differentiable torch code (attnx ops are written in ATen
+    ops). The backward re-runs it under ``torch.enable_grad()`` on the saved inputs and returns
+    the vector-Jacobian product (``torch.autograd.grad``); inputs that are not float tensors
+    (masks, ints, bools, floats) get no gradient, nor does anything reached only through a
+    piecewise-constant step (an argmax, a sort: reformer's buckets stay fixed). With
+    ``create_graph=True`` the backward is itself differentiable (higher-order gradients).
+
+    Memory: only the inputs are saved; the forward's intermediates are recomputed during
+    backward (one extra forward per backward), like activation checkpointing. It works
+    eagerly, under ``torch.compile`` and ``torch.export`` (the op stays one node).
+    """
+
+    def define(fn: Callable[..., Any]) -> Any:
+        op = torch.library.custom_op(qualname, mutates_args=())(fn)
+        op.register_autograd(_recompute_backward(fn), setup_context=_save_inputs)
+        return op
+
+    return define
+
+
+def _save_inputs(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+    ctx.tensor_positions = [i for i, value in enumerate(inputs) if isinstance(value, torch.Tensor)]
+    ctx.arguments = [None if isinstance(value, torch.Tensor) else value for value in inputs]
+    ctx.save_for_backward(*(inputs[i] for i in ctx.tensor_positions))
+
+
+def _recompute_backward(fn: Callable[..., Any]) -> Callable[..., tuple[Any, ...]]:
+    def backward(ctx: Any, *grad_outputs: torch.Tensor | None) -> tuple[Any, ...]:
+        higher_order = torch.is_grad_enabled()  # backward(create_graph=True)
+        arguments = list(ctx.arguments)
+        wanted = []
+        for position, tensor in zip(ctx.tensor_positions, ctx.saved_tensors, strict=True):
+            if ctx.needs_input_grad[position]:
+                tensor = tensor if higher_order else tensor.detach().requires_grad_()
+                wanted.append(position)
+            arguments[position] = tensor
+        with torch.enable_grad():
+            outputs = fn(*arguments)
+        outputs = outputs if isinstance(outputs, tuple) else (outputs,)
+        pairs = [(o, g) for o, g in zip(outputs, grad_outputs, strict=True) if g is not None]
+        pairs = [(o, g) for o, g in pairs if o.requires_grad]
+        gradients: list[Any] = [None] * len(arguments)
+        if pairs and wanted:
+            found = torch.autograd.grad(
+                [o for o, _ in pairs],
+                [arguments[p] for p in wanted],
+                [g for _, g in pairs],
+                allow_unused=True,
+                create_graph=higher_order,
+            )
+            for position, gradient in zip(wanted, found, strict=True):
+                # contiguous: eager and fake kernels may lay a gradient out differently, and a backward
+                # traced by torch.compile (AOTAutograd) relies on the traced strides
+                gradients[position] = None if gradient is None else gradient.contiguous()
+        return tuple(gradients)
+
+    return backward
+
+
+def at_least_float32(x: torch.Tensor) -> torch.Tensor:
+    """``x`` in float32, or float64 if it is float64: the compute dtype of attnx's sums and features
+    (half precision would overflow or round them; float64 is kept for ``gradcheck``)."""
+    return x.to(torch.promote_types(x.dtype, torch.float32))
 
 
 def query_shaped_output(shapes: Mapping[str, Sequence[Any]]) -> tuple[Any, ...]:

@@ -30,6 +30,12 @@ class Capabilities:
     ``fp16``: the variant exports in half precision with parity against torch in fp16. A
     variant whose output is a discontinuous function of its inputs (reformer's LSH buckets)
     cannot promise that: fp16 rounding differences between backends change its decisions.
+
+    ``trainable``: its ops have a backward (``attnx.ops.trainable_op``, or their own
+    ``torch.library.register_autograd``) that computes the gradients in float64 too, so the
+    conformance kit can ``gradcheck`` it. Off unless declared: an op without a registered
+    backward makes ``loss.backward()`` raise, and a plugin must not claim gradients that no
+    check has seen (the kit holds a non-trainable variant to that error, never silent gradients).
     """
 
     causal: bool = False
@@ -37,6 +43,7 @@ class Capabilities:
     key_padding_mask: bool = True
     decode: DecodeMode | None = None
     fp16: bool = True
+    trainable: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,6 +167,8 @@ def describe(caps: Capabilities) -> str:
     if caps.decode:
         parts.append(f"decode ({caps.decode})")
     parts.append("fp16" if caps.fp16 else "fp32 only")
+    if caps.trainable:
+        parts.append("trainable")
     return "supports: " + ", ".join(parts)
 
 

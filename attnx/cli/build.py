@@ -15,9 +15,10 @@ F = TypeVar("F", bound=Callable[..., Any])
 EPILOG = """\b
 Examples:
   attnx build out
-  attnx build out --fp16 --workspace 4G
-  attnx build out --min-seq 1 --opt-seq 256 --max-seq 2048 --max-batch 16
+  attnx build out --workspace 4G --min-seq 1 --opt-seq 256 --max-seq 2048 --max-batch 16
   attnx export --variant reformer --lowering plugin -o rf && attnx build rf && attnx verify rf --backends trt
+  attnx export --variant linear --lowering plugin --dtype fp16 -o lin16 && attnx build lin16 --aot
+  attnx build rf --jit          # plugins call the variants' torch ops: the engine needs Python
 """
 
 
@@ -39,20 +40,30 @@ def _range_options(name: str, default: tuple[int, int, int]) -> Callable[[F], F]
 @click.option(
     "--fp16",
     is_flag=True,
-    help="Allow FP16 kernels (the attnx plugins support FP32 and FP16); always on for an fp16 export.",
+    help="An fp16 engine. TensorRT >= 11 builds the export's own dtypes, so this needs an fp16 export "
+    "(attnx export --dtype fp16, attnx optimize --fp16); TensorRT 10 allows fp16 kernels on any export.",
+)
+@click.option(
+    "--aot/--jit",
+    "aot",
+    default=None,
+    help="Plugins as Triton kernels compiled into the engine (no Python needed to load it), or as Python "
+    "callbacks into the torch ops. Default: AOT when every plugin op has a kernel and triton can compile.",
 )
 @click.option("--workspace", default=None, metavar="SIZE", help="Workspace memory limit, e.g. 4G or 512M.")
 @_range_options("seq", DEFAULT_SEQ)
 @_range_options("batch", DEFAULT_BATCH)
 @click.option("--quiet", "-q", is_flag=True, help="No progress messages.")
 @json_option
-def command(out: str, fp16: bool, workspace: str | None, min_seq: int, opt_seq: int, max_seq: int,
-            min_batch: int, opt_batch: int, max_batch: int, quiet: bool, as_json: bool) -> None:
-    """Build OUT/engine.plan from OUT/model.onnx with TensorRT (Polygraphy).
+def command(out: str, fp16: bool, aot: bool | None, workspace: str | None, min_seq: int, opt_seq: int,
+            max_seq: int, min_batch: int, opt_batch: int, max_batch: int, quiet: bool, as_json: bool) -> None:
+    """Build OUT/engine.plan from OUT/model.onnx with TensorRT.
 
     One optimisation profile covers the manifest's dynamic axes: "batch" takes the batch
     range, every other named axis the sequence range. A plugin-lowered export registers
-    the attnx TensorRT plugins first. The settings are recorded in OUT/attnx.json;
+    the attnx TensorRT plugins first (AOT Triton kernels or JIT torch callbacks; the
+    progress output says which and why). OUT/attnx.json records what the engine holds
+    (layer precisions, plugin layers, whether loading it needs Python);
     `attnx verify OUT --backends trt` then compares the engine with torch.
     """
     from attnx.config import parse_size
@@ -63,10 +74,14 @@ def command(out: str, fp16: bool, workspace: str | None, min_seq: int, opt_seq: 
         workspace=parse_size(workspace, "--workspace") if workspace is not None else None,
         batch=(min_batch, opt_batch, max_batch),
         seq=(min_seq, opt_seq, max_seq),
+        plugins=None if aot is None else ("aot" if aot else "jit"),
     )
     result = build(out, settings, progress=progress_printer(quiet or as_json))
     if as_json:
         echo_json({"engine": str(result.engine), **dataclasses.asdict(result.record)})
     else:
-        click.echo(f"wrote {result.engine} (TensorRT {result.record.tensorrt}, "
-                   f"{'fp16' if result.record.fp16 else 'fp32'}, {result.record.device})")
+        record = result.record
+        plugins = {"aot": "AOT plugins", "jit": "JIT plugins", None: "no plugins"}[record.plugin_mode]
+        loading = "needs Python to load" if record.needs_python else "loads without Python"
+        click.echo(f"wrote {result.engine} (TensorRT {record.tensorrt}, {record.typing}ly typed, "
+                   f"{'fp16' if record.fp16 else 'fp32'}, {plugins}, {loading}, {record.device})")

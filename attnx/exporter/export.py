@@ -144,9 +144,10 @@ def build(job: ExportJob, progress: Progress | None = None) -> Assembly | Module
         f"built {plan.model} with {plan.variant} attention ({parameters / 1e6:.2f}M parameters, "
         f"{settings.dtype}, seed {settings.seed})"
     )
-    if job.checkpoint is not None:
-        load_checkpoint(assembly.module, job.checkpoint)
-        report(f"loaded weights from {job.checkpoint}")
+    checkpoint = job.checkpoint or settings.checkpoint  # given, else the recipe's [export] checkpoint
+    if checkpoint is not None:
+        load_checkpoint(assembly.module, checkpoint)
+        report(f"loaded weights from {checkpoint}")
     return assembly
 
 

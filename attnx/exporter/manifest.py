@@ -151,8 +151,27 @@ def _malformed(why: str) -> AttnxError:
 
 
 @dataclasses.dataclass
+class PluginLayer:
+    """A plugin layer of a built engine, as TensorRT's engine inspector reports it."""
+
+    name: str
+    plugin: str  # the plugin type the inspector names (its LayerType when it names none)
+    precision: str  # data type of its output: "fp32", "fp16", ...
+    tactic: str | None  # the tactic TensorRT chose (an AOT kernel's tactic number), when reported
+
+
+@dataclasses.dataclass
 class EngineSection:
-    """``OUT/engine.plan`` as ``attnx build`` made it (file "engine")."""
+    """``OUT/engine.plan`` as ``attnx build`` made it (file "engine").
+
+    The precision fields are what the built engine holds (TensorRT's engine inspector), not what
+    was asked for: ``precisions`` counts layers per output data type, ``fp16`` says whether any layer
+    computes in fp16 (the parity check then applies the fp16 tolerance to an fp32 export's engine).
+    ``typing`` is "strong" (TensorRT >= 11: the ONNX dtypes decide) or "weak" (TensorRT 10 flags).
+    ``plugin_mode``: how the attnx plugins run, "aot" (Triton kernels compiled to PTX and serialised
+    into the engine), "jit" (Python callbacks into the variant's torch op) or None (no plugins);
+    ``needs_python``: loading the engine needs Python with attnx's plugins registered (JIT plugins).
+    """
 
     model_sha256: str
     tensorrt: str
@@ -160,7 +179,13 @@ class EngineSection:
     fp16: bool
     workspace: int | None
     profiles: list[dict[str, dict[str, list[int]]]]
-    plugins: list[str]
+    plugins: list[str]  # attnx plugin ids registered for the build
+    typing: Literal["strong", "weak"]
+    plugin_mode: Literal["aot", "jit"] | None
+    needs_python: bool
+    precisions: dict[str, int]
+    layer_types: dict[str, int]
+    plugin_layers: list[PluginLayer]
 
 
 @dataclasses.dataclass

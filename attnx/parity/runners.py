@@ -26,7 +26,7 @@ from attnx.exporter.directory import ExportDir
 from attnx.exporter.lowering import attach_functions, strip_plugin_attributes
 from attnx.models.spec import TensorSpec
 from attnx.ortkernels import kernel_view, session_options
-from attnx.trt.build import check_shapes, prepare_plugins
+from attnx.trt.build import check_shapes, engine_problem
 from attnx.trt.graph import check_plugin_nodes, for_ort_tensorrt
 from attnx.trt.qdp import register_plugins
 
@@ -255,13 +255,19 @@ def _plugin_session_for_tensorrt(session: Callable[[], Any]) -> Any:
 
 
 def trt_runner(graph: Graph, threads: int | None) -> BaseRunner:
-    """Polygraphy's TrtRunner on the export's engine (plugins registered before deserialization)."""
+    """Polygraphy's TrtRunner on the export's engine. An engine with JIT plugins (``needs_python``) gets
+    the attnx plugins registered before deserialization; an AOT or plugin-free engine loads as it is,
+    as it would in C++ or trtexec."""
     from polygraphy.backend.common import BytesFromPath
     from polygraphy.backend.trt import EngineFromBytes, TrtRunner
 
     export = graph.export
     engine = export.manifest.engine
-    prepare_plugins(export.model_path, export.manifest.lowering, export.ops())
+    problem = engine_problem(export)
+    if problem or engine is None:
+        raise BackendSkipped(problem)
+    if engine.needs_python:
+        register_plugins(export.ops())
 
     class EngineRunner(TrtRunner):
         def infer_impl(self, feed_dict, *args, **kwargs):  # type: ignore[no-untyped-def]

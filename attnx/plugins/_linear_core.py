@@ -1,14 +1,15 @@
 """Kernelised linear attention, shared by the ``linear`` and ``cosformer`` variants.
 
 A variant maps queries and keys to non-negative features qf = phi(q), kf = phi(k)
-(float32) and hands them to :func:`kernel_attention` (torch) or ``LinearCoreAttend``
-(ONNX), which compute, per head,
+(float32, or float64 for float64 inputs) and hands them to :func:`kernel_attention` (torch)
+or ``LinearCoreAttend`` (ONNX), which compute, per head,
 
     out_i = qf_i^T (sum_j kf_j v_j^T) / den_i,   den_i = qf_i^T sum_j kf_j
 
 with the denominator guarded by ``eps``: added (``clamp=False``, "Transformers are
 RNNs") or as a lower clamp (``clamp=True``, cosFormer). Padded keys get zero features,
-so they add nothing to either sum.
+so they add nothing to either sum. Both sums come out of one product: V gets a column of
+ones, so qf_i^T (sum_j kf_j [v_j, 1]^T) = [num_i, den_i].
 
 Causal attention is bottom-right aligned like ``softmax``: query i of n sees key
 j <= i + n_keys - n. It is computed in chunks of ``chunk_size`` positions, never as an
@@ -17,7 +18,8 @@ at the back to a multiple of C, each chunk adds its masked C x C products to the
 of all earlier chunks (an exclusive cumulative sum of per-chunk kf^T v and kf), so
 memory is O(N C + (N/C) d^2). The ONNX body does the same without loops (Pad, Reshape,
 Trilu, CumSum(exclusive=1)), grouping the sums exactly as the torch code does.
-All sums run in float32, so fp16 inputs cannot overflow the normaliser.
+All sums run in float32, so fp16 inputs cannot overflow the normaliser (the ONNX bodies
+widen with ``AttnxWiden``, which an fp16 converter that inlines them turns into fp16).
 
 Decoding ("Transformers are RNNs" §3.4) carries the sums of every earlier token as a
 state, S = sum_j kf_j v_j^T (b, h, f, dv) and Z = sum_j kf_j (b, h, f), in float32.
@@ -35,7 +37,7 @@ import torch.nn.functional as F
 from onnxscript import BOOL, FLOAT, INT64
 from onnxscript import opset18 as op
 
-from attnx.ops import LIBRARY
+from attnx.ops import LIBRARY, at_least_float32
 
 # The stateful step ops return (out, S', Z'); the state is float32 whatever the activations.
 STEP_OUTPUT_NAMES = ("output", "kv_sum", "k_sum")
@@ -45,8 +47,10 @@ STATE_TYPES = {"kv_sum": "tensor(float)", "k_sum": "tensor(float)"}
 def step_fake(
     q: torch.Tensor, v: torch.Tensor, features: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Fake outputs of a step op: out like q with v's last dim, float32 S (b, h, f, dv) and Z (b, h, f)."""
-    state = q.new_empty((*q.shape[:2], features, v.shape[-1]), dtype=torch.float32)
+    """Fake outputs of a step op: out like q with v's last dim, float32 S (b, h, f, dv) and Z (b, h, f)
+    (float64 for float64 inputs)."""
+    dtype = torch.promote_types(q.dtype, torch.float32)
+    state = q.new_empty((*q.shape[:2], features, v.shape[-1]), dtype=dtype)
     return q.new_empty((*q.shape[:-1], v.shape[-1])), state, state.new_empty(state.shape[:-1])
 
 
@@ -68,9 +72,9 @@ def kernel_attention(
     clamp: bool,
 ) -> torch.Tensor:
     """Linear attention over features qf (b, h, nq, f), kf (b, h, nk, f); float32 (b, h, nq, dv)."""
-    v = v.float()
-    num, den = _causal_sums(qf, kf, v, chunk_size) if causal else _full_sums(qf, kf, v)
-    return _normalise(num, den, eps, clamp)
+    values = _with_ones(at_least_float32(v))
+    sums = _causal_sums(qf, kf, values, chunk_size) if causal else _full_sums(qf, kf, values)
+    return _normalise(sums, eps, clamp)
 
 
 def kernel_attention_step(
@@ -88,29 +92,32 @@ def kernel_attention_step(
 
     Returns the float32 output (b, h, n, dv) and the state after the chunk.
     """
-    v = v.float()
-    num, den = _causal_sums(qf, kf, v, chunk_size)
-    grown_kv, grown_k = kf.transpose(-1, -2) @ v, kf.sum(-2)
+    values = _with_ones(at_least_float32(v))
+    sums = _causal_sums(qf, kf, values, chunk_size)
+    grown = kf.transpose(-1, -2) @ values  # [S, Z] of the chunk, (b, h, f, dv + 1)
     if kv_sum is not None and k_sum is not None:
-        num = num + qf @ kv_sum
-        den = den + qf @ k_sum[..., None]
-        grown_kv, grown_k = kv_sum + grown_kv, k_sum + grown_k
-    return _normalise(num, den, eps, clamp), grown_kv, grown_k
+        state = torch.cat((kv_sum, k_sum[..., None]), dim=-1)
+        sums = sums + qf @ state
+        grown = state + grown
+    return _normalise(sums, eps, clamp), grown[..., :-1].contiguous(), grown[..., -1].contiguous()
 
 
-def _normalise(num: torch.Tensor, den: torch.Tensor, eps: float, clamp: bool) -> torch.Tensor:
+def _with_ones(v: torch.Tensor) -> torch.Tensor:
+    """[v, 1]: products with it carry the normaliser's sums as their last column."""
+    return torch.cat((v, torch.ones_like(v[..., :1])), dim=-1)
+
+
+def _normalise(sums: torch.Tensor, eps: float, clamp: bool) -> torch.Tensor:
+    """[num, den] -> num / den, ``eps`` guarding den."""
+    num, den = sums[..., :-1], sums[..., -1:]
     return num / (den.clamp_min(eps) if clamp else den + eps)
 
 
-def _full_sums(qf: torch.Tensor, kf: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    num = qf @ (kf.transpose(-1, -2) @ v)
-    den = (qf * kf.sum(-2, keepdim=True)).sum(-1, keepdim=True)
-    return num, den
+def _full_sums(qf: torch.Tensor, kf: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    return qf @ (kf.transpose(-1, -2) @ v)
 
 
-def _causal_sums(
-    qf: torch.Tensor, kf: torch.Tensor, v: torch.Tensor, chunk_size: int
-) -> tuple[torch.Tensor, torch.Tensor]:
+def _causal_sums(qf: torch.Tensor, kf: torch.Tensor, v: torch.Tensor, chunk_size: int) -> torch.Tensor:
     n_queries, n_keys = qf.shape[-2], kf.shape[-2]
     length = max(n_queries, n_keys)
     chunk = min(chunk_size, length)
@@ -122,12 +129,8 @@ def _causal_sums(
     qc, kc, vc = chunks(qf, n_queries), chunks(kf, n_keys), chunks(v, n_keys)
     keep = torch.ones(chunk, chunk, dtype=torch.bool, device=qf.device).tril()
     scores = (qc @ kc.transpose(-1, -2)).masked_fill(~keep, 0.0)
-    earlier_kv = _exclusive_cumsum(kc.transpose(-1, -2) @ vc)
-    earlier_k = _exclusive_cumsum(kc.sum(-2, keepdim=True))
-    num = scores @ vc + qc @ earlier_kv
-    den = scores.sum(-1, keepdim=True) + (qc * earlier_k).sum(-1, keepdim=True)
-    rows = slice(length - n_queries, length)
-    return num.flatten(-3, -2)[..., rows, :], den.flatten(-3, -2)[..., rows, :]
+    sums = scores @ vc + qc @ _exclusive_cumsum(kc.transpose(-1, -2) @ vc)
+    return sums.flatten(-3, -2)[..., length - n_queries : length, :]
 
 
 def _exclusive_cumsum(x: torch.Tensor) -> torch.Tensor:
@@ -137,8 +140,6 @@ def _exclusive_cumsum(x: torch.Tensor) -> torch.Tensor:
 
 # ---------------------------------------------------------------- ONNX library functions
 
-_ONE = onnxscript.ir.tensor([1.0], dtype=onnxscript.ir.DataType.FLOAT)
-
 
 @onnxscript.script(LIBRARY, default_opset=op)
 def LinearCoreMaskKeys(kf: FLOAT, key_padding_mask: BOOL) -> FLOAT:
@@ -146,10 +147,16 @@ def LinearCoreMaskKeys(kf: FLOAT, key_padding_mask: BOOL) -> FLOAT:
 
 
 @onnxscript.script(LIBRARY, default_opset=op)
-def LinearCoreFullSums(qf: FLOAT, kf: FLOAT, v: FLOAT) -> tuple[FLOAT, FLOAT]:
-    num = op.MatMul(qf, op.MatMul(op.Transpose(kf, perm=[0, 1, 3, 2]), v))
-    den = op.ReduceSum(op.Mul(qf, op.ReduceSum(kf, [-2], keepdims=1)), [-1], keepdims=1)
-    return num, den
+def LinearCoreValues(v: FLOAT, like: FLOAT) -> FLOAT:
+    """[v, 1] in ``like``'s type (the features': float32), so one product gives numerator and denominator."""
+    values = op.CastLike(v, like)
+    one = op.CastLike(op.Constant(value_float=1.0), values)
+    return op.Pad(values, op.Constant(value_ints=[0, 0, 0, 0, 0, 0, 0, 1]), one)
+
+
+@onnxscript.script(LIBRARY, default_opset=op)
+def LinearCoreFullSums(qf: FLOAT, kf: FLOAT, v: FLOAT) -> FLOAT:
+    return op.MatMul(qf, op.MatMul(op.Transpose(kf, perm=[0, 1, 3, 2]), v))
 
 
 @onnxscript.script(LIBRARY, default_opset=op)
@@ -161,14 +168,14 @@ def LinearCoreChunks(x: FLOAT, pads: INT64, chunk: INT64) -> FLOAT:
 
 
 @onnxscript.script(LIBRARY, default_opset=op)
-def LinearCoreCausalSums(qf: FLOAT, kf: FLOAT, v: FLOAT, chunk_size: INT64) -> tuple[FLOAT, FLOAT]:
+def LinearCoreCausalSums(qf: FLOAT, kf: FLOAT, v: FLOAT, chunk_size: INT64) -> FLOAT:
     one = op.Constant(value_ints=[1])
     zero = op.Constant(value_ints=[0])
     zeros = op.Constant(value_ints=[0, 0])
     n_queries = op.Shape(qf, start=2, end=3)
     n_keys = op.Shape(kf, start=2, end=3)
     length = op.Max(n_queries, n_keys)
-    chunk = op.Min(chunk_size, length)
+    chunk = op.Max(op.Min(chunk_size, length), one)  # >= 1 for empty sequences too
     back = op.Sub(op.Mul(op.Div(op.Sub(op.Add(length, chunk), one), chunk), chunk), length)
     start = op.Sub(length, n_queries)
     q_pads = op.Concat(zeros, start, zero, zeros, back, zero, axis=0)
@@ -177,78 +184,94 @@ def LinearCoreCausalSums(qf: FLOAT, kf: FLOAT, v: FLOAT, chunk_size: INT64) -> t
     kc = LinearCoreChunks(kf, k_pads, chunk)
     vc = LinearCoreChunks(v, k_pads, chunk)
     kc_t = op.Transpose(kc, perm=[0, 1, 2, 4, 3])
-    ones = op.ConstantOfShape(op.Concat(chunk, chunk, axis=0), value=_ONE)
+    ones = op.Expand(op.CastLike(op.Constant(value_float=1.0), qf), op.Concat(chunk, chunk, axis=0))
     scores = op.Mul(op.MatMul(qc, kc_t), op.Trilu(ones, upper=0))
-    chunk_axis = op.Constant(value_int=2)
-    earlier_kv = op.CumSum(op.MatMul(kc_t, vc), chunk_axis, exclusive=1)
-    earlier_k = op.CumSum(op.ReduceSum(kc, [-2], keepdims=1), chunk_axis, exclusive=1)
-    num = op.Add(op.MatMul(scores, vc), op.MatMul(qc, earlier_kv))
-    den_inter = op.ReduceSum(op.Mul(qc, earlier_k), [-1], keepdims=1)
-    den = op.Add(op.ReduceSum(scores, [-1], keepdims=1), den_inter)
-    rows = op.Concat(op.Shape(qf, start=0, end=2), op.Constant(value_ints=[-1]), axis=0)
-    num_rows = op.Reshape(num, op.Concat(rows, op.Shape(v, start=3), axis=0))
-    den_rows = op.Reshape(den, op.Concat(rows, one, axis=0))
-    seq_axis = op.Constant(value_ints=[2])
-    return op.Slice(num_rows, start, length, seq_axis), op.Slice(den_rows, start, length, seq_axis)
+    earlier = op.CumSum(op.MatMul(kc_t, vc), op.Constant(value_int=2), exclusive=1)
+    sums = op.Add(op.MatMul(scores, vc), op.MatMul(qc, earlier))
+    rows = op.Concat(op.Shape(qf, start=0, end=2), op.Constant(value_ints=[-1]), op.Shape(v, start=3), axis=0)
+    return op.Slice(op.Reshape(sums, rows), start, length, op.Constant(value_ints=[2]))
 
 
 @onnxscript.script(LIBRARY, default_opset=op)
-def LinearCoreNormalise(num: FLOAT, den: FLOAT, eps: float, clamp: int) -> FLOAT:
-    """num / (den + eps), or num / max(den, eps) when ``clamp`` is set."""
-    epsilon = op.Constant(value_float=eps)
+def LinearCoreSplitLast(x: FLOAT) -> tuple[FLOAT, FLOAT]:
+    """x (..., m + 1) -> (x[..., :m], x[..., m:]): [num, den] or [S, Z] apart."""
+    last = op.Constant(value_ints=[-1])
+    end = op.Constant(value_ints=[9223372036854775807])
+    return op.Slice(x, op.Constant(value_ints=[0]), last, last), op.Slice(x, last, end, last)
+
+
+@onnxscript.script(LIBRARY, default_opset=op)
+def LinearCoreNormalise(sums: FLOAT, eps: float, clamp: int) -> FLOAT:
+    """[num, den] -> num / (den + eps), or num / max(den, eps) when ``clamp`` is set.
+
+    den is guarded as (b, h, n), not (b, h, n, 1): ONNX Runtime's element-wise kernels are tens of
+    times slower per element when the innermost axis has length 1.
+    """
+    num, den = LinearCoreSplitLast(sums)
+    den = op.Squeeze(den, [-1])
+    epsilon = op.CastLike(op.Constant(value_float=eps), den)
     clamped = op.Cast(op.Constant(value_int=clamp), to=BOOL.dtype)
-    return op.Div(num, op.Where(clamped, op.Max(den, epsilon), op.Add(den, epsilon)))
+    return op.Div(num, op.Unsqueeze(op.Where(clamped, op.Max(den, epsilon), op.Add(den, epsilon)), [-1]))
+
+
+@onnxscript.script(LIBRARY, default_opset=op)
+def LinearCoreTake(x: FLOAT, taken: INT64) -> FLOAT:
+    """x when ``taken`` (1), else its empty prefix (0) along the sequence axis.
+
+    ``taken`` is a constant, so the Slice's end is one too and ONNX Runtime drops a Slice of everything.
+    """
+    end = op.Mul(op.Constant(value_ints=[9223372036854775807]), taken)
+    return op.Slice(x, op.Constant(value_ints=[0]), end, op.Constant(value_ints=[2]))
 
 
 @onnxscript.script(LIBRARY, default_opset=op)
 def LinearCoreAttend(
     qf: FLOAT, kf: FLOAT, v: FLOAT, causal: int, chunk_size: int, eps: float, clamp: int
 ) -> FLOAT:
-    """ONNX twin of :func:`kernel_attention`; returns float32.
+    """ONNX twin of :func:`kernel_attention`; returns the features' type (float32).
 
-    The causal/bidirectional choice is an ``If`` on a constant: runtimes fold it, and
-    the bidirectional form keeps its O(d^2) state instead of paying for chunks. Each
-    branch assigns one value: onnxscript orders the outputs of an ``If`` that assigns
-    several by a set of their names, so the bytes would depend on PYTHONHASHSEED.
+    Causal or bidirectional without an ``If``: both forms run, the one not chosen on empty
+    sequences (the fp16 converter of ONNX Runtime breaks the Casts it puts around CumSum inside
+    an If branch). The bidirectional form keeps its O(d^2) state instead of paying for chunks.
     """
-    values = op.Cast(v, to=FLOAT.dtype)
+    values = LinearCoreValues(v, qf)
     chunk = op.Reshape(op.Constant(value_int=chunk_size), [1])
-    if op.Cast(op.Constant(value_int=causal), to=BOOL.dtype):
-        num, den = LinearCoreCausalSums(qf, kf, values, chunk)
-        out = LinearCoreNormalise(num, den, eps=eps, clamp=clamp)
-    else:
-        num, den = LinearCoreFullSums(qf, kf, values)
-        out = LinearCoreNormalise(num, den, eps=eps, clamp=clamp)
-    return out
+    chunked = op.Reshape(op.Constant(value_int=causal), [1])
+    full = op.Sub(op.Constant(value_ints=[1]), chunked)
+    causal_sums = LinearCoreCausalSums(
+        LinearCoreTake(qf, chunked), LinearCoreTake(kf, chunked), LinearCoreTake(values, chunked), chunk
+    )
+    full_sums = LinearCoreFullSums(
+        LinearCoreTake(qf, full), LinearCoreTake(kf, full), LinearCoreTake(values, full)
+    )
+    return LinearCoreNormalise(op.Concat(causal_sums, full_sums, axis=2), eps=eps, clamp=clamp)
 
 
 @onnxscript.script(LIBRARY, default_opset=op)
-def LinearCoreStepSums(qf: FLOAT, kf: FLOAT, v: FLOAT, chunk_size: int) -> tuple[FLOAT, FLOAT, FLOAT, FLOAT]:
-    """The chunk's causal (num, den) and its own state (kf^T v, sum kf); v is float32."""
+def LinearCoreStepSums(qf: FLOAT, kf: FLOAT, v: FLOAT, chunk_size: int) -> tuple[FLOAT, FLOAT]:
+    """The chunk's causal [num, den] and its own state [kf^T v, sum kf] (b, h, f, dv + 1); v is [v, 1]."""
     chunk = op.Reshape(op.Constant(value_int=chunk_size), [1])
-    num, den = LinearCoreCausalSums(qf, kf, v, chunk)
-    kv = op.MatMul(op.Transpose(kf, perm=[0, 1, 3, 2]), v)
-    return num, den, kv, op.ReduceSum(kf, [-2], keepdims=0)
+    sums = LinearCoreCausalSums(qf, kf, v, chunk)
+    return sums, op.MatMul(op.Transpose(kf, perm=[0, 1, 3, 2]), v)
 
 
 @onnxscript.script(LIBRARY, default_opset=op)
 def LinearCoreAttendStep(
     qf: FLOAT, kf: FLOAT, v: FLOAT, kv_sum: FLOAT, k_sum: FLOAT, chunk_size: int, eps: float, clamp: int
 ) -> tuple[FLOAT, FLOAT, FLOAT]:
-    """ONNX twin of :func:`kernel_attention_step` with a state: (float32 out, S', Z')."""
-    values = op.Cast(v, to=FLOAT.dtype)
-    num, den, kv, k = LinearCoreStepSums(qf, kf, values, chunk_size=chunk_size)
-    num_all = op.Add(num, op.MatMul(qf, kv_sum))
-    den_all = op.Add(den, op.MatMul(qf, op.Unsqueeze(k_sum, [-1])))
-    out = LinearCoreNormalise(num_all, den_all, eps=eps, clamp=clamp)
-    return out, op.Add(kv_sum, kv), op.Add(k_sum, k)
+    """ONNX twin of :func:`kernel_attention_step` with a state: (out, S', Z'), all float32."""
+    sums, grown = LinearCoreStepSums(qf, kf, LinearCoreValues(v, qf), chunk_size=chunk_size)
+    state = op.Concat(kv_sum, op.Unsqueeze(k_sum, [-1]), axis=-1)
+    out = LinearCoreNormalise(op.Add(sums, op.MatMul(qf, state)), eps=eps, clamp=clamp)
+    kv, k = LinearCoreSplitLast(op.Add(state, grown))
+    return out, kv, op.Squeeze(k, [-1])
 
 
 @onnxscript.script(LIBRARY, default_opset=op)
 def LinearCoreAttendFirst(
     qf: FLOAT, kf: FLOAT, v: FLOAT, chunk_size: int, eps: float, clamp: int
 ) -> tuple[FLOAT, FLOAT, FLOAT]:
-    """ONNX twin of :func:`kernel_attention_step` without a state (the prompt): (float32 out, S, Z)."""
-    values = op.Cast(v, to=FLOAT.dtype)
-    num, den, kv, k = LinearCoreStepSums(qf, kf, values, chunk_size=chunk_size)
-    return LinearCoreNormalise(num, den, eps=eps, clamp=clamp), kv, k
+    """ONNX twin of :func:`kernel_attention_step` without a state (the prompt): (out, S, Z), float32."""
+    sums, grown = LinearCoreStepSums(qf, kf, LinearCoreValues(v, qf), chunk_size=chunk_size)
+    kv, k = LinearCoreSplitLast(grown)
+    return LinearCoreNormalise(sums, eps=eps, clamp=clamp), kv, op.Squeeze(k, [-1])

@@ -49,6 +49,9 @@ class ExportSettings(Config):
             token-by-token generation (:mod:`attnx.decode`); an lm also gets the onnxruntime-genai
             decoder (``genai.onnx`` + ``genai_config.json``, :mod:`attnx.serve.genai`).
         tokenizer: a Hugging Face ``tokenizer.json`` copied into the export (text in, text out).
+        checkpoint: weights to export instead of the seeded initialisation (safetensors or a
+            torch state dict); in a recipe file a relative path is relative to that file, so a
+            recipe can ship its trained weights next to it.
     """
 
     opset: int = 18
@@ -59,6 +62,7 @@ class ExportSettings(Config):
     example_lengths: dict[str, int] | None = None
     decode: bool = False
     tokenizer: str | None = None
+    checkpoint: str | None = None
 
     def validate(self) -> None:
         require(
@@ -127,7 +131,7 @@ class Recipe:
 
     ``options`` are scoped option keys in application order ("model.d_model",
     "variant.n_hashes", "cross.eps", or bare keys added by overrides), as
-    :func:`attnx.exporter.assemble.split_options` routes them.
+    :func:`attnx.models.factory.split_options` routes them.
     """
 
     name: str
@@ -291,6 +295,7 @@ def load_recipe(name_or_path: str | Path, registry: Registry | None = None) -> R
             settings[section] = make_config(cls, entries, what=f"{section} setting")
         except AttnxError as exc:
             raise fail(f"[{section}] {exc}") from None
+    settings["export"] = _checkpoint_beside(settings["export"], path, fail)
     return Recipe(
         name=name,
         model=names["model"],
@@ -345,6 +350,16 @@ def summaries() -> list[dict[str, Any]]:
             }
         )
     return result
+
+
+def _checkpoint_beside(export: Config, recipe: Path, fail: Any) -> Config:
+    """``[export] checkpoint`` resolved against the recipe's folder; it must exist."""
+    if export.checkpoint is None:
+        return export
+    path = recipe.parent / export.checkpoint
+    if not path.is_file():
+        raise fail(f"[export] checkpoint '{export.checkpoint}' does not exist (looked for {path})")
+    return dataclasses.replace(export, checkpoint=str(path))
 
 
 def _table(data: dict[str, Any], table: str, fail: Any) -> dict[str, Any]:

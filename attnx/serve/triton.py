@@ -316,11 +316,7 @@ def write_repository(
     export = ExportDir.open(out)
     plan = plan_model(export, name or export.manifest.model, batching, max_batch, instances)
     repo = Path(repo)
-    if repo.exists() and force and not (repo / MARKER).is_file():
-        raise AttnxError(
-            f"'{repo}' exists and is not a repository attnx wrote (no {MARKER}); choose another --repo"
-        )
-    with staged_directory(repo, force) as staging:
+    with staged_directory(repo, force, marker=MARKER) as staging:
         model_dir = staging / plan.name
         (model_dir / VERSION).mkdir(parents=True)
         if plan.batching == "sequence":

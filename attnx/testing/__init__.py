@@ -17,7 +17,7 @@ with the promise it breaks and the numbers. Outside pytest::
 
 The checks (:data:`CHECKS`, in order; the ``export-*`` ones are heavy, seconds each):
 ``contract``, ``capabilities``, ``fake-impl``, ``onnx-schema``, ``onnx-body``,
-``causality``, ``fp16``, ``plugin-kernel``, ``export-function``, ``export-decomposed``,
+``causality``, ``fp16``, ``gradients``, ``plugin-kernel``, ``export-function``, ``export-decomposed``,
 ``export-plugin``, ``export-fp16``; docs/plugins.md says what each promises and how it is checked.
 They need no knowledge of the op's signature: the kit builds the variant's layer for
 each declared capability, records its custom-op calls and replays them (see

@@ -1,34 +1,52 @@
-"""``attnx build``: a TensorRT engine for an export, through Polygraphy.
+"""``attnx build``: a TensorRT engine for an export (``OUT/engine.plan``, recorded in ``OUT/attnx.json``).
 
-``EngineBytesFromNetwork(NetworkFromOnnxPath(OUT/model.onnx), CreateConfig(fp16=...,
-profiles=[Profile().add(input, min, opt, max), ...], memory_pool_limits={WORKSPACE: n}))``
-with one optimisation profile derived from the manifest's dynamic axes: the axis "batch"
-takes the batch range, every other named axis the sequence range, fixed axes stay fixed.
-The serialized engine is written to ``OUT/engine.plan`` atomically, and the settings are
-recorded in ``OUT/attnx.json`` under ``engine`` (with the hashes that tie the engine to
-``model.onnx``).
+The steps, each refusing bad input in one line before anything is written:
 
-A ``function``/``decomposed`` model is parsed by TensorRT's ONNX parser as is; for a
-``plugin`` model the attnx QDP plugins are registered first (and again before the engine is
-deserialized: JIT QDP engines need Python and the registrations at load time).
+1. the export (``ExportDir``), the settings, the graph TensorRT's parser will read (opset <= 25,
+   the plugin node contract, standard ``Attention`` nodes);
+2. TensorRT and a CUDA device; the precision for this TensorRT version
+   (:func:`attnx.trt.precision.precision_plan`: strongly typed on 11, flags on 10);
+3. the plugins: AOT (the ops' Triton kernels compiled to PTX; the engine loads without Python)
+   when every plugin op has a kernel, Triton can compile, TensorRT has AOT plugins and a tactic of
+   each node's kernel fits in 48 KiB of shared memory, else JIT (``--aot``/``--jit`` insist),
+   registered in this process before parsing;
+4. the build (:mod:`attnx.trt.engine`) with one optimisation profile from the manifest's dynamic
+   axes: "batch" takes the batch range, every other named axis the sequence range;
+5. what the engine holds (:mod:`attnx.trt.inspector`), ``engine.plan`` written atomically and the
+   manifest's ``engine`` section (hashes tie it to ``model.onnx``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import onnx
 
 from attnx.atomic import write_atomic
-from attnx.errors import AttnxError, first_line
+from attnx.errors import AttnxError
 from attnx.exporter.directory import ExportDir
+from attnx.exporter.lowering import attnx_nodes
 from attnx.exporter.manifest import EngineSection
-from attnx.trt import GPU_EXTRA_HINT, cuda_missing, tensorrt_missing
-from attnx.trt.graph import check_plugin_nodes
-from attnx.trt.qdp import register_plugins
+from attnx.trt import (
+    GPU_EXTRA_HINT,
+    cuda_missing,
+    tensorrt_missing,
+    tensorrt_version,
+    triton_missing,
+    version_tuple,
+)
+from attnx.trt.aot import PluginMode, choose_plugin_mode, kernel_blocker, tensorrt_aot_missing
+from attnx.trt.engine import EngineRequest, build_engine
+from attnx.trt.graph import attention_nodes, check_attention_nodes, check_opset, check_plugin_nodes
+from attnx.trt.inspector import EngineLayers, read_engine_information
+from attnx.trt.precision import precision_plan
+from attnx.trt.qdp import CALLBACKS, register_plugins
+
+if TYPE_CHECKING:
+    from attnx.ops import AttentionOp
 
 ENGINE_FILE = "engine.plan"
 DEFAULT_BATCH = (1, 2, 8)
@@ -39,12 +57,14 @@ Range = tuple[int, int, int]
 
 @dataclasses.dataclass(frozen=True)
 class BuildSettings:
-    """What ``attnx build`` was asked for; ``workspace`` in bytes (None: TensorRT's default)."""
+    """What ``attnx build`` was asked for; ``workspace`` in bytes (None: TensorRT's default);
+    ``plugins``: "aot" (``--aot``), "jit" (``--jit``) or None (AOT where possible)."""
 
     fp16: bool = False
     workspace: int | None = None
     batch: Range = DEFAULT_BATCH
     seq: Range = DEFAULT_SEQ
+    plugins: PluginMode | None = None
 
     def validate(self) -> None:
         for name, (low, opt, high) in (("batch", self.batch), ("seq", self.seq)):
@@ -89,58 +109,101 @@ def require_tensorrt(what: str) -> None:
         raise AttnxError(f"{what} needs a CUDA device: {reason}")
 
 
-def prepare_plugins(model_path: Path, lowering: str, ops: Sequence[Any]) -> list[str]:
-    """For a plugin-lowered model: check the node contract and register the QDP plugins."""
-    if lowering != "plugin":
-        return []
-    check_plugin_nodes(onnx.load(str(model_path), load_external_data=False), ops)
-    return register_plugins(ops)
-
-
 def build(out: str | Path, settings: BuildSettings = BuildSettings(),
           progress: Callable[[str], None] | None = None) -> BuildResult:
     """Build ``OUT/engine.plan`` and record it in ``OUT/attnx.json``.
 
     Raises:
-        AttnxError: not an export, bad settings, or TensorRT / CUDA missing (nothing is written).
+        AttnxError: not an export, bad settings, a graph TensorRT cannot parse, TensorRT / CUDA
+            missing, ``--fp16`` on an fp32 export with TensorRT >= 11, ``--aot`` where AOT cannot
+            be had, or a failed build (nothing is written).
     """
     report = progress or (lambda message: None)
     export = ExportDir.open(out)
     settings.validate()
-    require_tensorrt("attnx build")
-    import tensorrt as trt
-    from polygraphy.backend.trt import CreateConfig, EngineBytesFromNetwork, NetworkFromOnnxPath, Profile
-    from polygraphy.exception import PolygraphyException
-
-    manifest = export.manifest
-    plugins = prepare_plugins(export.model_path, manifest.lowering, export.ops())
-    shapes = profile_shapes(export, settings)
-    profile = Profile()
-    for name, point in shapes.items():
-        profile.add(name, point["min"], point["opt"], point["max"])
-    limits = {trt.MemoryPoolType.WORKSPACE: settings.workspace} if settings.workspace else None
-    fp16 = settings.fp16 or manifest.dtype == "fp16"  # an fp16 export's layers run in fp16
-    config = CreateConfig(fp16=fp16, profiles=[profile], memory_pool_limits=limits)
-    report(f"building a TensorRT {trt.__version__} engine ({'fp16' if fp16 else 'fp32'}, "
-           f"{manifest.lowering} lowering)")
+    request, plugins = prepare(export, settings, report)
+    CALLBACKS.clear()
     try:
-        serialized = EngineBytesFromNetwork(NetworkFromOnnxPath(str(export.model_path)), config=config)()
-    except PolygraphyException as exc:  # parser or builder failure: TensorRT logged the details above
-        raise AttnxError(f"TensorRT could not build {export.model_path}: {first_line(exc)}") from None
-    write_atomic(export.path / ENGINE_FILE, bytes(serialized))
-    import torch
-
+        built = build_engine(request)
+    except AttnxError:
+        if CALLBACKS.errors:  # the first error raised inside a plugin callback says more
+            raise CALLBACKS.errors[0] from None
+        raise
+    layers = read_engine_information(built.information)
+    needs_python = request.plugins == "jit" or any(CALLBACKS.aot_calls[plugin] == 0 for plugin in plugins)
+    loading = "needs Python to load" if needs_python else "loads without Python"
+    report(f"engine: {layers.describe()}; {loading}")
+    write_atomic(export.path / ENGINE_FILE, built.plan)
+    precision = request.precision
     section = EngineSection(
-        model_sha256=manifest.files["model"].sha256,
-        tensorrt=trt.__version__,
-        device=torch.cuda.get_device_name(),
-        fp16=fp16,
+        model_sha256=export.manifest.files["model"].sha256,
+        tensorrt=str(tensorrt_version()),
+        device=built.device,
+        fp16=engine_has_fp16(layers, precision.fp16_flag or precision.export_dtype == "fp16"),
         workspace=settings.workspace,
-        profiles=[shapes],
+        profiles=[request.profile],
         plugins=plugins,
+        typing=precision.typing,
+        plugin_mode=request.plugins,
+        needs_python=needs_python,
+        precisions=layers.precisions,
+        layer_types=layers.layer_types,
+        plugin_layers=layers.plugin_layers,
     )
     export.record_engine(ENGINE_FILE, section)
     return BuildResult(export.path / ENGINE_FILE, section)
+
+
+def prepare(
+    export: ExportDir, settings: BuildSettings, report: Callable[[str], None]
+) -> tuple[EngineRequest, list[str]]:
+    """Check the graph and the machine, decide precision and plugins, register them: the engine to build
+    and the registered plugin ids."""
+    manifest = export.manifest
+    model = onnx.load(str(export.model_path), load_external_data=False)
+    check_opset(manifest.opset, str(export.path))
+    plugin_ops = plugin_ops_of(export, model)
+    if plugin_ops:
+        check_plugin_nodes(model, plugin_ops)
+    attention = attention_nodes(model)
+    require_tensorrt("attnx build")
+    version = str(tensorrt_version())
+    precision = precision_plan(version_tuple(version), manifest.dtype, settings.fp16, str(export.path))
+    check_attention_nodes(attention, version_tuple(version))
+    aot_reason = tensorrt_aot_missing() if plugin_ops else None
+    mode, why = choose_plugin_mode(
+        plugin_ops, settings.plugins, triton_missing(), aot_reason, lambda: kernel_blocker(model, plugin_ops)
+    )
+    plugins = register_plugins(plugin_ops, aot_kernels=mode == "aot") if plugin_ops else []
+    report(f"TensorRT {version}: {precision.describe()}")
+    report(plugin_summary(mode, why, len(attention)))
+    profile = profile_shapes(export, settings)
+    return EngineRequest(export.model_path, profile, settings.workspace, precision, mode), plugins
+
+
+def plugin_ops_of(export: ExportDir, model: onnx.ModelProto) -> list[AttentionOp]:
+    """The ops of the plugin nodes of ``model`` (the manifest's ``ops`` also names the decode graphs' ops)."""
+    if export.manifest.lowering != "plugin":
+        return []
+    in_graph = {node.op_type for node in attnx_nodes(model)}
+    return [op for op in export.ops() if op.name in in_graph]
+
+
+def plugin_summary(mode: PluginMode | None, why: str, attention: int) -> str:
+    """One progress line: how the engine computes attention and whether it needs Python."""
+    if mode == "aot":
+        return (f"plugins: AOT, Triton kernels compiled to PTX and serialised into the engine ({why}); "
+                "the engine loads without Python")
+    if mode == "jit":
+        return (f"plugins: JIT, Python callbacks into the variants' torch ops ({why}); the engine needs "
+                "Python with attnx to load")
+    native = f"{attention} standard Attention node(s) -> TensorRT IAttention; " if attention else ""
+    return f"plugins: none ({why}); {native}the engine loads without Python"
+
+
+def engine_has_fp16(layers: EngineLayers, requested: bool) -> bool:
+    """Whether the engine computes in fp16: from its layers (what was asked when they carry no types)."""
+    return layers.has_fp16 if set(layers.precisions) - {"unknown"} else requested
 
 
 def engine_problem(export: ExportDir) -> str | None:

@@ -1,4 +1,5 @@
-"""ONNX wiring of plugin-lowered models: the node contract and the ``trt.plugins`` rewrite.
+"""What TensorRT's ONNX parser needs from a graph: plugin nodes, the opset, standard ``Attention``
+nodes; and the ``trt.plugins`` rewrite for ONNX Runtime's TensorRT execution provider.
 
 TensorRT's ONNX parser imports an unknown node as a plugin: op_type = plugin name,
 ``plugin_namespace`` and ``plugin_version`` attributes pick the creator, and every other
@@ -9,6 +10,12 @@ engine with a missing field; :func:`check_plugin_nodes` refuses that up front).
 ONNX Runtime's TensorRT execution provider validates the graph before TensorRT sees it and
 only knows plugins as custom ops in the domain ``trt.plugins`` (one variadic op per creator
 in TensorRT's registry); :func:`for_ort_tensorrt` produces that variant of the graph.
+
+The parser of TensorRT 11.5 reads ai.onnx opsets up to 25 (:func:`check_opset`). From TensorRT 10.14
+it maps the standard ``Attention`` op (opset >= 23) to its native ``IAttention`` layer, with the
+restrictions of onnx-tensorrt's operator table: 4-D ``Q``/``K``/``V``/``attn_mask``, one output, no
+``past_key``/``past_value``/``nonpad_kv_seqlen`` inputs, no ``softcap`` or ``qk_matmul_output_mode``
+(:func:`check_attention_nodes`); such an export needs no plugin at all.
 """
 
 from __future__ import annotations
@@ -29,6 +36,11 @@ if TYPE_CHECKING:
 
 ORT_TRT_DOMAIN = "trt.plugins"
 PLUGIN_ATTRIBUTES = ("plugin_namespace", "plugin_version")
+PARSER_MAX_OPSET = 25  # TensorRT 11.5's ONNX parser
+ATTENTION_MIN_VERSION = (10, 14)  # the first parser that maps Attention to IAttention
+# Attention inputs 4-6 and attributes IAttention does not take (onnx-tensorrt docs/operators.md)
+_ATTENTION_INPUTS = ("past_key", "past_value", "nonpad_kv_seqlen")
+_ATTENTION_ATTRIBUTES = ("softcap", "qk_matmul_output_mode")
 
 
 def check_plugin_nodes(model: onnx.ModelProto, ops: Sequence[AttentionOp]) -> int:
@@ -84,3 +96,45 @@ def for_ort_tensorrt(model: onnx.ModelProto) -> onnx.ModelProto:
     del result.opset_import[:]
     result.opset_import.extend([*kept, helper.make_opsetid(ORT_TRT_DOMAIN, 1)])
     return result
+
+
+def check_opset(opset: int, label: str) -> None:
+    """Refuse an ai.onnx opset TensorRT's parser cannot read (above :data:`PARSER_MAX_OPSET`)."""
+    if opset > PARSER_MAX_OPSET:
+        raise AttnxError(
+            f"{label} uses ONNX opset {opset}; TensorRT 11.5 parses opsets <= {PARSER_MAX_OPSET}: "
+            f"re-export with --opset {PARSER_MAX_OPSET} or lower"
+        )
+
+
+def attention_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
+    """The standard ``Attention`` nodes of the graph and of its model-local functions."""
+    nodes = [*model.graph.node, *(n for f in model.functions for n in f.node)]
+    return [n for n in nodes if n.op_type == "Attention" and n.domain in ("", "ai.onnx")]
+
+
+def check_attention_nodes(nodes: Sequence[onnx.NodeProto], version: tuple[int, int]) -> None:
+    """Refuse standard ``Attention`` nodes TensorRT ``version`` cannot map to ``IAttention``."""
+    if nodes and version < ATTENTION_MIN_VERSION:
+        raise AttnxError(
+            f"the graph has {len(nodes)} standard Attention node(s), which TensorRT "
+            f"{version[0]}.{version[1]} cannot parse (IAttention needs >= "
+            f"{ATTENTION_MIN_VERSION[0]}.{ATTENTION_MIN_VERSION[1]}): "
+            "upgrade TensorRT (pip install 'attnx[gpu]') or export a lowering without the Attention op"
+        )
+    for node in nodes:
+        unsupported = _unsupported_attention_parts(node)
+        if unsupported:
+            raise AttnxError(
+                f"Attention node {node.name or '(unnamed)'} uses {', '.join(unsupported)}, which TensorRT's "
+                "IAttention does not take (one output, no KV-cache inputs); build a graph without them"
+            )
+
+
+def _unsupported_attention_parts(node: onnx.NodeProto) -> list[str]:
+    parts = [name for name, given in zip(_ATTENTION_INPUTS, node.input[4:], strict=False) if given]
+    named = [a for a in node.attribute if a.name in _ATTENTION_ATTRIBUTES]
+    parts += [a.name for a in named if helper.get_attribute_value(a) != 0]
+    if sum(1 for output in node.output if output) > 1:
+        parts.append("more than one output")
+    return parts

@@ -130,6 +130,14 @@ class PluginSpec:
         names = list(names) if names is not None else [i.name for i in self.present(len(shapes))]
         return tuple(self.op.output_shape(dict(zip(names, shapes, strict=True))))
 
+    @property
+    def fields_by_name(self) -> dict[str, PluginField]:
+        return {f.name: f for f in self.fields}
+
+    def attributes(self, values: Sequence[Any]) -> dict[str, Any]:
+        """Field values as a runtime delivers them (in field order), by name, as the torch op takes them."""
+        return {f.name: f.to_torch(value) for f, value in zip(self.fields, values, strict=True)}
+
     def torch_args(
         self, tensors: Sequence[Any], values: Mapping[str, Any], names: Sequence[str] | None = None
     ) -> list[Any]:

@@ -147,13 +147,15 @@ def _elu1(x: torch.Tensor) -> torch.Tensor:
 
 
 # Naive bidirectional attention from the papers' formulas, products written as matmuls and the
-# normalisers / pooled sums as multiply + sum (the split the cost model states).
+# pooled sums as multiply + sum; the kernel normaliser as a ones column of v (the split the cost model
+# states, as attnx.plugins._linear_core computes it).
 def naive_softmax(q, k, v):
     return torch.softmax(q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5, dim=-1) @ v
 
 
 def naive_kernel(qf, kf, v):
-    return (qf @ (kf.transpose(-1, -2) @ v)) / (qf * kf.sum(-2, keepdim=True)).sum(-1, keepdim=True)
+    sums = qf @ (kf.transpose(-1, -2) @ torch.cat([v, torch.ones_like(v[..., :1])], dim=-1))
+    return sums[..., :-1] / sums[..., -1:]
 
 
 def naive_linear(q, k, v):

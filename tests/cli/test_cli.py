@@ -59,6 +59,7 @@ def test_list_shows_variants_models_lowerings():
         "key_padding_mask": True,
         "decode": "kv-cache",
         "fp16": True,
+        "trainable": True,
     }
     reformer = next(v for v in data["variants"] if v["name"] == "reformer")
     assert reformer["capabilities"]["fp16"] is False

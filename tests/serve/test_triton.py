@@ -133,7 +133,7 @@ def test_force_replaces_only_a_repository_attnx_wrote(serve_export, tmp_path):
     other.mkdir()
     (other / "keep.txt").write_text("mine")
     code, _, stderr = run_cli(["triton", str(out), "--repo", str(other), "--force"])
-    assert_one_line_error(code, stderr, "not a repository attnx wrote")
+    assert_one_line_error(code, stderr, "holds no attnx-triton.json, so it is not an earlier output")
     assert [p.name for p in other.iterdir()] == ["keep.txt"]
 
 

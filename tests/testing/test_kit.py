@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import pytest
@@ -12,6 +13,7 @@ from attnx.ops import AttentionOp
 from attnx.registry import Registry
 from attnx.testing import CHECKS, ConformanceError, check_variant, conformance_tests
 from attnx.testing.checks.causality import ROUNDING_ULPS, rounding_bound
+from attnx.testing.checks.fp16_convert import converters
 from attnx.testing.checks.onnx_body import schema_problems
 from attnx.testing.checks.plugin import ShapeExpr
 from tests.testing import seeded_plugins
@@ -62,6 +64,26 @@ def test_a_body_that_computes_in_float32_passes_in_fp32_and_is_named_in_fp16(reg
     assert control.passed, str(control)
 
 
+def test_a_float32_literal_in_a_body_is_named_only_once_a_converter_rewrote_the_export(registry):
+    """The body widens with Cast(to=FLOAT) and scales by a float32 literal: right in fp32 and in a native
+    fp16 export, but an fp16 converter retypes the inlined Cast's output and the Mul mixes types.
+    (causality is left out: it tests the torch op, which is the sound one, and is BLAS-sensitive.)"""
+    checks = [c for c in LIGHT if c != "causality"] + ["export-fp16", "fp16-convert"]
+    report = check_variant("seeded_float32", registry=registry, checks=checks)
+    assert set(failures(report)) == {"fp16-convert"}, str(report)
+    message = failures(report)["fp16-convert"]
+    for converter in converters():
+        assert f"the decomposed-lowered export converted to fp16 by {converter} does not run" in message
+    assert "function-lowered" not in message  # converters do not visit function bodies
+
+
+@pytest.mark.slow
+def test_the_sound_control_survives_the_fp16_converters(registry):
+    assert converters(), "no fp16 converter installed"
+    report = check_variant("seeded_sound", registry=registry, checks=["fp16-convert"])
+    assert report.passed, str(report)
+
+
 def test_a_causal_mode_that_leaks_future_tokens_is_named(registry):
     report = check_variant("seeded_leak", registry=registry, heavy=False)
     assert set(failures(report)) == {"causality"}, str(report)
@@ -81,6 +103,33 @@ def test_causality_allows_rounding_and_a_leak_exceeds_it_by_orders_of_magnitude(
     report = check_variant("seeded_leak", registry=registry, checks=["causality"])
     found = re.findall(r"by ([0-9.e+-]+) \(allowed ([0-9.e+-]+)", failures(report)["causality"])
     assert found and all(float(change) > 1000 * float(allowed) > 0 for change, allowed in found)
+
+
+def test_a_backward_that_drops_a_term_is_named(registry):
+    report = check_variant("seeded_grad", registry=registry, heavy=False)
+    assert set(failures(report)) == {"gradients"}, str(report)
+    message = failures(report)["gradients"]
+    assert "attnx_seeded::grad_attention has wrong gradients with respect to q: along a random direction" in (
+        message
+    )
+    assert "a central difference" in message and "causal=True" in message
+
+
+def test_a_variant_that_does_not_declare_trainable_must_refuse_backward(registry):
+    sound = seeded_plugins.VARIANTS["sound"]
+    undeclared = dataclasses.replace(
+        sound, name="seeded_undeclared", capabilities=dataclasses.replace(sound.capabilities, trainable=False)
+    )
+    report = check_variant(undeclared, checks=["gradients"])
+    assert "does not declare trainable, but backward through its self layer returns gradients" in str(report)
+    without_backward = check_variant("sigmoid_test", registry=third_party_registry(), checks=["gradients"])
+    assert without_backward.passed, str(without_backward)  # no backward registered: torch refuses
+
+
+def third_party_registry() -> Registry:
+    from tests.third_party import sigmoid_plugin
+
+    return Registry(plugins=[("sigmoid", sigmoid_plugin, "test")], autoload=False)
 
 
 def test_a_library_function_named_like_another_variants_is_named(registry):

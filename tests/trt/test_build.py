@@ -1,7 +1,9 @@
 """``attnx build``, the trt/ort-trt/ort-cuda verify backends and doctor's TensorRT report.
 
 Without TensorRT (this CI): precise one-line errors, nothing written, skipped backends with
-the reason. With TensorRT and a GPU: real engines for every variant (``-m gpu``).
+the reason; the whole build pipeline with TensorRT's calls replaced (a fake ``build_engine``
+returning an inspector sample), and the ``trt`` runner against a stand-in ``tensorrt`` module.
+With TensorRT and a GPU: real engines for every variant (``-m gpu``).
 """
 
 from __future__ import annotations
@@ -17,8 +19,9 @@ from attnx.errors import AttnxError
 from attnx.exporter.directory import ExportDir
 from attnx.exporter.manifest import EngineSection, sha256_file
 from attnx.models.spec import TensorSpec
-from attnx.trt import GPU_EXTRA_HINT, cuda_missing, tensorrt_missing
+from attnx.trt import GPU_EXTRA_HINT, cuda_missing, tensorrt_missing, tensorrt_version, version_tuple
 from attnx.trt.build import ENGINE_FILE, BuildSettings, build, check_shapes, engine_problem, profile_shapes
+from tests.conftest import TINY
 from tests.helpers import assert_one_line_error, run_cli
 from tests.trt.conftest import VARIANTS
 
@@ -78,8 +81,10 @@ def test_profile_follows_the_manifest_axes(softmax_out):
     }
 
 
-def engine(model_sha256: str, profiles=()) -> EngineSection:
-    return EngineSection(model_sha256, "11.4", "a GPU", False, None, list(profiles), [])
+def engine(model_sha256: str, profiles=(), needs_python: bool = False) -> EngineSection:
+    mode = "jit" if needs_python else "aot"
+    return EngineSection(model_sha256, "11.4", "a GPU", False, None, list(profiles), [], "strong", mode,
+                         needs_python, {"fp32": 3}, {"PluginV3": 1}, [])  # fmt: skip
 
 
 def test_engine_problems_are_precise(softmax_out):
@@ -182,17 +187,23 @@ def gpu_reason() -> str | None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("lowering", ["plugin", "function"])
+@pytest.mark.parametrize(("lowering", "plugins"), [("plugin", None), ("plugin", "jit"), ("function", None)])
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_engine_matches_torch(variant, lowering, plugin_export, tmp_path):
+def test_engine_matches_torch(variant, lowering, plugins, plugin_export, tmp_path):
     reason = gpu_reason()
     if reason:
         pytest.skip(reason)
     out = shutil.copytree(plugin_export(variant, lowering=lowering), tmp_path / "out")
-    result = build(out, BuildSettings(seq=(1, 64, 256)))
+    result = build(out, BuildSettings(seq=(1, 64, 256), plugins=plugins))
     manifest = ExportDir.open(out).manifest
+    engine = manifest.engine
     assert result.engine.is_file() and manifest.files["engine"].sha256 == sha256_file(result.engine)
-    assert sorted(manifest.engine.plugins) == (sorted(manifest.ops) if lowering == "plugin" else [])
+    assert sorted(engine.plugins) == (sorted(manifest.ops) if lowering == "plugin" else [])
+    # tiny models (head size 16): every kernel fits, so the default is AOT and the engine needs no Python
+    expected_mode = {("plugin", None): "aot", ("plugin", "jit"): "jit"}.get((lowering, plugins))
+    assert (engine.plugin_mode, engine.needs_python) == (expected_mode, expected_mode == "jit")
+    assert engine.precisions.get("fp32", 0) > 0 and not engine.fp16
+    assert len(engine.plugin_layers) == (TINY["n_layers"] if lowering == "plugin" else 0)
     report = verify(out, backends=["trt"], seq_lens=[1, 7, 33, 129], write=False, seed=3)
     assert report.passed, report.to_dict()
 
@@ -202,11 +213,17 @@ def test_fp16_engine_and_ort_backends(plugin_export, tmp_path):
     reason = gpu_reason()
     if reason:
         pytest.skip(reason)
-    out = shutil.copytree(plugin_export("softmax"), tmp_path / "out")
+    fp32 = shutil.copytree(plugin_export("softmax"), tmp_path / "fp32")
+    if version_tuple(str(tensorrt_version()))[0] >= 11:  # strongly typed: an fp16 engine is an fp16 export
+        with pytest.raises(AttnxError, match="is an fp32 export and TensorRT 11"):
+            build(fp32, BuildSettings(fp16=True))
+        out = shutil.copytree(plugin_export("softmax", dtype="fp16"), tmp_path / "out")
+    else:
+        out = fp32
     build(out, BuildSettings(fp16=True, workspace=1 << 30))
-    # no --atol: the fp16 engine is judged at softmax's fp16 tolerance, the other backends at fp32's
+    engine = ExportDir.open(out).manifest.engine
+    assert engine.fp16 and engine.precisions.get("fp16", 0) > 0
+    # no --atol: an fp16 engine of an fp32 export is judged at the fp16 tolerance, an fp16 export at its own
     report = verify(out, backends=["trt", "ort-cuda", "ort-trt"], seq_lens=[5, 40], write=False, seed=4)
     ran = [b for b in report.backends if b.status != "skipped"]
     assert ran and all(b.status == "passed" for b in ran), report.to_dict()
-    trt = next(b for b in report.backends if b.backend == "trt")
-    assert trt.tolerance == {"atol": 2e-2, "rtol": 1e-2}

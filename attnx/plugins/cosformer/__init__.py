@@ -20,7 +20,9 @@ VARIANT = Variant(
     summary="ReLU linear attention with cos(pi/2·(i-j)/M) re-weighting, O(N d^2)",
     paper="cosFormer: Rethinking Softmax in Attention (arXiv 2202.08791)",
     config=CosformerConfig,
-    capabilities=Capabilities(causal=True, cross=True, key_padding_mask=True, decode="recurrent"),
+    capabilities=Capabilities(
+        causal=True, cross=True, key_padding_mask=True, decode="recurrent", trainable=True
+    ),
     tolerance=Tolerance(atol=1e-4, rtol=1e-3),
     impl="attnx.plugins.cosformer.kernel:IMPL",
     cost=cosformer_cost,

@@ -11,7 +11,7 @@ from onnxscript import opset18 as op
 
 from attnx.attention import MultiHeadAttention
 from attnx.errors import AttnxError
-from attnx.ops import LIBRARY, OPSET, AttentionOp, VariantImpl
+from attnx.ops import LIBRARY, OPSET, AttentionOp, AttnxWiden, VariantImpl, at_least_float32, trainable_op
 from attnx.plugins._linear_core import (
     STATE_TYPES,
     STEP_OUTPUT_NAMES,
@@ -37,17 +37,18 @@ CROSS_DECODE_NEEDS_MAX_LEN = (
 
 
 def cos_features(x: torch.Tensor, offset: int | torch.Tensor, m: float) -> torch.Tensor:
-    """[relu(x) sin(a_p), relu(x) cos(a_p)] in float32, a_p = pi/2 · p/M, positions p = offset + 1, ...
+    """[relu(x) sin(a_p), relu(x) cos(a_p)] in float32 (float64 stays float64), a_p = pi/2 · p/M,
+    positions p = offset + 1, ...
 
     ``offset`` may be an int64 (1,) tensor (the decode position, a graph input).
     """
+    x = torch.relu(at_least_float32(x))
     positions = torch.arange(1, x.shape[-2] + 1, device=x.device) + offset
-    angle = (positions.float() * HALF_PI / m)[:, None]
-    x = torch.relu(x.float())
+    angle = (positions.to(x.dtype) * HALF_PI / m)[:, None]
     return torch.cat((x * angle.sin(), x * angle.cos()), dim=-1)
 
 
-@torch.library.custom_op("attnx::cosformer_attention", mutates_args=())
+@trainable_op("attnx::cosformer_attention")
 def cosformer_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -132,13 +133,18 @@ def _(q, k, v, position, key_padding_mask, max_len, eps, chunk_size):
 
 
 @onnxscript.script(LIBRARY, default_opset=op)
-def CosformerFeatures(x: FLOAT, offset: INT64, m: FLOAT) -> FLOAT:
+def CosformerFeatures(x: FLOAT, offset: INT64, m: INT64) -> FLOAT:
+    """[relu(x) sin(a_p), relu(x) cos(a_p)] in float32 (b, h, n, 2d): one Mul into a (b, h, n, 2, d) layout,
+    a_p = pi/2 · p/M at positions p = offset + 1, ..."""
     one = op.Constant(value_int=1)
     length = op.Squeeze(op.Shape(x, start=2, end=3), [0])
-    positions = op.Cast(op.Add(op.Range(one, op.Add(length, one), one), offset), to=FLOAT.dtype)
-    angle = op.Unsqueeze(op.Div(op.Mul(positions, op.Constant(value_float=HALF_PI)), m), [1])
-    relu = op.Relu(op.Cast(x, to=FLOAT.dtype))
-    return op.Concat(op.Mul(relu, op.Sin(angle)), op.Mul(relu, op.Cos(angle)), axis=-1)
+    relu = op.Relu(AttnxWiden(x))
+    positions = op.CastLike(op.Add(op.Range(one, op.Add(length, one), one), offset), relu)
+    half_pi = op.CastLike(op.Constant(value_float=HALF_PI), relu)
+    angle = op.Div(op.Mul(positions, half_pi), op.CastLike(m, relu))
+    angle = op.Unsqueeze(angle, [1, 2])
+    features = op.Mul(op.Unsqueeze(relu, [3]), op.Concat(op.Sin(angle), op.Cos(angle), axis=1))  # (n, 2, 1)
+    return op.Reshape(features, op.Concat(op.Shape(x, end=3), op.Constant(value_ints=[-1]), axis=0))
 
 
 @onnxscript.script(LIBRARY, default_opset=op)
@@ -147,7 +153,7 @@ def CosformerQueryKeyFeatures(q: FLOAT, k: FLOAT, causal: int, max_len: int) -> 
     n_keys = op.Shape(k, start=2, end=3)
     fixed = op.Constant(value_int=max_len)
     dynamic = op.Max(n_queries, n_keys)
-    m = op.Cast(op.Where(op.Greater(fixed, op.Constant(value_int=0)), fixed, dynamic), to=FLOAT.dtype)
+    m = op.Where(op.Greater(fixed, op.Constant(value_int=0)), fixed, dynamic)
     offset = op.Mul(op.Sub(n_keys, n_queries), op.Constant(value_int=causal))
     return CosformerFeatures(q, offset, m), CosformerFeatures(k, op.Constant(value_ints=[0]), m)
 
@@ -180,7 +186,7 @@ def CosformerAttentionNoMask(
 
 @onnxscript.script(LIBRARY, default_opset=op)
 def CosformerStepFeatures(q: FLOAT, k: FLOAT, position: INT64, max_len: int) -> tuple[FLOAT, FLOAT]:
-    m = op.Cast(op.Constant(value_int=max_len), to=FLOAT.dtype)
+    m = op.Constant(value_int=max_len)
     return CosformerFeatures(q, position, m), CosformerFeatures(k, position, m)
 
 
@@ -214,7 +220,7 @@ def CosformerAttentionStepFirst(
 
 @onnxscript.script(LIBRARY, default_opset=op)
 def CosformerCrossStepFeatures(q: FLOAT, k: FLOAT, position: INT64, max_len: int) -> tuple[FLOAT, FLOAT]:
-    m = op.Cast(op.Constant(value_int=max_len), to=FLOAT.dtype)
+    m = op.Constant(value_int=max_len)
     return CosformerFeatures(q, position, m), CosformerFeatures(k, op.Constant(value_ints=[0]), m)
 
 

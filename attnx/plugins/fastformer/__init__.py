@@ -18,7 +18,7 @@ VARIANT = Variant(
     summary="additive attention: global query/key pooling, element-wise interactions, O(N)",
     paper="Fastformer: Additive Attention Can Be All You Need (arXiv 2108.09084)",
     config=FastformerConfig,
-    capabilities=Capabilities(causal=False, cross=False, key_padding_mask=True, decode=None),
+    capabilities=Capabilities(causal=False, cross=False, key_padding_mask=True, decode=None, trainable=True),
     tolerance=Tolerance(atol=1e-4, rtol=1e-3),
     impl="attnx.plugins.fastformer.kernel:IMPL",
     cost=fastformer_cost,

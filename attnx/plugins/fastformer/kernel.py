@@ -33,7 +33,7 @@ from onnxscript import opset18 as op
 from torch import nn
 
 from attnx.attention import MASKED_SCORE, merge_heads, split_heads
-from attnx.ops import LIBRARY, OPSET, AttentionOp, VariantImpl
+from attnx.ops import LIBRARY, OPSET, AttentionOp, VariantImpl, trainable_op
 from attnx.plugins.fastformer.config import FastformerConfig
 from attnx.variant import AttentionSpec
 
@@ -48,7 +48,7 @@ def additive_pool(
     return (scores.softmax(dim=-2) * x).sum(dim=-2, keepdim=True)
 
 
-@torch.library.custom_op("attnx::fastformer_attention", mutates_args=())
+@trainable_op("attnx::fastformer_attention")
 def fastformer_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -71,20 +71,23 @@ def _(q, k, v, w_q, w_k, key_padding_mask, scale):
 
 @onnxscript.script(LIBRARY, default_opset=op)
 def FastformerScores(x: FLOAT, w: FLOAT, scale: float) -> FLOAT:
-    """(b, h, n, 1): w_h · x_i * scale."""
-    return op.Mul(op.MatMul(x, op.Unsqueeze(w, [-1])), op.CastLike(op.Constant(value_float=scale), x))
+    """(b, h, 1, n): w_h · x_i * scale, the tokens along the last axis (ONNX Runtime's element-wise
+    kernels and Softmax are far slower over an (n, 1) layout)."""
+    row = op.Concat(op.Shape(x, end=2), op.Constant(value_ints=[1, -1]), axis=0)
+    scores = op.Reshape(op.MatMul(x, op.Unsqueeze(w, [-1])), row)
+    return op.Mul(scores, op.CastLike(op.Constant(value_float=scale), x))
 
 
 @onnxscript.script(LIBRARY, default_opset=op)
 def FastformerMaskScores(scores: FLOAT, key_padding_mask: BOOL) -> FLOAT:
-    keep = op.Unsqueeze(key_padding_mask, [1, 3])
+    keep = op.Unsqueeze(key_padding_mask, [1, 2])
     return op.Where(keep, scores, op.CastLike(MASKED_SCORE, scores))
 
 
 @onnxscript.script(LIBRARY, default_opset=op)
 def FastformerPool(x: FLOAT, scores: FLOAT) -> FLOAT:
-    """(b, h, 1, d): sum_i softmax_i(scores) x_i."""
-    return op.ReduceSum(op.Mul(op.Softmax(scores, axis=2), x), [2], keepdims=1)
+    """(b, h, 1, d): sum_i softmax_i(scores) x_i, as one product (b, h, 1, n) @ (b, h, n, d)."""
+    return op.MatMul(op.Softmax(scores, axis=-1), x)
 
 
 @onnxscript.script(OPSET, default_opset=op)

@@ -16,7 +16,9 @@ VARIANT = Variant(
     summary="kernelised linear attention, phi = elu + 1, O(N d^2)",
     paper="Transformers are RNNs (arXiv 2006.16236)",
     config=LinearConfig,
-    capabilities=Capabilities(causal=True, cross=True, key_padding_mask=True, decode="recurrent"),
+    capabilities=Capabilities(
+        causal=True, cross=True, key_padding_mask=True, decode="recurrent", trainable=True
+    ),
     tolerance=Tolerance(atol=1e-4, rtol=1e-3),
     impl="attnx.plugins.linear.kernel:IMPL",
     cost=linear_cost,

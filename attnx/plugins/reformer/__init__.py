@@ -25,7 +25,9 @@ VARIANT = Variant(
     # fp32 only: a token whose hash projections nearly tie changes bucket under fp16 rounding, and
     # torch and ONNX Runtime round differently; at d_model 256, 4 layers, 2-3% of tokens then differ
     # by up to 0.3 (docs/variants/reformer.md).
-    capabilities=Capabilities(causal=True, cross=False, key_padding_mask=True, decode=None, fp16=False),
+    capabilities=Capabilities(
+        causal=True, cross=False, key_padding_mask=True, decode=None, fp16=False, trainable=True
+    ),
     tolerance=Tolerance(atol=1e-4, rtol=1e-3),
     impl="attnx.plugins.reformer.kernel:IMPL",
     cost=reformer_cost,

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import onnxscript
 import torch
-from onnxscript import BOOL, FLOAT, INT64
+from onnxscript import BOOL, FLOAT, INT32, INT64
 from onnxscript import opset18 as op
 from torch import nn
 
 from attnx.attention import merge_heads, split_heads
 from attnx.errors import AttnxError
-from attnx.ops import LIBRARY, OPSET, AttentionOp, VariantImpl
+from attnx.ops import LIBRARY, OPSET, AttentionOp, AttnxWiden, VariantImpl, trainable_op
 from attnx.plugins.reformer.config import ReformerConfig
 from attnx.plugins.reformer.lsh import NORM_EPS, SELF_SCORE, lsh_attention
 from attnx.variant import AttentionSpec
@@ -26,7 +26,7 @@ from attnx.variant import AttentionSpec
 NEG_INF = float("-inf")
 
 
-@torch.library.custom_op("attnx::reformer_attention", mutates_args=())
+@trainable_op("attnx::reformer_attention")
 def reformer_attention(
     qk: torch.Tensor,
     v: torch.Tensor,
@@ -36,7 +36,8 @@ def reformer_attention(
     chunk_size: int,
 ) -> torch.Tensor:
     """LSH attention: qk, v (b, h, n, d), rotations (h, d, n_hashes, n_buckets/2); see ``lsh_attention``."""
-    return lsh_attention(qk, v, rotations, key_padding_mask, causal, chunk_size)
+    # contiguous, as the fake kernel promises (torch.compile checks the strides; the result is a slice)
+    return lsh_attention(qk, v, rotations, key_padding_mask, causal, chunk_size).contiguous()
 
 
 @reformer_attention.register_fake
@@ -49,29 +50,38 @@ def ReformerHash(qk: FLOAT, rotations: FLOAT) -> INT64:
     """argmax([x R, -x R]) per head and round, in float32: (b, h, n, d) -> (b, h, r, n)."""
     rotation_shape = op.Shape(rotations)
     flat_shape = op.Concat(op.Slice(rotation_shape, [0], [2]), op.Constant(value_ints=[-1]), axis=0)
-    flat = op.Reshape(op.Cast(rotations, to=FLOAT.dtype), flat_shape)
-    projected = op.MatMul(op.Cast(qk, to=FLOAT.dtype), flat)
+    flat = op.Reshape(AttnxWiden(rotations), flat_shape)
+    projected = op.MatMul(AttnxWiden(qk), flat)
     split = op.Concat(op.Shape(projected, end=3), op.Slice(rotation_shape, [2], [4]), axis=0)
     projected = op.Transpose(op.Reshape(projected, split), perm=[0, 1, 3, 2, 4])
     return op.ArgMax(op.Concat(projected, op.Neg(projected), axis=-1), axis=-1, keepdims=0)
 
 
 @onnxscript.script(LIBRARY, default_opset=op)
-def ReformerGatherSorted(x, perm: INT64):
-    """(b, h, n, f) in original order -> (b, h, r, n, f) in each round's sorted order."""
-    shape = op.Concat(op.Shape(perm), op.Shape(x, start=3), axis=0)
-    return op.GatherElements(
-        op.Expand(op.Unsqueeze(x, [2]), shape), op.Expand(op.Unsqueeze(perm, [4]), shape), axis=3
-    )
+def ReformerRows(x, index: INT64):
+    """x (*batch, n, f) at positions ``index`` (*batch, *rest) along n -> (*batch, *rest, f).
+
+    One Gather of whole rows from x flattened to (batch · n, f): no copy of x per round and no
+    index expanded to x's width, as a GatherElements would need.
+    """
+    batch = op.Shape(x, end=-2)
+    n = op.Squeeze(op.Shape(x, start=-2, end=-1), [0])
+    count = op.ReduceProd(batch, keepdims=0)
+    rows = op.Reshape(op.Mul(count, n), [1])
+    flat = op.Reshape(x, op.Concat(rows, op.Shape(x, start=-1), axis=0), allowzero=1)  # f may be 0
+    starts = op.Mul(op.Range(op.Constant(value_int=0), count, op.Constant(value_int=1)), n)
+    extra = op.Sub(op.Size(op.Shape(index)), op.Size(batch))
+    ones = op.ConstantOfShape(op.Reshape(extra, [1]), value=onnxscript.ir.tensor([1]))
+    return op.Gather(flat, op.Add(index, op.Reshape(starts, op.Concat(batch, ones, axis=0))), axis=0)
 
 
 @onnxscript.script(LIBRARY, default_opset=op)
 def ReformerChunk(x, chunk_size: int):
-    """(b, h, r, n_pad, ...) -> (b, h, r, nc, c, ...)."""
+    """(b, h, r, n_pad, ...) -> (b, h, r, nc, c, ...); the trailing dims may be 0."""
     size = op.Unsqueeze(op.Constant(value_int=chunk_size), [0])
-    return op.Reshape(
-        x, op.Concat(op.Shape(x, end=3), op.Constant(value_ints=[-1]), size, op.Shape(x, start=4), axis=0)
-    )
+    chunks = op.Div(op.Shape(x, start=3, end=4), size)
+    shape = op.Concat(op.Shape(x, end=3), chunks, size, op.Shape(x, start=4), axis=0)
+    return op.Reshape(x, shape, allowzero=1)
 
 
 @onnxscript.script(LIBRARY, default_opset=op)
@@ -99,14 +109,11 @@ def ReformerLookBackFilled(x: INT64) -> INT64:
 
 
 @onnxscript.script(LIBRARY, default_opset=op)
-def ReformerSort(buckets: INT64) -> tuple[INT64, INT64]:
+def ReformerSort(buckets: INT64, like: FLOAT) -> tuple[INT64, INT64]:
     """Per round, positions sorted by (bucket, position) and the inverse permutation, both (b, h, r, n)."""
     n = op.Shape(buckets, start=3, end=4)
     positions = op.Range(op.Constant(value_int=0), op.Squeeze(n, [0]), op.Constant(value_int=1))
-    sort_key = op.Add(
-        op.Mul(op.Cast(buckets, to=FLOAT.dtype), op.Cast(n, to=FLOAT.dtype)),
-        op.Cast(positions, to=FLOAT.dtype),
-    )
+    sort_key = op.CastLike(op.Add(op.Mul(buckets, n), positions), like)
     _, perm = op.TopK(sort_key, n, axis=-1, largest=0, sorted=1)
     rank = op.ScatterElements(
         op.Mul(perm, op.Constant(value_int=0)), perm, op.Expand(positions, op.Shape(perm)), axis=-1
@@ -118,12 +125,10 @@ def ReformerSort(buckets: INT64) -> tuple[INT64, INT64]:
 def ReformerMerge(top, mixed, rank: INT64):
     """Undo each round's sort and combine the rounds (``mixed``'s last feature: the denominator); see
     ``lsh.merge_rounds``."""
-    unsort = op.Unsqueeze(rank, [4])
-    mixed = ReformerUnchunk(mixed)
-    mixed = op.GatherElements(mixed, op.Expand(unsort, op.Shape(mixed)), axis=3)
-    top = op.GatherElements(ReformerUnchunk(top), unsort, axis=3)
+    mixed = ReformerRows(ReformerUnchunk(mixed), rank)
+    top = op.Squeeze(ReformerRows(ReformerUnchunk(top), rank), [-1])  # (b, h, r, n): no innermost 1
     scale = op.Exp(op.Sub(top, op.ReduceMax(top, [2], keepdims=1)))
-    scaled = op.ReduceSum(op.Mul(scale, mixed), [2], keepdims=0)
+    scaled = op.ReduceSum(op.Mul(op.Unsqueeze(scale, [-1]), mixed), [2], keepdims=0)
     return op.Div(op.Slice(scaled, [0], [-1], [3]), op.Slice(scaled, [-1], [9223372036854775807], [3]))
 
 
@@ -142,22 +147,38 @@ def ReformerWindow(q_rank: INT64, k_rank: INT64, causal: int, chunk_size: int) -
 
 
 @onnxscript.script(LIBRARY, default_opset=op)
-def ReformerDuplicates(buckets: INT64, rank: INT64, perm: INT64, causal: int, chunk_size: int) -> INT64:
-    """N_ij: rounds in which key j shares query i's bucket and window, (b, h, r, nc, c, 2c)."""
-    bucket_rounds = ReformerChunk(
-        ReformerGatherSorted(op.Transpose(buckets, perm=[0, 1, 3, 2]), perm), chunk_size=chunk_size
+def ReformerOtherRounds(buckets: INT64, rank: INT64, perm: INT64, like, causal: int, chunk_size: int):
+    """In how many *other* rounds key j is in query i's bucket and :func:`ReformerWindow`, as ``like``'s
+    type, (b, h, r, nc, c, 2c): a visible pair's N_ij (``lsh.duplicate_counts``) is one more.
+
+    Bucket and window in one int32 per token and round, loc = bucket · spread + rank // u with spread
+    wider than any window: key j matches query i iff 0 <= loc_i - loc_j <= limit. The other rounds
+    are an axis before the chunks (as a batch axis, r · (r - 1)), never the innermost one: ONNX
+    Runtime's element-wise kernels are ~15x slower when the innermost axis is as short as r - 1.
+    """
+    is_causal = op.Cast(op.Constant(value_int=causal), to=BOOL.dtype)
+    size = op.Constant(value_int=chunk_size)
+    one = op.Constant(value_int=1)
+    limit = op.Where(is_causal, size, one)
+    spread = op.Add(op.Add(op.Shape(buckets, start=3, end=4), limit), one)
+    window = op.Div(rank, op.Where(is_causal, one, size))
+    loc = op.Cast(op.Add(op.Mul(buckets, spread), window), to=INT32.dtype)
+    rounds = op.Shape(buckets, start=2, end=3)
+    count = op.Squeeze(rounds, [0])
+    each = op.Unsqueeze(op.Range(op.Constant(value_int=0), count, one), [1])
+    others = op.Mod(op.Add(each, op.Range(one, count, one)), count)  # (r, r - 1): the rounds other than r
+    other_loc = op.Transpose(op.Gather(loc, others, axis=2), perm=[0, 1, 2, 4, 3])  # (b, h, r, n, r - 1)
+    by_round = op.Transpose(ReformerRows(other_loc, perm), perm=[0, 1, 2, 4, 3])  # (b, h, r, r - 1, n)
+    pairs = op.Mul(rounds, op.Sub(rounds, one))
+    flat = op.Concat(op.Shape(buckets, end=2), pairs, op.Shape(buckets, start=3), axis=0)
+    sorted_loc = ReformerChunk(op.Reshape(by_round, flat, allowzero=1), chunk_size=chunk_size)
+    gap = op.Sub(op.Unsqueeze(sorted_loc, [5]), op.Unsqueeze(ReformerLookBack(sorted_loc), [4]))
+    found = op.And(
+        op.GreaterOrEqual(gap, op.CastLike(op.Constant(value_int=0), gap)),
+        op.LessOrEqual(gap, op.CastLike(limit, gap)),
     )
-    rank_rounds = ReformerChunk(
-        ReformerGatherSorted(op.Transpose(rank, perm=[0, 1, 3, 2]), perm), chunk_size=chunk_size
-    )
-    same = op.Equal(op.Unsqueeze(bucket_rounds, [5]), op.Unsqueeze(ReformerLookBack(bucket_rounds), [4]))
-    near = ReformerWindow(
-        op.Unsqueeze(rank_rounds, [5]),
-        op.Unsqueeze(ReformerLookBack(rank_rounds), [4]),
-        causal=causal,
-        chunk_size=chunk_size,
-    )
-    return op.ReduceSum(op.Cast(op.And(same, near), to=INT64.dtype), [-1], keepdims=0)
+    split = op.Concat(op.Shape(buckets, end=3), op.Sub(rounds, one), op.Shape(gap, start=3), axis=0)
+    return op.ReduceSum(op.Reshape(op.CastLike(found, like), split, allowzero=1), [3], keepdims=0)
 
 
 @onnxscript.script(LIBRARY, default_opset=op)
@@ -171,9 +192,10 @@ def ReformerLSH(
     extra = op.Sub(n_pad, n)
     padded = op.Concat(op.Constant(value_ints=[0, 0, 0, 0, 0, 0]), extra, op.Constant(value_ints=[0]), axis=0)
     qk = op.Pad(qk, padded)
-    v = op.Pad(v, padded)
-    ones = op.Expand(op.CastLike(op.Constant(value_float=1.0), v), op.Concat(op.Shape(v, end=3), [1], axis=0))
-    v = op.Concat(v, ones, axis=-1)
+    # [v, 1] in one Pad: the padding rows get ones instead of torch's zeros, which no output row < n sees
+    # (padding rows are in a bucket of their own and only see themselves).
+    v_pads = op.Add(padded, op.Constant(value_ints=[0, 0, 0, 0, 0, 0, 0, 1]))
+    v = op.Pad(v, v_pads, op.CastLike(op.Constant(value_float=1.0), v))
     mask = op.Pad(
         op.Cast(key_padding_mask, to=INT64.dtype), op.Concat(op.Constant(value_ints=[0, 0, 0]), extra, axis=0)
     )
@@ -181,37 +203,32 @@ def ReformerLSH(
     n_buckets = op.Mul(op.Shape(rotations, start=3, end=4), op.Constant(value_ints=[2]))
     buckets = op.Where(real, ReformerHash(qk, rotations), n_buckets)
 
-    perm, rank = ReformerSort(buckets)
+    wide = AttnxWiden(qk)  # the squared norm of |qk| > 256 overflows fp16
+    perm, rank = ReformerSort(buckets, wide)
+    norm = op.Sqrt(op.Add(op.ReduceSumSquare(wide, [-1], keepdims=0), op.CastLike(NORM_EPS, wide)))
+    keys = op.CastLike(op.Div(wide, op.Unsqueeze(norm, [-1])), qk)
+    q_sorted = ReformerChunk(ReformerRows(qk, perm), chunk_size=chunk_size)
+    k_window = ReformerLookBack(ReformerChunk(ReformerRows(keys, perm), chunk_size=chunk_size))
+    v_window = ReformerLookBack(ReformerChunk(ReformerRows(v, perm), chunk_size=chunk_size))
 
-    wide = op.Cast(qk, to=FLOAT.dtype)  # the squared norm of |qk| > 256 overflows fp16
-    norm = op.Sqrt(op.Add(op.ReduceSumSquare(wide, [-1], keepdims=1), op.Constant(value_float=NORM_EPS)))
-    keys = op.CastLike(op.Div(wide, norm), qk)
-    q_sorted = ReformerChunk(ReformerGatherSorted(qk, perm), chunk_size=chunk_size)
-    k_window = ReformerLookBack(ReformerChunk(ReformerGatherSorted(keys, perm), chunk_size=chunk_size))
-    v_window = ReformerLookBack(ReformerChunk(ReformerGatherSorted(v, perm), chunk_size=chunk_size))
-    q_pos = ReformerChunk(perm, chunk_size=chunk_size)
+    # Visible: same bucket (padded queries, bucket n_buckets, match none; the missing chunk before the
+    # first one has bucket -1), in the window and not the query itself. In the chunked layout query
+    # slot s sits at key slot c + s, so the window and the self slot are one constant (c, 2c) pattern.
     q_bucket = ReformerChunk(op.GatherElements(buckets, perm, axis=-1), chunk_size=chunk_size)
-    k_pos = op.Unsqueeze(ReformerLookBackFilled(q_pos), [4])
     k_bucket = op.Unsqueeze(ReformerLookBackFilled(q_bucket), [4])
-    q_pos = op.Unsqueeze(q_pos, [5])
-    q_bucket = op.Unsqueeze(q_bucket, [5])
-
-    counts = ReformerDuplicates(buckets, rank, perm, causal=causal, chunk_size=chunk_size)
-    log_counts = op.Log(op.CastLike(op.Max(counts, op.Constant(value_int=1)), qk))
-    scores = op.Sub(op.MatMul(q_sorted, op.Transpose(k_window, perm=[0, 1, 2, 3, 5, 4])), log_counts)
+    q_bucket = op.Where(op.Less(q_bucket, n_buckets), q_bucket, op.Constant(value_int=-2))
     width = op.Constant(value_int=chunk_size)
     slots = op.Range(op.Constant(value_int=0), op.Add(width, width), op.Constant(value_int=1))
-    window = ReformerWindow(
-        op.Unsqueeze(op.Slice(slots, size, [9223372036854775807]), [1]),
-        slots,
-        causal=causal,
-        chunk_size=chunk_size,
-    )
-    is_self = op.Equal(k_pos, q_pos)
-    visible = op.And(op.And(op.Equal(q_bucket, k_bucket), op.Less(q_bucket, n_buckets)), op.Not(is_self))
-    visible = op.And(visible, window)
+    query_slots = op.Unsqueeze(op.Slice(slots, size, [9223372036854775807]), [1])
+    is_self = op.Equal(query_slots, slots)
+    window = op.And(ReformerWindow(query_slots, slots, causal=causal, chunk_size=chunk_size), op.Not(is_self))
+    visible = op.And(op.Equal(op.Unsqueeze(q_bucket, [5]), k_bucket), window)
     hidden = op.Where(is_self, op.CastLike(SELF_SCORE, qk), op.CastLike(NEG_INF, qk))
-    scores = op.Where(visible, scores, hidden)
+
+    others = ReformerOtherRounds(buckets, rank, perm, qk, causal=causal, chunk_size=chunk_size)
+    log_counts = op.Log(op.Add(others, op.CastLike(op.Constant(value_float=1.0), others)))
+    scores = op.MatMul(q_sorted, op.Transpose(k_window, perm=[0, 1, 2, 3, 5, 4]))
+    scores = op.Where(visible, op.Sub(scores, log_counts), hidden)
 
     top = op.ReduceMax(scores, [-1], keepdims=1)
     out = ReformerMerge(top, op.MatMul(op.Exp(op.Sub(scores, top)), v_window), rank)

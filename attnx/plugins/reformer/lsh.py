@@ -3,7 +3,8 @@
 Shapes: ``qk``/``v`` (b, h, n, d), rotations (h, d, n_hashes, n_buckets/2); inside,
 ``r`` indexes hash rounds, ``n_pad`` is n rounded up to a multiple of the chunk size
 ``c`` and ``nc = n_pad / c``. The ONNX bodies in :mod:`attnx.plugins.reformer.kernel`
-follow these steps one for one, so both backends round the same way.
+follow these steps, so both backends round the same way; only their masks and duplicate
+counts are arranged more cheaply, to the same (boolean and integer) values.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from attnx.attention import MASKED_SCORE
+from attnx.ops import at_least_float32
 
 # Score of a token for itself: it wins only when nothing else is visible (the paper
 # subtracts 1e5 instead; either way the token's weight is exactly 0 otherwise).
@@ -22,11 +24,13 @@ NORM_EPS = 1e-6
 def hash_buckets(qk: torch.Tensor, rotations: torch.Tensor) -> torch.Tensor:
     """Angular LSH: bucket = argmax([x R, -x R]) per head and round -> int64 (b, h, r, n).
 
-    Projected in float32 whatever the input dtype: fp16 rounding would flip near-tied buckets.
+    Projected in float32 (float64 stays float64) whatever the input dtype: fp16 rounding would flip
+    near-tied buckets.
     """
     heads, d, rounds, half = rotations.shape
-    flat = rotations.float().reshape(heads, d, rounds * half)
-    projected = torch.matmul(qk.float(), flat)  # (b, h, n, r*half)
+    wide = at_least_float32(qk)
+    flat = rotations.to(wide.dtype).reshape(heads, d, rounds * half)
+    projected = torch.matmul(wide, flat)  # (b, h, n, r*half)
     projected = projected.unflatten(-1, (rounds, half)).transpose(2, 3)  # (b, h, r, n, half)
     return torch.cat([projected, -projected], dim=-1).argmax(dim=-1)
 
@@ -146,7 +150,7 @@ def lsh_attention(
     buckets = torch.where(real, hash_buckets(qk, rotations), n_buckets)
     perm, rank = sort_by_bucket(buckets)
 
-    wide = qk.float()  # the squared norm of |qk| > 256 overflows fp16
+    wide = at_least_float32(qk)  # the squared norm of |qk| > 256 overflows fp16
     keys = (wide / torch.sqrt(wide.square().sum(-1, keepdim=True) + NORM_EPS)).to(qk.dtype)
     q_sorted = chunked(gather_sorted(qk, perm), chunk_size)
     k_window = look_back(chunked(gather_sorted(keys, perm), chunk_size))

@@ -18,7 +18,9 @@ VARIANT = Variant(
     summary="scaled dot-product multi-head attention, O(N^2)",
     paper="Attention Is All You Need (arXiv 1706.03762)",
     config=SoftmaxConfig,
-    capabilities=Capabilities(causal=True, cross=True, key_padding_mask=True, decode="kv-cache"),
+    capabilities=Capabilities(
+        causal=True, cross=True, key_padding_mask=True, decode="kv-cache", trainable=True
+    ),
     tolerance=Tolerance(atol=1e-4, rtol=1e-3),
     impl="attnx.plugins.softmax.kernel:IMPL",
     cost=softmax_cost,

@@ -10,7 +10,7 @@ from onnxscript import BOOL, FLOAT
 from onnxscript import opset18 as op
 
 from attnx.attention import MASKED_SCORE, MultiHeadAttention
-from attnx.ops import LIBRARY, OPSET, AttentionOp, VariantImpl
+from attnx.ops import LIBRARY, OPSET, AttentionOp, AttnxWiden, VariantImpl, trainable_op
 from attnx.plugins.softmax.config import SoftmaxConfig
 from attnx.state import GROWING, StateTensor
 from attnx.variant import AttentionSpec
@@ -24,7 +24,7 @@ def causal_keep(n_queries: int, n_keys: int, device: torch.device) -> torch.Tens
 NEG_INF = float("-inf")
 
 
-@torch.library.custom_op("attnx::softmax_attention", mutates_args=())
+@trainable_op("attnx::softmax_attention")
 def softmax_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -50,45 +50,57 @@ def _(q, k, v, key_padding_mask, causal, scale):
 
 @onnxscript.script(LIBRARY, default_opset=op)
 def SoftmaxScores(q: FLOAT, k: FLOAT, scale: float) -> FLOAT:
+    """q k^T * scale, widened to float32: in fp16, MASKED_SCORE plus a score below -16 overflows to -inf,
+    and a fully padded row becomes NaN. The torch op leaves this to SDPA; the body computes the
+    softmax in float32 for every input dtype."""
     scaled = op.Mul(q, op.CastLike(op.Constant(value_float=scale), q))
-    return op.MatMul(scaled, op.Transpose(k, perm=[0, 1, 3, 2]))
+    return AttnxWiden(op.MatMul(scaled, op.Transpose(k, perm=[0, 1, 3, 2])))
 
 
 @onnxscript.script(LIBRARY, default_opset=op)
-def CausalFuture(scores: FLOAT, causal: int) -> BOOL:
-    """Bool (nq, nk): True where key j is in query i's future (j > i + nk - nq) and causal is set."""
+def SoftmaxCausalBias(scores: FLOAT, pad: FLOAT) -> FLOAT:
+    """``pad``, or -inf where key j is in query i's future (j > i + nk - nq): (nq, nk) or (b, 1, nq, nk)."""
     shape = op.Shape(scores, start=-2)
     offset = op.Squeeze(op.Sub(op.Slice(shape, [1], [2]), op.Slice(shape, [0], [1])), [0])
-    ones = op.ConstantOfShape(shape, value=onnxscript.ir.tensor([1.0], dtype=onnxscript.ir.DataType.FLOAT))
-    future = op.Not(op.Cast(op.Trilu(ones, offset, upper=0), to=BOOL.dtype))
-    return op.And(future, op.Cast(op.Constant(value_int=causal), to=BOOL.dtype))
+    everywhere = op.ConstantOfShape(shape, value=onnxscript.ir.tensor([True]))
+    future = op.Trilu(everywhere, op.Add(offset, op.Constant(value_int=1)), upper=1)
+    return op.Where(future, op.CastLike(op.Constant(value_float=NEG_INF), scores), pad)
 
 
 @onnxscript.script(LIBRARY, default_opset=op)
-def SoftmaxMix(scores: FLOAT, bias: FLOAT, v: FLOAT) -> FLOAT:
-    """softmax(scores + bias) v, the sum and the softmax in float32 (``bias`` is float32): in fp16,
-    MASKED_SCORE plus a score below -16 overflows to -inf, and a fully padded row becomes NaN."""
-    weights = op.Softmax(op.Add(op.Cast(scores, to=FLOAT.dtype), bias), axis=-1)
-    return op.MatMul(op.CastLike(weights, v), v)
+def SoftmaxMix(scores: FLOAT, v: FLOAT) -> FLOAT:
+    """softmax(scores) v: the softmax in the scores' type (float32), the product in v's."""
+    return op.MatMul(op.CastLike(op.Softmax(scores, axis=-1), v), v)
 
 
 @onnxscript.script(OPSET, default_opset=op)
 def SoftmaxAttention(
     q: FLOAT, k: FLOAT, v: FLOAT, key_padding_mask: BOOL, causal: int, scale: float
 ) -> FLOAT:
+    """The causal choice is an ``If`` on a constant, which ONNX Runtime folds: bidirectional calls build
+    no (nq, nk) mask and add the key padding bias (b, 1, 1, nk) to the scores as it is."""
     scores = SoftmaxScores(q, k, scale=scale)
-    keep = op.Unsqueeze(key_padding_mask, [1, 2])
-    pad = op.Where(keep, op.Constant(value_float=0.0), op.Constant(value_float=MASKED_SCORE))
-    bias = op.Where(CausalFuture(scores, causal=causal), op.Constant(value_float=NEG_INF), pad)
-    return SoftmaxMix(scores, bias, v)
+    pad = op.Where(
+        op.Unsqueeze(key_padding_mask, [1, 2]),
+        op.CastLike(op.Constant(value_float=0.0), scores),
+        op.CastLike(op.Constant(value_float=MASKED_SCORE), scores),
+    )
+    if op.Cast(op.Constant(value_int=causal), to=BOOL.dtype):
+        biased = op.Add(scores, SoftmaxCausalBias(scores, pad))
+    else:
+        biased = op.Add(scores, pad)
+    return SoftmaxMix(biased, v)
 
 
 @onnxscript.script(OPSET, default_opset=op)
 def SoftmaxAttentionNoMask(q: FLOAT, k: FLOAT, v: FLOAT, causal: int, scale: float) -> FLOAT:
     scores = SoftmaxScores(q, k, scale=scale)
-    future = CausalFuture(scores, causal=causal)
-    bias = op.Where(future, op.Constant(value_float=NEG_INF), op.Constant(value_float=0.0))
-    return SoftmaxMix(scores, bias, v)
+    if op.Cast(op.Constant(value_int=causal), to=BOOL.dtype):
+        zero = op.CastLike(op.Constant(value_float=0.0), scores)
+        biased = op.Add(scores, SoftmaxCausalBias(scores, zero))
+    else:
+        biased = op.Identity(scores)
+    return SoftmaxMix(biased, v)
 
 
 SOFTMAX_OP = AttentionOp(

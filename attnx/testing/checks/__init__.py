@@ -14,6 +14,8 @@ from attnx.testing.checks.causality import check_causality
 from attnx.testing.checks.common import Broken, Skip
 from attnx.testing.checks.contract import check_capabilities, check_contract
 from attnx.testing.checks.export import export_check
+from attnx.testing.checks.fp16_convert import check_fp16_convert
+from attnx.testing.checks.gradients import check_gradients
 from attnx.testing.checks.onnx_body import check_onnx_body, check_onnx_schema
 from attnx.testing.checks.plugin import check_plugin_kernel
 from attnx.testing.checks.torch_op import check_fake_impl, check_fp16
@@ -65,6 +67,12 @@ CHECKS: tuple[Check, ...] = (
     Check("causality", "causal mode never reads future tokens (torch and ONNX Runtime)", check_causality),
     Check("fp16", "fp16 inputs give finite fp16 outputs", check_fp16),
     Check(
+        "gradients",
+        "a trainable variant's ops pass gradcheck in float64 and every layer parameter gets a finite "
+        "gradient; a variant that does not declare trainable refuses backward",
+        check_gradients,
+    ),
+    Check(
         "plugin-kernel",
         "the op fits the TensorRT plugin slot: its output_shape rule gives the eager shape "
         "and the bare node run by attnx's CPU plugin kernels matches torch",
@@ -95,6 +103,14 @@ CHECKS: tuple[Check, ...] = (
         "unless the variant declares fp32 only, the model exports in fp16 (function lowering) and "
         "matches torch in fp16 in ORT at the variant's fp16 tolerance",
         export_check("function", "fp16"),
+        heavy=True,
+    ),
+    Check(
+        "fp16-convert",
+        "unless the variant declares fp32 only, its fp32 export (function and decomposed lowerings) still "
+        "loads and matches torch in fp16 once an fp16 converter (ONNX Runtime's, onnxconverter-common's) "
+        "rewrote it: the bodies are dtype-generic",
+        check_fp16_convert,
         heavy=True,
     ),
 )

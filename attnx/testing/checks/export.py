@@ -25,11 +25,7 @@ def export_check(lowering: str, dtype: str = "fp32") -> Callable[[Subject], list
     def check(subject: Subject) -> list[str]:
         if dtype == "fp16" and not subject.variant.capabilities.fp16:
             raise Skip("the variant exports in fp32 only (Capabilities.fp16=False)")
-        options = {
-            **{f"model.{k}": v for k, v in EXPORT_MODEL_OPTIONS.items()},
-            "model.attention_mask": subject.variant.capabilities.key_padding_mask,
-            **{f"variant.{k}": v for k, v in subject.options.items()},
-        }
+        options = export_options(subject)
         with tempfile.TemporaryDirectory(prefix="attnx-conformance-") as tmp, subject.installed():
             out = Path(tmp) / lowering
             what = f"the {lowering} lowering" + (f" in {dtype}" if dtype != "fp32" else "")
@@ -40,9 +36,9 @@ def export_check(lowering: str, dtype: str = "fp32") -> Callable[[Subject], list
             except Exception as exc:
                 return [f"export with {what} failed: {type(exc).__name__}: {first_line(exc)}"]
             problems = _graph_problems(out / "model.onnx", lowering, subject)
-            problems += _parity_problems(result.parity, f"the model exported with {what}")
+            problems += parity_problems(result.parity, f"the model exported with {what}")
             if lowering == "function":  # a fresh rebuild from attnx.json + weights, as `attnx verify` does
-                problems += _parity_problems(
+                problems += parity_problems(
                     verify(out, seq_lens=EXPORT_SEQ_LENS, write=False),
                     "the model rebuilt from attnx.json (attnx verify)",
                 )
@@ -52,6 +48,15 @@ def export_check(lowering: str, dtype: str = "fp32") -> Callable[[Subject], list
         f"Export a tiny {dtype} encoder with the {lowering} lowering and compare it with torch in ORT (CPU)."
     )
     return check
+
+
+def export_options(subject: Subject) -> dict[str, Any]:
+    """Options of the tiny encoder the export checks build around the variant."""
+    return {
+        **{f"model.{k}": v for k, v in EXPORT_MODEL_OPTIONS.items()},
+        "model.attention_mask": subject.variant.capabilities.key_padding_mask,
+        **{f"variant.{k}": v for k, v in subject.options.items()},
+    }
 
 
 def _graph_problems(path: Path, lowering: str, subject: Subject) -> list[str]:
@@ -91,7 +96,7 @@ def _graph_problems(path: Path, lowering: str, subject: Subject) -> list[str]:
     return problems
 
 
-def _parity_problems(report: Any, what: str) -> list[str]:
+def parity_problems(report: Any, what: str) -> list[str]:
     if report is None or not report.ran:
         return [f"{what}: parity was not checked (no backend ran)"]
     return [
