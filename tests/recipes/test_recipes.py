@@ -149,7 +149,7 @@ def test_bad_recipe_is_a_one_line_cli_error_and_writes_nothing(tmp_path, text, f
         (["--recipe", "tiny-lm", "--set", "export.opset=x"], ["export setting opset='x' must be an integer"]),
         (
             ["--recipe", "tiny-lm", "--set", "export.opst=19"],
-            ["unknown export setting 'opst'", "valid: decode, dtype"],
+            ["unknown export setting 'opst'", "valid: checkpoint, decode, dtype"],
         ),
         (["--recipe", "tiny-lm", "--set", "verify.atol=abc"], ["verify setting atol='abc' must be a number"]),
         (
