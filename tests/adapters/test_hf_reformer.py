@@ -108,6 +108,12 @@ def test_a_layer_without_hash_seed_is_refused_in_python():
         convert(layer)
 
 
+def test_a_float16_model_is_refused():
+    layer = hf.LocalSelfAttention(reformer_config()).eval().half()
+    with pytest.raises(attnx.AttnxError, match="float32"):
+        convert(layer)
+
+
 def test_a_factorised_num_buckets_is_refused():
     layer = hf.LSHSelfAttention(reformer_config(num_buckets=[2, 4])).eval()
     with pytest.raises(attnx.AttnxError, match="num_buckets"):

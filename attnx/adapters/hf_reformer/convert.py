@@ -79,7 +79,7 @@ class TraxLSHAttention(nn.Module):
         self.chunk_length = layer.chunk_length
         self.window = (layer.num_chunks_before, layer.num_chunks_after)
         self.register_buffer("rotations", hf_rotations(layer), persistent=True)
-        _ops()
+        _ops(layer.query_key.weight)
 
     def forward(
         self,
@@ -123,7 +123,7 @@ class TraxLocalAttention(nn.Module):
         )
         self.chunk_length = layer.chunk_length
         self.window = (layer.num_chunks_before, layer.num_chunks_after)
-        _ops()
+        _ops(layer.query.weight)
 
     def forward(
         self,
@@ -180,8 +180,14 @@ def _check_lsh(layer: hf.LSHSelfAttention) -> None:
         raise AttnxError("a Hugging Face LSHSelfAttention without lsh_attn_chunk_length cannot be exported")
 
 
-def _ops() -> None:
-    """Register the reformer variant's ops (``torch.ops.attnx.*``) by loading its plugin."""
+def _ops(weight: torch.Tensor) -> None:
+    """Refuse a float16 layer (HF masks with -1e4 / -1e3 there, attnx's ops with float32's -1e9 /
+    -1e5), then register the reformer variant's ops (``torch.ops.attnx.*``) by loading its plugin."""
+    if weight.dtype != torch.float32:
+        raise AttnxError(
+            f"a {str(weight.dtype).removeprefix('torch.')} Hugging Face Reformer: attnx reproduces its "
+            "float32 mask values only; export the float32 model"
+        )
     get_registry().variant("reformer").load()
 
 
@@ -243,7 +249,7 @@ class PaddedReformerModel(nn.Module):
         attention_mask = torch.cat([attention_mask, attention_mask.new_zeros((batch, 1))], dim=1)[:, index]
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, return_dict=True, **kwargs)
         hidden = out.last_hidden_state[:, index[:length]]
-        if return_dict is False:
+        if not (self.model.config.return_dict if return_dict is None else return_dict):
             return (hidden,)
         return hf.ReformerModelOutput(last_hidden_state=hidden)
 
