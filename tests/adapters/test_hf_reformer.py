@@ -195,6 +195,9 @@ def test_bad_directories_are_refused_in_one_line(tmp_path):
     (masked / "config.json").write_text(
         json.dumps({"model_type": "reformer", "architectures": ["ReformerForMaskedLM"]})
     )
+    factorised = saved(
+        tmp_path / "factorised", transformers.ReformerModel, reformer_config(num_buckets=[2, 2])
+    )
     mismatched = tmp_path / "mismatched"
     mismatched.mkdir()
     (mismatched / "model.safetensors").write_bytes((directory / "model.safetensors").read_bytes())
@@ -204,6 +207,7 @@ def test_bad_directories_are_refused_in_one_line(tmp_path):
     )
     cases = [
         (tmp_path / "missing", "no config.json"),
+        (factorised, "num_buckets=[2, 2]"),
         (other, "'bert' model"),
         (masked, "ReformerForMaskedLM"),
         (mismatched, "do not match its config.json"),
