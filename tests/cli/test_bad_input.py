@@ -122,7 +122,7 @@ TOML_HEAD = '[model]\nname = "encoder"\n[variant]\nname = "softmax"\n'
 CHECKPOINT = ("--checkpoint", "w.pt", "-o", "out", *QUICK)
 
 OUT_PATHS = [
-    Case("dot", export("-o", ".", *QUICK), ("working directory", "choose a new -o path"), {"keep": "x"}),
+    Case("dot", export("-o", ".", *QUICK), ("working directory", "choose a new output path"), {"keep": "x"}),
     Case("dot-force", export("-o", ".", "--force", *QUICK), ("working directory",), {"keep": "x"}),
     Case("empty-path-force", export("-o", "", "--force", *QUICK), ("working directory",)),
     Case("sub-dotdot-force", export("-o", "sub/..", "--force", *QUICK), ("working directory",), {"sub": DIR}),
@@ -171,7 +171,7 @@ OUT_PATHS = [
     Case(
         "force-over-user-data",
         export("-o", "mine", "--force", *QUICK),
-        ("holds no attnx.json, so it is not an earlier output", "choose another -o path"),
+        ("holds no attnx.json, so it is not an earlier output", "choose another output path"),
         {"mine/thesis.tex": "years of work", "mine/data/x.csv": "1,2"},
     ),
     Case(
@@ -640,7 +640,7 @@ def test_an_export_while_another_writes_out_is_refused_in_one_line(tmp_path, mon
         monkeypatch.chdir(tmp_path)
         code, _, stderr = run_cli(["export", "-o", "out", "--force", *QUICK])
         assert_one_line_error(
-            code, stderr, "another attnx process is writing 'out'", "choose another -o path"
+            code, stderr, "another attnx process is writing 'out'", "choose another output path"
         )
     finally:
         holder.kill()
