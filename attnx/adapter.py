@@ -71,13 +71,15 @@ class AdapterImpl:
         needs_adapter: ``needs_adapter(module) -> bool``: a module that must be converted for the
             model to export (the library's attention classes); one left unconverted is refused,
             naming its class and the adapters that exist.
-        load: ``load(path) -> (model, example_inputs, dynamic_axes)`` for ``attnx export --from
+        load: ``load(path) -> (model, example_inputs, dynamic_axes, notes)`` for ``attnx export --from
             SCHEME:PATH`` (SCHEME in :attr:`Adapter.sources`): the library's model in eval mode from
             a local directory, example inputs and dynamic axes (None: the defaults) exactly as
-            ``attnx.export_module`` takes them (the graph's specs are derived from them); None when
-            the adapter loads nothing. Raises AttnxError for a directory it cannot load.
+            ``attnx.export_module`` takes them (the graph's specs are derived from them), and notes:
+            lines on what loading had to fix (e.g. a random draw made once), which the export prints
+            and records in its manifest; None when the adapter loads nothing. Raises AttnxError for
+            a directory it cannot load.
     """
 
     convert: Callable[[Any], Any | None]
     needs_adapter: Callable[[Any], bool]
-    load: Callable[[Path], tuple[Any, Any, Any]] | None = None
+    load: Callable[[Path], tuple[Any, Any, Any, list[str]]] | None = None

@@ -99,6 +99,7 @@ def export_module(
     options: Mapping[str, Any] | None = None,
     force: bool = False,
     entry: str | None = None,
+    notes: Sequence[str] = (),
     progress: Progress | None = None,
 ) -> ExportResult:
     """Export any ``torch.nn.Module`` whose attention runs through attnx ops, after applying the
@@ -117,6 +118,7 @@ def export_module(
         options: recipe settings only (``export.*``, ``verify.*``; e.g. ``{"export.lowering": "plugin",
             "export.decode": True, "verify.seq_lens": [1, 9]}``).
         entry: "pkg.mod:factory" the module came from (recorded in the manifest).
+        notes: what loading it had to fix (``attnx export --from``), printed and kept in the manifest.
 
     Raises:
         AttnxError: a module in training mode, example inputs of the wrong type, an unsupported
@@ -130,7 +132,7 @@ def export_module(
             f"export_module takes recipe settings only (export.*, verify.*), not {', '.join(model_options)}: "
             "a module's layers carry their own options"
         )
-    source = ModuleSource(module, example_inputs, dynamic_axes, entry)
+    source = ModuleSource(module, example_inputs, dynamic_axes, entry, tuple(notes))
     return run_export(ExportJob(resolve(None, options=options), Path(out), force, module=source), progress)
 
 

@@ -304,7 +304,10 @@ class VariantImpl:
     Attributes:
         build: ``build(config, spec) -> torch.nn.Module``; the module's forward is
             ``forward(x, context=None, key_padding_mask=None) -> Tensor``.
-        ops: the ``attnx::`` ops the module calls.
+        ops: the ``attnx::`` ops the module calls (with any options) or that adapters call.
+        conditional_ops: names of ``ops`` that a layer built with the variant's test options does
+            not call (another layout's op, an op only adapters call); the conformance kit does not
+            require those to be called.
         decode_ops: the ops the module's stateful decode step calls (``attnx.decode``),
             exported only into ``prefill.onnx``/``decode.onnx``.
     """
@@ -312,3 +315,4 @@ class VariantImpl:
     build: Callable[[Any, AttentionSpec], torch.nn.Module]
     ops: Sequence[AttentionOp]
     decode_ops: Sequence[AttentionOp] = ()
+    conditional_ops: Sequence[str] = ()

@@ -194,6 +194,7 @@ def command(
             options=options,
             force=force,
             entry=given.entry,
+            notes=given.notes,
             progress=progress,
         )
     else:
@@ -235,6 +236,8 @@ def command(
             click.echo(f"wrote {result.out}/genai.onnx + genai_config.json ({where})")
         if result.manifest.tokenizer:
             click.echo(f"wrote {result.out}/tokenizer.json ({result.manifest.tokenizer.vocab_size} tokens)")
+        for note in manifest.module.notes if manifest.module else ():
+            click.echo(f"note: {note}")
         if save_checkpoint:
             click.echo(f"saved weights to {save_checkpoint}")
         if result.parity:

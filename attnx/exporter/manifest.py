@@ -222,7 +222,8 @@ class ModuleSection:
     code and the adapted library are not needed; ``variants``: the variants whose ``attnx::`` ops it
     calls, whose plugins are imported before the program is loaded; ``adapters``: those that converted
     part of it; ``module_class``: the class exported; ``entry``: "pkg.mod:factory" of
-    ``attnx export --module`` (None from Python).
+    ``attnx export --module`` (None from Python); ``notes``: what the adapter that loaded it had to
+    fix (``attnx export --from``), e.g. LSH rotations drawn once.
     """
 
     module_class: str
@@ -230,6 +231,7 @@ class ModuleSection:
     variants: list[str]
     adapters: list[str]
     entry: str | None = None
+    notes: list[str] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -62,13 +62,15 @@ _INTERNAL = (str(Path(torch.__file__).parent), str(Path(__file__).parents[1]))
 class ModuleSource:
     """What ``attnx.export_module`` was given.
 
-    ``entry``: "pkg.mod:factory" when it came from ``attnx export --module`` (None from Python).
+    ``entry``: "pkg.mod:factory" when it came from ``attnx export --module`` (None from Python);
+    ``notes``: what the adapter that loaded it (``--from``) had to fix, for the manifest.
     """
 
     module: nn.Module
     example: Mapping[str, Any] | Sequence[Any]
     dynamic_axes: Mapping[str, Mapping[int, str]] | None = None
     entry: str | None = None
+    notes: tuple[str, ...] = ()
 
 
 def from_entry(entry: str) -> ModuleSource:
@@ -129,8 +131,8 @@ def from_source(source: str, registry: Registry | None = None) -> ModuleSource:
     load = adapter.load().load
     if load is None:
         raise AttnxError(f"adapter {adapter.name} declares source '{scheme}' but loads nothing")
-    module, example, dynamic_axes = load(Path(path))
-    return ModuleSource(module, example, dynamic_axes, entry=source)
+    module, example, dynamic_axes, notes = load(Path(path))
+    return ModuleSource(module, example, dynamic_axes, entry=source, notes=tuple(notes))
 
 
 @dataclasses.dataclass
@@ -236,6 +238,7 @@ def build_module(source: ModuleSource, registry: Registry | None = None) -> Modu
         program="reference",
         adapters=adapted.adapters,
         variants=[v.name for v in variants],
+        notes=list(source.notes),
     )
     return ModuleAssembly(
         module=FlatModule(module, [s.name for s in inputs], keywords, constants),
@@ -263,7 +266,9 @@ def trace_module(
             adapter raised while tracing is passed on as it is).
     """
     try:
-        with quiet_torch(), unwrap_interrupt():
+        # Under no_grad: an inference graph. With grad on, a custom autograd.Function's forward (Hugging
+        # Face Reformer's reversible layers) is traced as a nested grad-mode region, not inline.
+        with quiet_torch(), unwrap_interrupt(), torch.no_grad():
             return torch.export.export(flat, example, dynamic_shapes=dynamic_shapes(inputs), strict=False)
     except Exception as exc:
         raise untraceable(exc, kind) from None

@@ -52,13 +52,13 @@ def _converter(swapped: bool):
     return convert
 
 
-def load(path: Path) -> tuple[nn.Module, dict[str, torch.Tensor], None]:
+def load(path: Path) -> tuple[nn.Module, dict[str, torch.Tensor], None, list[str]]:
     """``attnx export --from toy:DIR``: a causal ToyModel with the weights DIR/weights.pt."""
     if not (path / "weights.pt").is_file():
         raise attnx.AttnxError(f"'{path}' has no weights.pt; save the toy model there")
     model = ToyModel(causal=True)
     model.load_state_dict(torch.load(path / "weights.pt", weights_only=True))
-    return model.eval(), {"input_ids": torch.randint(0, 40, (2, 9))}, None
+    return model.eval(), {"input_ids": torch.randint(0, 40, (2, 9))}, None, []
 
 
 def needs_adapter(module: nn.Module) -> bool:

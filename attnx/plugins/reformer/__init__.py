@@ -29,7 +29,7 @@ VARIANT = Variant(
         causal=True, cross=False, key_padding_mask=True, decode=None, fp16=False, trainable=True
     ),
     tolerance=Tolerance(atol=1e-4, rtol=1e-3),
-    impl="attnx.plugins.reformer.kernel:IMPL",
+    impl="attnx.plugins.reformer.layer:IMPL",
     cost=reformer_cost,
     model_defaults={"reversible": True, "ff_chunks": 4},  # the paper's RevNet residuals, chunked FFN
     # Chunks of 4, so that short test inputs span several LSH chunks.

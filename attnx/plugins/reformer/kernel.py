@@ -1,4 +1,4 @@
-"""Reformer LSH attention: the torch custom op, its ONNX bodies and the module.
+"""Reformer LSH attention (the paper's layout): the torch custom op and its ONNX bodies.
 
 ONNX has no argsort: the bodies sort with TopK (k = padded length, ascending) on the
 float key ``bucket * n_pad + position`` (distinct integers, exact in float32 while
@@ -14,14 +14,9 @@ import onnxscript
 import torch
 from onnxscript import BOOL, FLOAT, INT32, INT64
 from onnxscript import opset18 as op
-from torch import nn
 
-from attnx.attention import merge_heads, split_heads
-from attnx.errors import AttnxError
-from attnx.ops import LIBRARY, OPSET, AttentionOp, AttnxWiden, VariantImpl, trainable_op
-from attnx.plugins.reformer.config import ReformerConfig
+from attnx.ops import LIBRARY, OPSET, AttentionOp, AttnxWiden, trainable_op
 from attnx.plugins.reformer.lsh import NORM_EPS, SELF_SCORE, lsh_attention
-from attnx.variant import AttentionSpec
 
 NEG_INF = float("-inf")
 
@@ -258,42 +253,3 @@ REFORMER_OP = AttentionOp(
     "n_buckets/2); key_padding_mask (batch, seq) bool, True = real token.",
     kernel="attnx.plugins.reformer.triton_kernel:REFORMER_KERNEL",
 )
-
-
-class ReformerAttentionLayer(nn.Module):
-    """Shared-QK projections around :data:`REFORMER_OP` (no key projection: keys are normalised queries).
-
-    ``rotations`` (heads, d_head, n_hashes, n_buckets/2) is drawn from torch's RNG at
-    build time (attnx seeds it), is saved in the state dict and becomes an ONNX initializer.
-    """
-
-    def __init__(self, config: ReformerConfig, spec: AttentionSpec) -> None:
-        super().__init__()
-        self.spec = spec
-        self.causal = spec.causal
-        self.chunk_size = config.chunk_size
-        d = spec.d_model
-        self.qk_proj = nn.Linear(d, d)
-        self.v_proj = nn.Linear(d, d)
-        self.out_proj = nn.Linear(d, d)
-        shape = (spec.n_heads, spec.head_dim, config.n_hashes, config.n_buckets // 2)
-        self.register_buffer("rotations", torch.randn(shape), persistent=True)
-
-    def forward(
-        self,
-        x: torch.Tensor,
-        context: torch.Tensor | None = None,
-        key_padding_mask: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        if context is not None:
-            raise AttnxError(
-                "variant 'reformer' is self-attention only (shared QK); it cannot take a context"
-            )
-        heads = self.spec.n_heads
-        qk = split_heads(self.qk_proj(x), heads)
-        v = split_heads(self.v_proj(x), heads)
-        out = reformer_attention(qk, v, self.rotations, key_padding_mask, self.causal, self.chunk_size)
-        return self.out_proj(merge_heads(out))
-
-
-IMPL = VariantImpl(build=ReformerAttentionLayer, ops=(REFORMER_OP,))

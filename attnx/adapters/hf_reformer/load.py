@@ -1,0 +1,108 @@
+"""``attnx export --from hf:DIR``: a Hugging Face Reformer from a local ``save_pretrained`` directory.
+
+No hub access (``local_files_only=True``). The class is the first of ``config.json``'s
+``architectures`` that attnx exports; a model without ``hash_seed`` gets ``DRAWN_SEED`` (HF would
+draw new rotations at every forward), which the export notes.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from attnx.errors import AttnxError, first_line
+
+CLASSES = ("ReformerModelWithLMHead", "ReformerForSequenceClassification", "ReformerModel")
+DRAWN_SEED = 0
+
+
+def read_config(path: Path) -> dict[str, Any]:
+    """``DIR/config.json`` of a Reformer.
+
+    Raises:
+        AttnxError: no such file, not JSON, or another model type.
+    """
+    file = path / "config.json"
+    if not file.is_file():
+        raise AttnxError(
+            f"--from hf:{path}: no config.json there; give a directory written by save_pretrained"
+        )
+    try:
+        config = json.loads(file.read_text())
+    except (OSError, ValueError) as exc:
+        raise AttnxError(f"--from hf:{path}: cannot read config.json: {first_line(exc)}") from None
+    kind = config.get("model_type") if isinstance(config, dict) else None
+    if kind != "reformer":
+        raise AttnxError(
+            f"--from hf:{path} holds a '{kind}' model; the hf adapter exports Reformer models (model_type "
+            "'reformer'); export other models from Python with attnx.export_module"
+        )
+    return config
+
+
+def model_class(path: Path, config: dict[str, Any]) -> str:
+    """The first of the config's ``architectures`` that attnx exports (default ``ReformerModel``).
+
+    Raises:
+        AttnxError: architectures that are none of :data:`CLASSES`.
+    """
+    named = config.get("architectures") or ["ReformerModel"]
+    for name in named:
+        if name in CLASSES:
+            return name
+    raise AttnxError(f"--from hf:{path} is a {', '.join(named)}; the hf adapter exports {', '.join(CLASSES)}")
+
+
+def load(path: Path) -> tuple[Any, dict[str, Any], None, list[str]]:
+    """The model in eval mode, example inputs (``input_ids`` and a bool ``attention_mask`` of two
+    windows of the longest chunk, ``use_cache=False``) and notes.
+
+    Raises:
+        AttnxError: see :func:`read_config` and :func:`model_class`; weights that do not match the
+            config (missing, unexpected or differently shaped tensors).
+    """
+    import transformers
+
+    transformers.logging.set_verbosity_error()  # its loading bars and padding notices: attnx reports its own
+    transformers.logging.disable_progress_bar()
+    raw = read_config(path)
+    name = model_class(path, raw)
+    config = transformers.ReformerConfig.from_pretrained(path, local_files_only=True)
+    notes = []
+    if config.hash_seed is None:
+        config.hash_seed = DRAWN_SEED
+        notes.append(
+            f"config.hash_seed is unset (Hugging Face draws new LSH rotations at every forward): this export "
+            f"fixes them, drawn once with hash_seed={DRAWN_SEED} and saved in model.onnx; the parity check "
+            "runs the model with that seed"
+        )
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model, info = getattr(transformers, name).from_pretrained(
+                path, config=config, local_files_only=True, output_loading_info=True
+            )
+    except (OSError, ValueError, RuntimeError) as exc:
+        raise AttnxError(f"--from hf:{path}: cannot load its weights: {first_line(exc, limit=300)}") from None
+    wrong = {
+        k: v for k, v in info.items() if k in ("missing_keys", "unexpected_keys", "mismatched_keys") and v
+    }
+    if wrong:
+        found = "; ".join(
+            f"{k.replace('_', ' ')}: {', '.join(map(str, sorted(v)[:3]))}" for k, v in wrong.items()
+        )
+        raise AttnxError(
+            f"--from hf:{path}: its weights do not match its config.json ({found}); save model and config "
+            "together with save_pretrained"
+        )
+    model.config.use_cache = False
+    length = 2 * max(config.lsh_attn_chunk_length or 1, config.local_attn_chunk_length or 1)
+    example = {
+        "input_ids": torch.randint(0, config.vocab_size, (2, length)),
+        "attention_mask": torch.ones(2, length, dtype=torch.bool),
+    }
+    return model.eval(), example, None, notes
