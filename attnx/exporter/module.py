@@ -241,7 +241,7 @@ def build_module(source: ModuleSource, registry: Registry | None = None) -> Modu
         notes=list(source.notes),
     )
     return ModuleAssembly(
-        module=FlatModule(module, [s.name for s in inputs], keywords, constants),
+        module=FlatModule(module, [s.name for s in inputs], keywords, constants, reference=True),
         adapted=adapted.module,
         program=program,
         inputs=inputs,

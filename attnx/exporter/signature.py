@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from attnx.errors import AttnxError
+from attnx.errors import AttnxError, first_line
 from attnx.models.spec import TensorSpec
 
 
@@ -29,7 +29,11 @@ class OutputNames:
 
 
 class FlatModule(nn.Module):
-    """``module`` with the graph inputs as positional arguments and the flattened outputs as a tuple."""
+    """``module`` with the graph inputs as positional arguments and the flattened outputs as a tuple.
+
+    ``reference``: it is the parity reference (the user's own forward), so a forward that refuses
+    the inputs a parity check feeds it (a length it does not take) is a one-line error naming them.
+    """
 
     def __init__(
         self,
@@ -37,18 +41,29 @@ class FlatModule(nn.Module):
         names: Sequence[str],
         keywords: bool,
         constants: Mapping[str, Any] | None = None,
+        reference: bool = False,
     ) -> None:
         super().__init__()
         self.module, self.names, self.keywords = module, list(names), keywords
         self.constants = dict(constants or {})
+        self.reference = reference
         self.last = OutputNames()
         fixed_arity(self, self.call, len(self.names))
 
     def call(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        if self.keywords:
-            result = self.module(**dict(zip(self.names, inputs, strict=True)), **self.constants)
-        else:
-            result = self.module(*inputs)
+        try:
+            if self.keywords:
+                result = self.module(**dict(zip(self.names, inputs, strict=True)), **self.constants)
+            else:
+                result = self.module(*inputs)
+        except Exception as exc:
+            if not self.reference or isinstance(exc, AttnxError):
+                raise
+            shapes = ", ".join(f"{n} {tuple(t.shape)}" for n, t in zip(self.names, inputs, strict=True))
+            raise AttnxError(
+                f"the module's own forward refuses the parity inputs ({shapes}): "
+                f"{first_line(exc, limit=200)}; give lengths it accepts with --seq-lens (verify.seq_lens)"
+            ) from None
         pairs = flatten_outputs(result)
         self.last.names = [name for name, _ in pairs]
         return tuple(tensor for _, tensor in pairs)

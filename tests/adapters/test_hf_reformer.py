@@ -219,6 +219,24 @@ def test_bad_directories_are_refused_in_one_line(tmp_path):
         assert not out.exists()
 
 
+def test_lengths_the_hf_model_refuses_are_one_line_and_named(tmp_path):
+    """HF's chunked feed-forward takes only multiples of its chunk: the default parity lengths (1, 7,
+    ...) are refused by HF's own forward, which is named with the fix; lengths it takes export."""
+    config = reformer_config(is_decoder=True, chunk_size_feed_forward=4)
+    directory = saved(tmp_path / "lm", transformers.ReformerModelWithLMHead, config)
+    out = tmp_path / "out"
+    code, _, stderr = run_cli(["export", "--from", f"hf:{directory}", "-o", str(out)])
+    assert_one_line_error(
+        code, stderr, "own forward refuses the parity inputs (input_ids (2, 1)", "--seq-lens"
+    )
+    assert not out.exists()
+    code, stdout, stderr = run_cli(
+        ["export", "--from", f"hf:{directory}", "-o", str(out), "--seq-lens", "4,36"]
+    )
+    assert code == 0, stderr
+    assert "parity: PASSED" in stdout
+
+
 def test_hf_model_without_hash_seed_from_python_is_refused(tmp_path):
     model = transformers.ReformerModel(reformer_config(hash_seed=None)).eval()
     example = {"input_ids": torch.randint(0, 40, (2, 32))}
