@@ -46,12 +46,12 @@ def module_layout(assembly: ModuleAssembly) -> DecodeLayout:
         taken = ", ".join(f"{s.name} ({s.dtype})" for s in inputs)
         raise AttnxError(
             "a decode export of a module takes token ids only (one int64 (batch, seq) input); "
-            f"{kind} takes {taken}"
+            f"{kind} takes {taken}; export it without --decode"
         )
     if len(logits.axes) != 3 or not isinstance(logits.axes[-1], int) or not logits.dtype.startswith("float"):
         raise AttnxError(
             f"a decode export of a module returns the logits (batch, seq, vocab) first; {kind}'s first "
-            f"output '{logits.name}' is {logits.dtype} {logits.axes}"
+            f"output '{logits.name}' is {logits.dtype} {logits.axes}; export it without --decode"
         )
     layers = stepping_layers(_adapted(assembly))
     if not layers:

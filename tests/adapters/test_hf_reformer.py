@@ -230,6 +230,9 @@ def test_lengths_the_hf_model_refuses_are_one_line_and_named(tmp_path):
         code, stderr, "own forward refuses the parity inputs (input_ids (2, 1)", "--seq-lens"
     )
     assert not out.exists()
+    code, _, stderr = run_cli(["export", "--from", f"hf:{directory}", "-o", str(out), "--decode"])
+    assert_one_line_error(code, stderr, "takes input_ids (int64), attention_mask (bool)", "without --decode")
+    assert not out.exists()
     code, stdout, stderr = run_cli(
         ["export", "--from", f"hf:{directory}", "-o", str(out), "--seq-lens", "4,36"]
     )
