@@ -34,10 +34,12 @@ from attnx.exporter.budget import EXPORT_WEIGHT_COPIES, ORT_WEIGHT_COPIES, check
 from attnx.exporter.directory import ExportDir, record_file
 from attnx.exporter.inputs import random_feed
 from attnx.exporter.manifest import MANIFEST, MODEL_FILE, WEIGHTS_FILE, Manifest
+from attnx.exporter.opsets import check_onnxruntime, check_opset
 from attnx.models.spec import TensorSpec
+from attnx.ops import AttentionOp
 from attnx.recipes import ExportSettings, Recipe
+from attnx.registry import get_registry
 
-SUPPORTED_OPSETS = range(18, 22)
 EXTERNAL_DATA_THRESHOLD = 1_800_000_000  # protobuf caps a file at 2 GiB
 Progress = Callable[[str], None]
 
@@ -87,20 +89,30 @@ def preflight(job: ExportJob, extensions: Sequence[GraphExtension] = ()) -> None
     """Refuse a job that cannot succeed before anything is built or written.
 
     Raises:
-        AttnxError: an unsupported opset, an extension that cannot serve the job, an OUT (or
-            --save-checkpoint file) that exists without --force or cannot be written.
+        AttnxError: an opset attnx does not write, that the lowering cannot serve the variants' ops at
+            or that the installed ONNX Runtime cannot verify, an extension that cannot serve the job,
+            an OUT (or --save-checkpoint file) that exists without --force or cannot be written.
     """
-    opset = job.settings.opset
-    if opset not in SUPPORTED_OPSETS:
-        raise AttnxError(
-            f"opset {opset} is not supported (choose {SUPPORTED_OPSETS[0]}..{SUPPORTED_OPSETS[-1]})"
-        )
+    settings = job.settings
+    check_opset(settings.opset, settings.lowering, job_ops(job))
+    if job.plan.verify.enabled:
+        import onnxruntime
+
+        check_onnxruntime(settings.opset, onnxruntime.__version__)
     for extension in extensions:
         if extension.wanted(job):
             extension.check(job)
     check_output_dir(job.out, job.force, MANIFEST)
     if job.save_checkpoint is not None:
         check_checkpoint_target(job.save_checkpoint, job.force)
+
+
+def job_ops(job: ExportJob) -> list[AttentionOp]:
+    """The attnx ops the job's graphs may hold: its variants' (with their decode ops for --decode)."""
+    registry = get_registry()
+    names = [n for n in (job.plan.variant, job.plan.cross_variant) if n]
+    impls = [registry.variant(name).load() for name in names]
+    return [op for impl in impls for op in (*impl.ops, *(impl.decode_ops if job.settings.decode else ()))]
 
 
 def build(job: ExportJob, progress: Progress | None = None) -> Assembly:
@@ -171,6 +183,7 @@ def write(
         model_config=assembly.model_config.to_dict(),
         lowering=settings.lowering,
         opset=settings.opset,
+        ir_version=proto.ir_version,
         seed=settings.seed,
         inputs=inputs,
         outputs=outputs,

@@ -226,6 +226,7 @@ class Manifest:
     cross_variant: str | None = None  # seq2seq: the cross-attention variant
     cross_variant_config: dict[str, Any] | None = None
     recipe: str | None = None  # the recipe exported, if any
+    ir_version: int | None = None  # the ONNX IR version every graph states (None: an older attnx's export)
     decode: DecodeSection | None = None
     engine: EngineSection | None = None
     tokenizer: TokenizerSection | None = None
