@@ -25,6 +25,7 @@ __all__ = [
     "__version__",
     "bench",
     "export",
+    "export_module",
     "generate",
     "get_registry",
     "hookimpl",
@@ -35,6 +36,7 @@ __all__ = [
 
 _LAZY = {
     "export": ("attnx.api", "export"),
+    "export_module": ("attnx.api", "export_module"),
     "verify": ("attnx.api", "verify"),
     "generate": ("attnx.decode.generate", "generate"),
     "bench": ("attnx.bench", "bench"),

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,19 @@ class Adapter:
         """Import and return the heavy half."""
         return load_object(self.impl, f"adapter '{self.name}'")
 
+    def library_version(self) -> str | None:
+        """The installed version of :attr:`library` (None: not installed)."""
+        try:
+            return metadata.version(self.library)
+        except metadata.PackageNotFoundError:
+            return None
+
+    def describe(self) -> str:
+        """e.g. "fast_transformers (pytorch-fast-transformers 0.4.0)" or
+        "fla (flash-linear-attention not installed)"."""
+        version = self.library_version()
+        return f"{self.name} ({self.library} {version or 'not installed'})"
+
 
 @dataclasses.dataclass(frozen=True)
 class AdapterImpl:
@@ -49,17 +63,21 @@ class AdapterImpl:
     Attributes:
         convert: ``convert(module) -> replacement | None``: the attnx module computing what
             ``module`` computes with the same parameters, or None when this adapter does not handle
-            it. attnx walks a model top-down and replaces the first module an adapter converts (its
-            children are not visited). A module whose library behaviour cannot be reproduced raises
-            :class:`attnx.errors.AttnxError` naming why.
+            it. attnx walks a private copy of the model (parameters shared) top-down and replaces the
+            first module an adapter converts (its children are not visited), so ``convert`` may also
+            change the module it is given and return it. A replacement that decodes implements
+            :class:`attnx.state.SteppingAttention`. A module whose library behaviour cannot be
+            reproduced raises :class:`attnx.errors.AttnxError` naming why.
         needs_adapter: ``needs_adapter(module) -> bool``: a module that must be converted for the
             model to export (the library's attention classes); one left unconverted is refused,
             naming its class and the adapters that exist.
-        load: ``load(path) -> (model, inputs, outputs)`` for ``--from SCHEME:PATH``: the library's
-            model in eval mode from a local directory, and its graph inputs and outputs as
-            ``attnx.models.spec.TensorSpec`` lists; None when the adapter loads nothing.
+        load: ``load(path) -> (model, example_inputs, dynamic_axes)`` for ``attnx export --from
+            SCHEME:PATH`` (SCHEME in :attr:`Adapter.sources`): the library's model in eval mode from
+            a local directory, example inputs and dynamic axes (None: the defaults) exactly as
+            ``attnx.export_module`` takes them (the graph's specs are derived from them); None when
+            the adapter loads nothing. Raises AttnxError for a directory it cannot load.
     """
 
     convert: Callable[[Any], Any | None]
     needs_adapter: Callable[[Any], bool]
-    load: Callable[[Path], tuple[Any, list[Any], list[Any]]] | None = None
+    load: Callable[[Path], tuple[Any, Any, Any]] | None = None

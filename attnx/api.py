@@ -1,4 +1,5 @@
-"""attnx's Python API for whole jobs: export (with its extra graphs and verification) and verify.
+"""attnx's Python API for whole jobs: export (a registered model, or any module through
+:func:`export_module`, with the extra graphs and verification) and verify.
 
 The steps live in the layers below (:mod:`attnx.exporter.export` writes, :mod:`attnx.parity`
 checks, :mod:`attnx.decode` adds the decode graphs and their parity through the exporter's and the
@@ -26,6 +27,7 @@ from attnx.exporter.directory import ExportDir
 from attnx.exporter.export import ExportJob
 from attnx.exporter.lowering import attnx_nodes
 from attnx.exporter.manifest import Manifest
+from attnx.exporter.module import ModuleSource
 from attnx.parity.backends import backends as backend_list
 from attnx.parity.check import Cases, check_parity
 from attnx.parity.report import ParityReport
@@ -85,6 +87,50 @@ def export(
     plan = resolve(recipe, variant=variant, model=model, cross_variant=cross_variant, options=options)
     job = ExportJob(plan, Path(out), force, _path(checkpoint), _path(save_checkpoint))
     return run_export(job, progress)
+
+
+def export_module(
+    module: Any,
+    example_inputs: Mapping[str, Any] | Sequence[Any],
+    out: str | Path = "out",
+    *,
+    dynamic_axes: Mapping[str, Mapping[int, str]] | None = None,
+    options: Mapping[str, Any] | None = None,
+    force: bool = False,
+    entry: str | None = None,
+    progress: Progress | None = None,
+) -> ExportResult:
+    """Export any ``torch.nn.Module`` whose attention runs through attnx ops, after applying the
+    registered adapters (a library's own model object, unchanged), to ``out``; then verify it against
+    the module's own forward.
+
+    The same steps, lowerings, manifest and parity report as :func:`export`; the manifest's ``module``
+    section and ``reference.pt2`` (the adapted module's ``torch.export`` program) let ``attnx verify``
+    re-check it later without the module's code. See :mod:`attnx.exporter.module` for how inputs and
+    outputs are named and docs/importing.md for the adapters.
+
+    Args:
+        module: in eval mode; its dtype (float32 or float16) is the export's.
+        example_inputs: a dict name -> tensor (forward called with keywords) or a tuple of tensors.
+        dynamic_axes: ``{input: {dim: axis name}}``; default: dim 0 "batch", dim 1 "seq".
+        options: recipe settings only (``export.*``, ``verify.*``; e.g. ``{"export.lowering": "plugin",
+            "export.decode": True, "verify.seq_lens": [1, 9]}``).
+        entry: "pkg.mod:factory" the module came from (recorded in the manifest).
+
+    Raises:
+        AttnxError: a module in training mode, example inputs of the wrong type, an unsupported
+            third-party module, a forward that cannot be traced, options that are not settings, an
+            existing ``out`` without ``force``.
+    """
+    options = dict(options or {})
+    model_options = sorted(k for k in options if not k.startswith(("export.", "verify.")))
+    if model_options:
+        raise AttnxError(
+            f"export_module takes recipe settings only (export.*, verify.*), not {', '.join(model_options)}: "
+            "a module's layers carry their own options"
+        )
+    source = ModuleSource(module, example_inputs, dynamic_axes, entry)
+    return run_export(ExportJob(resolve(None, options=options), Path(out), force, module=source), progress)
 
 
 def run_export(job: ExportJob, progress: Progress | None = None) -> ExportResult:

@@ -14,6 +14,11 @@ queries sit in the target (cosFormer's re-weighting) adds
 ``attend_cross_step(q, k, v, key_padding_mask, position) -> out``, for target queries
 from ``position`` on; it may raise :class:`attnx.errors.AttnxError` to refuse decoding.
 
+A layer with a call convention of its own (an adapter's replacement for a third-party
+layer, :mod:`attnx.adapter`) cannot be driven through ``attend_step``: it implements
+:class:`SteppingAttention` instead, and the decode graphs of an ``attnx.export_module`` export
+run the module's own forward on the new tokens while each such layer holds a :class:`Step`.
+
 Two kinds of state exist (:attr:`attnx.variant.Capabilities.decode`):
 
 * ``kv-cache`` (softmax): every earlier key and value; the axis named :data:`GROWING`
@@ -86,3 +91,27 @@ class PositionalCrossAttention(Protocol):
 
     def attend_cross_step(self, q: Any, k: Any, v: Any, key_padding_mask: Any, position: Any) -> Any:
         """Cross-attention of target queries from ``position`` on over cached keys/values."""
+
+
+@dataclasses.dataclass
+class Step:
+    """One decode call of a :class:`SteppingAttention` layer: the state before the new tokens (None:
+    nothing before), the position of the first new token (int64 (1,)), and the state after them,
+    which the layer sets."""
+
+    past: tuple[Any, ...] | None
+    position: Any
+    present: tuple[Any, ...] | None = None
+
+
+@runtime_checkable
+class SteppingAttention(Protocol):
+    """An attention layer that decodes through its own forward (whatever its signature): while
+    ``stepping`` holds a :class:`Step`, the forward attends the new tokens it is given after
+    ``stepping.past`` and stores the state after them in ``stepping.present``; while it is None, the
+    forward is the ordinary full one. The decode machinery sets and clears ``stepping``."""
+
+    stepping: Step | None
+
+    def decode_state(self) -> list[StateTensor]:
+        """The layer's state tensors."""

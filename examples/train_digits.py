@@ -55,6 +55,7 @@ name = "{VARIANT}"
 
 [export]
 checkpoint = "{NAME}.safetensors"
+decode = true  # prefill.onnx + decode.onnx: `attnx generate` draws digits with an O(1) state
 
 [verify]
 seq_lens = [1, 7, 65]

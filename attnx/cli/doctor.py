@@ -43,6 +43,7 @@ def plugin_status(registry: Any) -> dict[str, list[dict[str, Any]]]:
 
 
 def doctor_data() -> dict:
+    from attnx.cli.listing import adapter_data
     from attnx.exporter.manifest import package_versions
     from attnx.ortkernels import kernels_missing
     from attnx.parity.backends import BACKENDS
@@ -69,6 +70,7 @@ def doctor_data() -> dict:
         "plugins": [dataclasses.asdict(p) for p in registry.plugins],
         "variants": sorted(registry.variants),
         "models": sorted(registry.models),
+        "adapters": adapter_data(registry),
         "failed_plugins": [dataclasses.asdict(f) for f in registry.failures],
     }
 
@@ -133,6 +135,10 @@ def command(out: str | None, export: str | None, as_json: bool) -> None:
         click.echo(f"backend {name:8} {status}")
     click.echo(f"variants     {', '.join(data['variants'])}")
     click.echo(f"models       {', '.join(data['models'])}")
+    for a in data["adapters"]:
+        sources = f"; --from {', '.join(f'{s}:DIR' for s in a['sources'])}" if a["sources"] else ""
+        installed = a["installed"] or "not installed"
+        click.echo(f"adapter      {a['name']}: {a['library']} {installed}{sources}")
     for plugin in data["plugins"]:
         click.echo(f"plugin ok    {plugin['name']} [{plugin['source']}]")
     for failure in data["failed_plugins"]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import Any
 
 import click
 
@@ -29,6 +30,7 @@ Examples:
   attnx export --recipe linear-lm --decode -o lm-decode
   attnx export --variant linear --model lm --dtype fp16 -o lm-fp16
   attnx export --recipe tiny-lm --decode --tokenizer tokenizer.json -o chat   # + genai, text in/out
+  attnx export --module mymodels.py:linear_lm --decode -o my-lm     # any nn.Module (docs/importing.md)
 """
 
 
@@ -47,6 +49,21 @@ Examples:
     "--model", "-m", default=None, help="Model architecture: encoder, lm, seq2seq.  [default: encoder]"
 )
 @click.option("--cross-variant", default=None, help="Variant of seq2seq cross-attention.  [default: softmax]")
+@click.option(
+    "--module",
+    "entry",
+    default=None,
+    metavar="PKG.MOD:FACTORY",
+    help="Export the nn.Module that FACTORY() returns with its example inputs, adapters applied "
+    "(instead of --variant/--model; see docs/importing.md).",
+)
+@click.option(
+    "--from",
+    "source",
+    default=None,
+    metavar="SCHEME:DIR",
+    help="Export a library's saved model through the adapter that loads SCHEME (see `attnx list`).",
+)
 @click.option("--out", "-o", default="out", show_default=True, type=click.Path(), help="Output directory.")
 @click.option("--lowering", "-l", default=None, help="function | decomposed | plugin.  [default: function]")
 @click.option(
@@ -113,6 +130,8 @@ def command(
     variant: str | None,
     model: str | None,
     cross_variant: str | None,
+    entry: str | None,
+    source: str | None,
     out: str,
     lowering: str | None,
     assignments: tuple[str, ...],
@@ -137,7 +156,8 @@ def command(
     the model is compared with its torch original by Polygraphy at several sequence
     lengths, and OUT/parity.json records the result; a mismatch exits with code 1.
     """
-    from attnx.api import export
+    from attnx.api import export, export_module
+    from attnx.errors import AttnxError
 
     flags = {
         "export.lowering": lowering,
@@ -151,18 +171,50 @@ def command(
         "verify.atol": atol,
         "verify.rtol": rtol,
     }
-    result = export(
-        variant,
-        out,
-        model=model,
-        recipe=recipe,
-        cross_variant=cross_variant,
-        options={**parse_assignments(assignments), **{k: v for k, v in flags.items() if v is not None}},
-        force=force,
-        checkpoint=checkpoint,
-        save_checkpoint=save_checkpoint,
-        progress=progress_printer(quiet or as_json),
-    )
+    options = {**parse_assignments(assignments), **{k: v for k, v in flags.items() if v is not None}}
+    progress = progress_printer(quiet or as_json)
+    if entry is not None and source is not None:
+        raise AttnxError("--module and --from both name what to export; give one")
+    if entry is not None or source is not None:
+        from attnx.exporter.module import from_entry, from_source
+
+        model_flags = {
+            "--recipe": recipe,
+            "--variant": variant,
+            "--model": model,
+            "--cross-variant": cross_variant,
+            "--checkpoint": checkpoint,
+            "--save-checkpoint": save_checkpoint,
+        }
+        clashes = [flag for flag, value in model_flags.items() if value is not None]
+        if clashes:
+            raise AttnxError(
+                f"{'--module' if entry else '--from'} exports a module as it is; drop {', '.join(clashes)}"
+            )
+        given = from_entry(entry) if entry is not None else from_source(source)
+        result = export_module(
+            given.module,
+            given.example,
+            out,
+            dynamic_axes=given.dynamic_axes,
+            options=options,
+            force=force,
+            entry=given.entry,
+            progress=progress,
+        )
+    else:
+        result = export(
+            variant,
+            out,
+            model=model,
+            recipe=recipe,
+            cross_variant=cross_variant,
+            options=options,
+            force=force,
+            checkpoint=checkpoint,
+            save_checkpoint=save_checkpoint,
+            progress=progress,
+        )
     if as_json:
         echo_json(
             {
@@ -173,11 +225,10 @@ def command(
             }
         )
     else:
-        source = f"recipe {result.manifest.recipe}, " if result.manifest.recipe else ""
+        manifest = result.manifest
         click.echo(
-            f"wrote {result.out}/model.onnx ({source}{result.manifest.model} with "
-            f"{result.manifest.variant} attention, {result.manifest.dtype}, {result.manifest.lowering} "
-            f"lowering, {result.attnx_nodes} attnx nodes, opset {result.manifest.opset})"
+            f"wrote {result.out}/model.onnx ({describe_source(manifest)}, {manifest.dtype}, "
+            f"{manifest.lowering} lowering, {result.attnx_nodes} attnx nodes, opset {manifest.opset})"
         )
         if result.manifest.decode:
             section = result.manifest.decode
@@ -197,3 +248,13 @@ def command(
             click.echo(parity_summary(result.parity))
     if result.parity and not result.parity.passed:
         sys.exit(1)
+
+
+def describe_source(manifest: Any) -> str:
+    """ "recipe r, lm with linear attention" or "module pkg.M through adapters a (linear attention)"."""
+    section = manifest.module
+    if section is not None:
+        through = f" through adapter {', '.join(section.adapters)}" if section.adapters else ""
+        return f"module {section.module_class}{through} ({', '.join(section.variants)} attention)"
+    recipe = f"recipe {manifest.recipe}, " if manifest.recipe else ""
+    return f"{recipe}{manifest.model} with {manifest.variant} attention"

@@ -1,8 +1,9 @@
-"""``attnx list``: variants with capabilities, models, recipes, lowerings, failed plugins."""
+"""``attnx list``: variants with capabilities, models, adapters, recipes, lowerings, failed plugins."""
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import click
 
@@ -42,6 +43,7 @@ def listing_data() -> dict:
     return {
         "variants": variants,
         "models": models,
+        "adapters": adapter_data(registry),
         "recipes": summaries(),
         "lowerings": LOWERINGS,
         "plugins": [dataclasses.asdict(p) for p in registry.plugins],
@@ -49,10 +51,24 @@ def listing_data() -> dict:
     }
 
 
+def adapter_data(registry: Any) -> list[dict[str, Any]]:
+    """Each adapter: name, summary, library, its installed version (None: not installed), sources."""
+    return [
+        {
+            "name": a.name,
+            "summary": a.summary,
+            "library": a.library,
+            "installed": a.library_version(),
+            "sources": list(a.sources),
+        }
+        for a in sorted(registry.adapters.values(), key=lambda a: a.name)
+    ]
+
+
 @click.command("list")
 @json_option
 def command(as_json: bool) -> None:
-    """List attention variants (with capabilities), models, recipes, lowerings and plugin failures.
+    """List attention variants (with capabilities), models, adapters, recipes, lowerings and plugin failures.
 
     \b
     Examples:
@@ -88,6 +104,13 @@ def command(as_json: bool) -> None:
     for m in data["models"]:
         models.add_row(m["name"], m["summary"])
     out.print(models)
+    adapters = Table(title="adapters (attnx.export_module, docs/importing.md)")
+    for column in ("adapter", "library", "installed", "sources", "summary"):
+        adapters.add_column(column)
+    for a in data["adapters"]:
+        sources = ", ".join(f"{s}:" for s in a["sources"]) or "-"
+        adapters.add_row(a["name"], a["library"], a["installed"] or "no", sources, a["summary"])
+    out.print(adapters)
     recipes = Table(title="recipes (--recipe)")
     for column in ("recipe", "model", "variant", "description"):
         recipes.add_column(column)

@@ -19,11 +19,13 @@ import torch
 from torch import nn
 
 from attnx.decode.model import DecodeLayout, StepModel, check_decodable
+from attnx.decode.module import ModuleStepModel, module_layout
 from attnx.errors import AttnxError
 from attnx.exporter.assemble import Assembly
 from attnx.exporter.export import ExportJob, ExtraGraphs, attnx_ops, save_onnx, to_onnx
 from attnx.exporter.inputs import random_feed
 from attnx.exporter.lowering import lower
+from attnx.exporter.module import ModuleAssembly
 from attnx.models.spec import TensorSpec
 from attnx.ops import AttentionOp
 from attnx.recipes import ExportSettings
@@ -48,7 +50,21 @@ def decoders() -> list[str]:
     return sorted(name for name, v in get_registry().variants.items() if v.capabilities.decode)
 
 
-def decode_ops(assembly: Assembly) -> list[AttentionOp]:
+def layout_of(assembly: Assembly | ModuleAssembly) -> DecodeLayout:
+    """The decode layout of a built model (its variant's decode mode) or of an adapted module."""
+    if isinstance(assembly, ModuleAssembly):
+        return module_layout(assembly)
+    return DecodeLayout.of(assembly.module, assembly.variant.capabilities.decode)
+
+
+def step_model(assembly: Assembly | ModuleAssembly, layout: DecodeLayout, with_past: bool) -> nn.Module:
+    """The torch prefill (``with_past`` False) or decode graph of a built model or an adapted module."""
+    if isinstance(assembly, ModuleAssembly):
+        return ModuleStepModel(assembly, layout, with_past)
+    return StepModel(assembly.module, layout, with_past)
+
+
+def decode_ops(assembly: Assembly | ModuleAssembly) -> list[AttentionOp]:
     """Every op the prefill/decode graphs may hold: the full forward's and the step ops."""
     ops = {op.name: op for op in assembly.ops}
     for impl in assembly.impls.values():
@@ -73,9 +89,11 @@ class DecodeGraphs:
         return job.settings.decode
 
     def check(self, job: ExportJob) -> None:
-        """Refuse, before any work, a decode export that cannot be made (one line naming what can)."""
+        """Refuse, before any work, a decode export that cannot be made (one line naming what can); a
+        module's layers are checked when its graphs are made."""
         registry = get_registry()
-        check_decodable(registry.model(job.plan.model), registry.variant(job.plan.variant), decoders())
+        if job.module is None:
+            check_decodable(registry.model(job.plan.model), registry.variant(job.plan.variant), decoders())
         if job.settings.lowering not in DECODE_LOWERINGS:
             raise AttnxError(
                 f"--decode exports use the {' or '.join(DECODE_LOWERINGS)} lowering, not "
@@ -83,15 +101,17 @@ class DecodeGraphs:
                 "plugins do not carry)"
             )
 
-    def export(self, assembly: Assembly, directory: Path, settings: ExportSettings) -> ExtraGraphs:
+    def export(
+        self, assembly: Assembly | ModuleAssembly, directory: Path, settings: ExportSettings
+    ) -> ExtraGraphs:
         """Export, lower, check and save the two graphs into ``directory``."""
-        layout = DecodeLayout.of(assembly.module, assembly.variant.capabilities.decode)
-        run_prefill_once(StepModel(assembly.module, layout, False), layout.inputs(False))
+        layout = layout_of(assembly)
+        run_prefill_once(step_model(assembly, layout, False), layout.inputs(False))
         ops = decode_ops(assembly)
         files, used = {}, []
         for key, name, with_past in (("prefill", PREFILL_FILE, False), ("decode", DECODE_FILE, True)):
             graph = _Graph(
-                StepModel(assembly.module, layout, with_past),
+                step_model(assembly, layout, with_past),
                 layout.inputs(with_past),
                 layout.outputs(with_past),
                 ops,

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from attnx.decode.runtime import open_stepper
+from attnx.decode.runtime import decode_section, open_stepper
 from attnx.errors import AttnxError
 from attnx.exporter.directory import ExportDir
 from attnx.exporter.manifest import Manifest
@@ -138,7 +138,7 @@ def generate(
         raise AttnxError(f"--threads must be >= 1 (got {threads})")
     export = ExportDir.open(out)
     manifest = export.manifest
-    vocab = int(manifest.model_config["vocab_size"])
+    vocab = decode_section(export).vocab_size
     prompt = check_prompt(prompt_ids, vocab)
     source = None
     if manifest.model == "seq2seq":

@@ -54,7 +54,7 @@ class DecodeParity:
         """One result per backend, named "<backend> decode", plus "torch decode" first."""
         section = decode_section(export)
         rng = np.random.default_rng(cases.seed + 1)
-        vocab = int(export.manifest.model_config["vocab_size"])
+        vocab = section.vocab_size
         source_specs = section.prefill.inputs[:-1]  # seq2seq: source ids and mask
         runs = []
         for n in cases.seq_lens:
@@ -64,7 +64,7 @@ class DecodeParity:
             if source:
                 args.append(torch.ones(ids.shape, dtype=torch.bool))  # every target token is real
             with torch.inference_mode():
-                (full,) = assembly.module(*args)
+                full = assembly.module(*args)[0]  # the logits (a module export's first output)
             runs.append(_Case(n, ids, source, full.float().numpy()))
         prefill, decode = decode_graphs(export, assembly)
         results = []

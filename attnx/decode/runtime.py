@@ -19,12 +19,13 @@ from typing import Any
 import numpy as np
 from polygraphy.backend.base import BaseRunner
 
-from attnx.decode.model import LOGITS, DecodeLayout, StepModel
+from attnx.decode.export import layout_of, step_model
+from attnx.decode.model import LOGITS
 from attnx.errors import AttnxError
 from attnx.exporter.directory import ExportDir
 from attnx.exporter.manifest import DecodeSection, GraphIO
 from attnx.parity.backends import BACKENDS, backends
-from attnx.parity.runners import Graph
+from attnx.parity.runners import BackendSkipped, Graph
 
 State = dict[str, np.ndarray]
 
@@ -47,16 +48,16 @@ def decode_graphs(export: ExportDir, assembly: Any = None) -> tuple[Graph, Graph
     """The prefill and decode graphs of ``export``; their torch modules wrap ``assembly`` (default:
     the model rebuilt from the export, once, on first use)."""
     section = decode_section(export)
-    model = functools.cache(lambda: assembly.module if assembly is not None else export.rebuild().module)
-    layout = functools.cache(lambda: DecodeLayout.of(model(), section.mode))
+    built = functools.cache(lambda: assembly if assembly is not None else export.rebuild())
+    layout = functools.cache(lambda: layout_of(built()))
 
-    def step_model(key: str, io: GraphIO, with_past: bool) -> StepModel:
-        made = StepModel(model(), layout(), with_past)
+    def torch_graph(key: str, io: GraphIO, with_past: bool) -> Any:
+        made = step_model(built(), layout(), with_past)
         _check_inputs(f"the torch {key} graph", made.names, [s.name for s in io.inputs])
         return made
 
     return tuple(  # type: ignore[return-value]
-        Graph(export, key, io.inputs, io.outputs, lambda key=key, io=io, past=past: step_model(key, io, past))
+        Graph(export, key, io.inputs, io.outputs, lambda k=key, io=io, past=past: torch_graph(k, io, past))
         for key, io, past in (("prefill", section.prefill, False), ("decode", section.decode, True))
     )
 
@@ -136,4 +137,8 @@ def open_stepper(
     if reason:
         raise AttnxError(f"backend {chosen.name} cannot run {export.label} here: {reason}")
     prefill, decode = decode_graphs(export, assembly)
-    return Stepper(decode_section(export), chosen.runner(prefill, threads), chosen.runner(decode, threads))
+    try:
+        runners = chosen.runner(prefill, threads), chosen.runner(decode, threads)
+    except BackendSkipped as exc:
+        raise AttnxError(f"backend {chosen.name} cannot run {export.label}: {exc}") from None
+    return Stepper(decode_section(export), *runners)

@@ -4,7 +4,7 @@ the exporter asks of it (its ops, tolerance, inputs and outputs in the export dt
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -14,7 +14,8 @@ from attnx.models.spec import TensorSpec, in_dtype
 from attnx.registry import Registry, get_registry
 
 if TYPE_CHECKING:
-    from attnx.ops import AttentionOp
+    from attnx.ops import AttentionOp, VariantImpl
+    from attnx.variant import Variant
 
 
 @dataclasses.dataclass
@@ -23,18 +24,13 @@ class Assembly(Built):
 
     @property
     def ops(self) -> list[AttentionOp]:
-        seen: dict[str, AttentionOp] = {}
-        for impl in self.impls.values():
-            for op in impl.ops:
-                seen.setdefault(op.name, op)
-        return list(seen.values())
+        return distinct_ops(self.impls.values())
 
     def tolerance(self, dtype: str | None = None) -> dict[str, float]:
         """Parity tolerance in ``dtype`` (default: the model's): the loosest of its variants' (self and
         cross attention)."""
         variants = [v for v in (self.variant, self.cross_variant) if v is not None]
-        tolerances = [v.tolerance_for(dtype or self.dtype) for v in variants]
-        return {"atol": max(t.atol for t in tolerances), "rtol": max(t.rtol for t in tolerances)}
+        return loosest_tolerance(variants, dtype or self.dtype)
 
     @property
     def inputs(self) -> list[TensorSpec]:
@@ -43,6 +39,21 @@ class Assembly(Built):
     @property
     def outputs(self) -> list[TensorSpec]:
         return in_dtype(self.module.output_specs(), self.dtype)
+
+
+def distinct_ops(impls: Iterable[VariantImpl]) -> list[AttentionOp]:
+    """The ops of ``impls`` (their full forwards'), each once, in order."""
+    seen: dict[str, AttentionOp] = {}
+    for impl in impls:
+        for op in impl.ops:
+            seen.setdefault(op.name, op)
+    return list(seen.values())
+
+
+def loosest_tolerance(variants: Iterable[Variant], dtype: str) -> dict[str, float]:
+    """The loosest parity tolerance of ``variants`` in ``dtype`` ("fp32"/"fp16")."""
+    tolerances = [v.tolerance_for(dtype) for v in variants]
+    return {"atol": max(t.atol for t in tolerances), "rtol": max(t.rtol for t in tolerances)}
 
 
 def assemble(

@@ -17,12 +17,13 @@ from attnx.config import Config
 from attnx.domains import DOMAIN
 from attnx.errors import AttnxError
 from attnx.exporter.assemble import Assembly, rebuild
-from attnx.exporter.manifest import MANIFEST, EngineSection, FileRecord, Manifest, sha256_file
+from attnx.exporter.manifest import MANIFEST, MODULE_SPEC, EngineSection, FileRecord, Manifest, sha256_file
 from attnx.models.spec import ModelSpec
 from attnx.registry import Registry, get_registry
 from attnx.variant import Variant
 
 if TYPE_CHECKING:
+    from attnx.exporter.module import ModuleAssembly
     from attnx.ops import AttentionOp
 
 # What to do when an optional file is missing, per manifest file key.
@@ -125,10 +126,11 @@ class ExportDir:
         self, registry: Registry | None = None
     ) -> tuple[ModelSpec, Config, dict[str, tuple[Variant, Config]]]:
         """The model and variants the export was made from, with their configs: (model, its config,
-        {"self": (variant, config)[, "cross": (variant, config)]})."""
+        {"self": (variant, config)[, "cross": (variant, config)]}). A module export's model is
+        :data:`attnx.exporter.module.MODULE_SPEC` (no options, no cost model)."""
         registry = registry or get_registry()
         m = self.manifest
-        model = registry.model(m.model)
+        model = MODULE_SPEC if m.module is not None else registry.model(m.model)
         variant = registry.variant(m.variant)
         roles = {"self": (variant, variant.make_config(m.variant_config))}
         if m.cross_variant is not None:
@@ -136,8 +138,13 @@ class ExportDir:
             roles["cross"] = (cross, cross.make_config(m.cross_variant_config or {}))
         return model, model.make_config(m.model_config), roles
 
-    def rebuild(self) -> Assembly:
-        """The torch model the export was made from (manifest + saved weights)."""
+    def rebuild(self) -> Assembly | ModuleAssembly:
+        """The torch model the export was made from: rebuilt from the manifest and the saved weights, or
+        a module export's stored program (its variants' plugins imported first)."""
+        if self.manifest.module is not None:
+            from attnx.exporter.module import load_reference  # imports torch: readers of OUT stay light
+
+            return load_reference(self)
         return rebuild(self.manifest, self.file("weights"))
 
     def write_manifest(self, manifest: Manifest) -> ExportDir:

@@ -4,7 +4,10 @@ One typed job (:class:`ExportJob`: the resolved recipe plus where to write) goes
 steps that :func:`attnx.api.run_export` strings together: :func:`preflight` refuses what cannot
 be done before any work, :func:`build` makes the torch model, :func:`write` fills a staged
 directory (:func:`staged`), which becomes OUT only when everything, verification included,
-succeeded. Graphs beside model.onnx (decode) come from :class:`GraphExtension` objects the
+succeeded. A job for ``attnx.export_module`` carries a :class:`attnx.exporter.module.ModuleSource`
+instead of a model name: only :func:`build` (where the module and its TensorSpecs come from),
+the graph's source in :func:`write` and the manifest's description of the reference differ.
+Graphs beside model.onnx (decode) come from :class:`GraphExtension` objects the
 caller passes, so this module does not know them.
 """
 
@@ -12,9 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import io
-import logging
-import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -33,8 +33,17 @@ from attnx.exporter.assemble import Assembly, assemble
 from attnx.exporter.budget import EXPORT_WEIGHT_COPIES, ORT_WEIGHT_COPIES, check_needs, require_memory
 from attnx.exporter.directory import ExportDir, record_file
 from attnx.exporter.inputs import random_feed
-from attnx.exporter.manifest import MANIFEST, MODEL_FILE, WEIGHTS_FILE, Manifest
+from attnx.exporter.manifest import MANIFEST, MODEL_FILE, MODULE_MODEL, WEIGHTS_FILE, Manifest
+from attnx.exporter.module import (
+    ModuleAssembly,
+    ModuleSource,
+    build_module,
+    quiet_torch,
+    save_reference,
+    unwrap_interrupt,
+)
 from attnx.exporter.opsets import check_onnxruntime, check_opset
+from attnx.exporter.signature import dynamic_shapes
 from attnx.models.spec import TensorSpec
 from attnx.ops import AttentionOp
 from attnx.recipes import ExportSettings, Recipe
@@ -54,6 +63,7 @@ class ExportJob:
     force: bool = False
     checkpoint: Path | None = None  # weights to export instead of the seeded initialisation
     save_checkpoint: Path | None = None  # also write the exported weights there
+    module: ModuleSource | None = None  # export this module instead of building plan.model
 
     @property
     def settings(self) -> ExportSettings:
@@ -99,6 +109,13 @@ def preflight(job: ExportJob, extensions: Sequence[GraphExtension] = ()) -> None
         import onnxruntime
 
         check_onnxruntime(settings.opset, onnxruntime.__version__)
+    if job.module is not None and (settings.example_lengths or settings.dynamic_axes is not None):
+        raise AttnxError(
+            "a module export takes its example lengths and dynamic axes from its example inputs and "
+            "dynamic_axes, not from export.example_lengths/export.dynamic_axes"
+        )
+    if job.module is not None and settings.tokenizer is not None:
+        raise AttnxError("--tokenizer serves attnx's own lm exports; a module export does not take one yet")
     for extension in extensions:
         if extension.wanted(job):
             extension.check(job)
@@ -108,16 +125,26 @@ def preflight(job: ExportJob, extensions: Sequence[GraphExtension] = ()) -> None
 
 
 def job_ops(job: ExportJob) -> list[AttentionOp]:
-    """The attnx ops the job's graphs may hold: its variants' (with their decode ops for --decode)."""
+    """The attnx ops the job's graphs may hold: its variants' (with their decode ops for --decode); none
+    known before a module export is traced (its lowering refuses an op without a body at the opset)."""
+    if job.module is not None:
+        return []
     registry = get_registry()
     names = [n for n in (job.plan.variant, job.plan.cross_variant) if n]
     impls = [registry.variant(name).load() for name in names]
     return [op for impl in impls for op in (*impl.ops, *(impl.decode_ops if job.settings.decode else ()))]
 
 
-def build(job: ExportJob, progress: Progress | None = None) -> Assembly:
-    """The torch model the job exports: seeded initialisation, or the job's checkpoint."""
+def build(job: ExportJob, progress: Progress | None = None) -> Assembly | ModuleAssembly:
+    """The torch model the job exports: seeded initialisation, or the job's checkpoint; or the job's
+    module, adapted and traced."""
     report = progress or (lambda message: None)
+    if job.module is not None:
+        report("applying adapters and tracing the module with torch.export")
+        built = build_module(job.module)
+        adapters = ", ".join(built.section.adapters) or "none"
+        report(f"traced {built.section.module_class} ({built.dtype}, adapters: {adapters})")
+        return built
     plan, settings = job.plan, job.settings
     assembly = assemble(
         plan.variant,
@@ -147,19 +174,22 @@ def staged(job: ExportJob) -> Iterator[Path]:
 
 
 def write(
-    assembly: Assembly,
+    assembly: Assembly | ModuleAssembly,
     job: ExportJob,
     directory: Path,
     extensions: Sequence[GraphExtension] = (),
     progress: Progress | None = None,
 ) -> ExportDir:
-    """Export, lower, check and save model.onnx, the weights, the extensions' graphs and the manifest
-    into ``directory``; returns it opened."""
+    """Export, lower, check and save model.onnx, the weights (and a module's reference program), the
+    extensions' graphs and the manifest into ``directory``; returns it opened."""
     report = progress or (lambda message: None)
     settings = job.settings
-    inputs, outputs, example = export_shapes(assembly, settings)
+    inputs, outputs, sizes = shapes(assembly, settings)
     report("exporting with torch.onnx (dynamo)")
-    proto = to_onnx(assembly, settings.opset, inputs, outputs, example)
+    if isinstance(assembly, ModuleAssembly):  # the program traced when the module was built
+        proto = export_onnx(assembly.program, (), assembly.ops, settings.opset, inputs, outputs)
+    else:
+        proto = to_onnx(assembly, settings.opset, inputs, outputs, sizes)
     used = attnx_ops(proto)
     proto = lowering_mod.lower(proto, assembly.ops, settings.lowering)
     if settings.lowering != "plugin":
@@ -167,6 +197,8 @@ def write(
     save_onnx(proto, directory / MODEL_FILE)
     save_model(assembly.module, str(directory / WEIGHTS_FILE))
     files = {"model": MODEL_FILE, "weights": WEIGHTS_FILE}
+    if isinstance(assembly, ModuleAssembly):
+        files[assembly.section.program] = save_reference(assembly, directory)
     sections: dict[str, Any] = {}
     for extension in extensions:
         if extension.wanted(job):
@@ -175,12 +207,8 @@ def write(
             files.update(extra.files)
             used += [op for op in extra.ops if op not in used]
             sections[extension.name] = extra.section
-    cross = assembly.cross_variant
     manifest = Manifest(
-        variant=assembly.variant.name,
-        variant_config=assembly.variant_config.to_dict(),
-        model=assembly.model.name,
-        model_config=assembly.model_config.to_dict(),
+        **reference_source(assembly, job),
         lowering=settings.lowering,
         opset=settings.opset,
         ir_version=proto.ir_version,
@@ -191,13 +219,34 @@ def write(
         files={key: record_file(directory, name) for key, name in files.items()},
         tolerance=assembly.tolerance(),
         dtype=assembly.dtype,
-        cross_variant=cross.name if cross else None,
-        cross_variant_config=assembly.cross_variant_config.to_dict() if cross else None,
-        recipe=job.plan.name or None,
         **sections,
     )
     write_atomic(directory / MANIFEST, manifest.to_json())
     return ExportDir.open(directory)
+
+
+def reference_source(assembly: Assembly | ModuleAssembly, job: ExportJob) -> dict[str, Any]:
+    """The manifest fields that say where the torch reference comes from: the model, its variants and
+    their configs (rebuilt by name), or a module's section (its stored program); a module export
+    names its first variant and the model "module", with no options (its layers carry their own)."""
+    if isinstance(assembly, ModuleAssembly):
+        return {
+            "variant": assembly.variants[0].name,
+            "variant_config": {},
+            "model": MODULE_MODEL,
+            "model_config": {},
+            "module": assembly.section,
+        }
+    cross = assembly.cross_variant
+    return {
+        "variant": assembly.variant.name,
+        "variant_config": assembly.variant_config.to_dict(),
+        "model": assembly.model.name,
+        "model_config": assembly.model_config.to_dict(),
+        "cross_variant": cross.name if cross else None,
+        "cross_variant_config": assembly.cross_variant_config.to_dict() if cross else None,
+        "recipe": job.plan.name or None,
+    }
 
 
 def attnx_ops(proto: onnx.ModelProto) -> list[str]:
@@ -205,10 +254,10 @@ def attnx_ops(proto: onnx.ModelProto) -> list[str]:
     return list(dict.fromkeys(f"{DOMAIN}::{node.op_type}" for node in lowering_mod.attnx_nodes(proto)))
 
 
-def verify_lengths(job: ExportJob, assembly: Assembly) -> list[int]:
+def verify_lengths(job: ExportJob, assembly: Assembly | ModuleAssembly) -> list[int]:
     """The sequence lengths to verify at: the [verify] setting, or the one length of a model whose
     length axes were all fixed (its longest example length)."""
-    inputs, _, sizes = export_shapes(assembly, job.settings)
+    inputs, _, sizes = shapes(assembly, job.settings)
     if any(isinstance(a, str) and a != "batch" for s in inputs for a in s.axes):
         return list(job.plan.verify.seq_lens)
     return [max((n for axis, n in sizes.items() if axis != "batch"), default=1)]
@@ -223,6 +272,14 @@ def check_memory(job: ExportJob) -> None:
     """
     import torch
 
+    if job.module is not None:  # already in memory: count the copies an export adds, no cost model
+        weights = sum(p.numel() * p.element_size() for p in job.module.module.parameters())
+        require_memory(
+            EXPORT_WEIGHT_COPIES * weights,
+            f"exporting this module ({weights / 2**30:.2f} GiB of weights)",
+            "export it on a machine with more memory",
+        )
+        return
     plan, settings = job.plan, job.settings
     with torch.device("meta"):
         assembly = assemble(
@@ -273,6 +330,16 @@ def example_sizes(specs: Sequence[TensorSpec]) -> dict[str, int]:
     return sizes
 
 
+def shapes(
+    assembly: Assembly | ModuleAssembly, settings: ExportSettings
+) -> tuple[list[TensorSpec], list[TensorSpec], dict[str, int]]:
+    """The graph's inputs, outputs and example length per axis: a module's come from its example
+    inputs (traced already), a model's from :func:`export_shapes`."""
+    if isinstance(assembly, ModuleAssembly):
+        return assembly.inputs, assembly.outputs, assembly.sizes()
+    return export_shapes(assembly, settings)
+
+
 def export_shapes(
     assembly: Assembly, settings: ExportSettings
 ) -> tuple[list[TensorSpec], list[TensorSpec], dict[str, int]]:
@@ -317,22 +384,28 @@ def to_onnx(
     outputs = list(outputs or assembly.outputs)
     feed = random_feed(specs, sizes or example_sizes(specs), np.random.default_rng(0))
     args = tuple(torch.from_numpy(feed[s.name]) for s in specs)
-    dims: dict[str, Any] = {}
-    dynamic_shapes = tuple(
-        {
-            i: dims.setdefault(a, torch.export.Dim(a.replace("-", "_")))
-            for i, a in enumerate(s.axes)
-            if isinstance(a, str)
-        }
-        for s in specs
-    )
-    table = {op.overload: op.translation() for op in assembly.ops}
-    with _quiet_exporter(), _unwrap_interrupt():
+    return export_onnx(assembly.module, args, assembly.ops, opset, specs, outputs, dynamic_shapes(specs))
+
+
+def export_onnx(
+    model: Any,
+    args: tuple[Any, ...],
+    ops: Sequence[Any],
+    opset: int,
+    inputs: Sequence[TensorSpec],
+    outputs: Sequence[TensorSpec],
+    dynamic_shapes: Any = None,
+) -> onnx.ModelProto:
+    """torch.onnx (dynamo) of a module called with ``args``, or of an ``ExportedProgram`` (``args`` and
+    ``dynamic_shapes`` unused), with ``ops`` as bare ``attnx::`` nodes; checks the graph's dtypes
+    against the specs and names their dynamic axes."""
+    table = {op.overload: op.translation() for op in ops}
+    with quiet_torch(), unwrap_interrupt():
         program = torch.onnx.export(
-            assembly.module,
+            model,
             args,
             dynamo=True,
-            input_names=[s.name for s in specs],
+            input_names=[s.name for s in inputs],
             output_names=[s.name for s in outputs],
             dynamic_shapes=dynamic_shapes,
             custom_translation_table=table,
@@ -341,7 +414,7 @@ def to_onnx(
             verbose=False,
         )
     proto = program.model_proto
-    for value, spec in _declared(proto, specs + outputs):
+    for value, spec in _declared(proto, [*inputs, *outputs]):
         _check_dtype(value, spec)
         _name_dynamic_axes(value, spec)
     return proto
@@ -383,32 +456,3 @@ def save_onnx(proto: onnx.ModelProto, path: Path) -> None:
     onnx.save_model(
         proto, str(path), save_as_external_data=large, location=f"{path.name}.data" if large else None
     )
-
-
-@contextlib.contextmanager
-def _unwrap_interrupt() -> Iterator[None]:
-    """Re-raise Ctrl-C that torch.onnx wrapped: a KeyboardInterrupt inside its lazy imports
-    surfaces as a TorchExportError caused by an AttributeError whose context is the interrupt."""
-    try:
-        yield
-    except Exception as exc:
-        cause: BaseException | None = exc
-        while cause is not None and not isinstance(cause, KeyboardInterrupt):
-            cause = cause.__cause__ or cause.__context__
-        if cause is not None:
-            raise KeyboardInterrupt from exc
-        raise
-
-
-@contextlib.contextmanager
-def _quiet_exporter() -> Iterator[None]:
-    """Silence torch.onnx's progress prints and warnings; attnx reports its own progress."""
-    logger = logging.getLogger("torch.onnx")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        logger.setLevel(level)

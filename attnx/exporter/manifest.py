@@ -17,10 +17,10 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Literal, TypeVar, Union, get_args, get_origin
 
-from attnx.config import expected_type, value_type
+from attnx.config import Config, expected_type, value_type
 from attnx.domains import Lowering
 from attnx.errors import AttnxError
-from attnx.models.spec import TensorSpec
+from attnx.models.spec import ModelSpec, TensorSpec
 
 MANIFEST = "attnx.json"
 MODEL_FILE = "model.onnx"
@@ -137,6 +137,12 @@ class DecodeSection:
         """State output name -> the input it feeds at the next step."""
         return {s.output: s.input for s in self.state}
 
+    @property
+    def vocab_size(self) -> int:
+        """Token ids are below this (the token input's ``high``)."""
+        (tokens,) = [s for s in self.prefill.inputs if s.name == self.tokens]
+        return int(tokens.high or 0)
+
 
 def _malformed(why: str) -> AttnxError:
     return AttnxError(
@@ -207,6 +213,36 @@ class GenaiSection:
 
 
 @dataclasses.dataclass
+class ModuleSection:
+    """Where the torch reference of an ``attnx.export_module`` export comes from: a user's
+    ``nn.Module``, not a registered model (the manifest's ``model`` is then "module").
+
+    ``program``: the manifest file key of its ``torch.export`` program after the adapters (saved with
+    ``torch.export.save``), which ``attnx verify`` runs instead of rebuilding a model, so the user's
+    code and the adapted library are not needed; ``variants``: the variants whose ``attnx::`` ops it
+    calls, whose plugins are imported before the program is loaded; ``adapters``: those that converted
+    part of it; ``module_class``: the class exported; ``entry``: "pkg.mod:factory" of
+    ``attnx export --module`` (None from Python).
+    """
+
+    module_class: str
+    program: str
+    variants: list[str]
+    adapters: list[str]
+    entry: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class ModuleConfig(Config):
+    """A module export has no model options: its layers carry their own."""
+
+
+MODULE_MODEL = "module"  # the manifest's ``model`` of a module export
+# What ExportDir.specs() answers for a module export: no options, no cost model.
+MODULE_SPEC = ModelSpec(MODULE_MODEL, "a user's nn.Module (attnx.export_module)", ModuleConfig, impl="")
+
+
+@dataclasses.dataclass
 class Manifest:
     variant: str
     variant_config: dict[str, Any]
@@ -231,6 +267,7 @@ class Manifest:
     engine: EngineSection | None = None
     tokenizer: TokenizerSection | None = None
     genai: GenaiSection | None = None
+    module: ModuleSection | None = None  # the reference is a user's module, not model + model_config
 
     def to_json(self) -> str:
         data = _plain(self)
@@ -273,6 +310,11 @@ class Manifest:
                 )
         if manifest.decode is not None:
             manifest.decode.check()
+        if manifest.module is not None and manifest.module.program not in manifest.files:
+            raise AttnxError(
+                f"{where}: the module section's program {manifest.module.program!r} is not a listed file; "
+                "re-export"
+            )
         return manifest
 
 

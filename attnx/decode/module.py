@@ -1,0 +1,120 @@
+"""Decoding a module export (``attnx.export_module(..., options={"export.decode": True})``).
+
+A user's module is not an attnx model: attnx cannot hook its embedding or its layers' calls. Its
+attention layers step instead (:class:`attnx.state.SteppingAttention`, what adapters' layers
+implement): the prefill and decode graphs run the module's own forward on the new tokens while
+each such layer holds a :class:`attnx.state.Step` with its state, so everything around attention
+(embeddings, feed-forward blocks, norms, the head) is the module's own code.
+
+The module must be a causal language model: one int64 input of token ids (batch, seq) and the
+logits (batch, seq, vocab) as its first output. A module that adds absolute positions must take a
+keyword argument ``past_length`` (int64 (1,), the position of its first token; 0 in a full
+forward) and offset them by it; decode parity (every decoded position against the full forward)
+catches a module that does not.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+from torch import nn
+
+from attnx.decode.model import PAST_LENGTH, POSITION, TOKENS, DecodeLayout, StateSlot
+from attnx.errors import AttnxError
+from attnx.exporter.module import ModuleAssembly
+from attnx.exporter.signature import fixed_arity, flatten_outputs
+from attnx.parity.runners import BackendSkipped
+from attnx.state import Step, SteppingAttention
+
+
+def stepping_layers(model: nn.Module) -> list[nn.Module]:
+    """The module's stepping attention layers, in module order (their state is ``past.<i>.*``)."""
+    return [m for m in model.modules() if isinstance(m, SteppingAttention)]
+
+
+def module_layout(assembly: ModuleAssembly) -> DecodeLayout:
+    """The state slots and graph specs of a module export's decode graphs.
+
+    Raises:
+        AttnxError: a module that is not a causal LM over token ids, or has no stepping layer (or one
+            that refuses to decode).
+    """
+    kind = assembly.section.module_class
+    inputs, logits = assembly.inputs, assembly.outputs[0]
+    if len(inputs) != 1 or inputs[0].dtype != "int64" or len(inputs[0].axes) != 2:
+        taken = ", ".join(f"{s.name} ({s.dtype})" for s in inputs)
+        raise AttnxError(
+            "a decode export of a module takes token ids only (one int64 (batch, seq) input); "
+            f"{kind} takes {taken}"
+        )
+    if len(logits.axes) != 3 or not isinstance(logits.axes[-1], int) or not logits.dtype.startswith("float"):
+        raise AttnxError(
+            f"a decode export of a module returns the logits (batch, seq, vocab) first; {kind}'s first "
+            f"output '{logits.name}' is {logits.dtype} {logits.axes}"
+        )
+    layers = stepping_layers(_adapted(assembly))
+    if not layers:
+        raise AttnxError(
+            f"{kind} has no attention layer that decodes (attnx.state.SteppingAttention, as adapters' "
+            "layers are); see docs/importing.md"
+        )
+    slots = [StateSlot(None, POSITION)]
+    slots += [StateSlot(i, tensor) for i, layer in enumerate(layers) for tensor in layer.decode_state()]
+    mode = "kv-cache" if any(s.tensor.grows for s in slots) else "recurrent"
+    return DecodeLayout(mode, "lm", logits.axes[-1], 0, tuple(slots), logits.dtype)
+
+
+def _adapted(assembly: ModuleAssembly) -> nn.Module:
+    if assembly.adapted is None:
+        raise BackendSkipped(
+            "a module export stores its full forward only (reference.pt2), not a torch step model; its "
+            "decode graphs are checked against that forward"
+        )
+    return assembly.adapted
+
+
+class ModuleStepModel(nn.Module):
+    """The adapted module's forward with state in and out: prefill (``with_past`` False) or decode."""
+
+    def __init__(self, assembly: ModuleAssembly, layout: DecodeLayout, with_past: bool) -> None:
+        super().__init__()
+        self.model, self.layout, self.with_past = _adapted(assembly), layout, with_past
+        self.token, self.keywords, self.constants = (
+            assembly.inputs[0].name,
+            assembly.keywords,
+            assembly.constants,
+        )
+        self.layers = stepping_layers(self.model)
+        self.positions = PAST_LENGTH in inspect.signature(self.model.forward).parameters
+        self.names = [s.name for s in layout.inputs(with_past)]
+        fixed_arity(self, self.step, len(self.names))
+
+    def step(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        given = dict(zip(self.names, inputs, strict=True))
+        tokens = given[TOKENS]
+        position = given[PAST_LENGTH] if self.with_past else torch.zeros(1, dtype=torch.int64)
+        steps = []
+        for i, layer in enumerate(self.layers):
+            past = (
+                tuple(given[s.input] for s in self.layout.layer_slots if s.layer == i)
+                if self.with_past
+                else None
+            )
+            layer.stepping = Step(past, position)
+            steps.append(layer.stepping)
+        extra = {PAST_LENGTH: position} if self.positions else {}
+        try:
+            result = (
+                self.model(**{self.token: tokens}, **self.constants, **extra)
+                if self.keywords
+                else self.model(tokens, **extra)
+            )
+        finally:
+            for layer in self.layers:
+                layer.stepping = None
+        missing = [type(self.layers[i]).__name__ for i, s in enumerate(steps) if s.present is None]
+        if missing:
+            raise AttnxError(f"decoding layer {missing[0]} was not called by the module's forward")
+        state = [t for s in steps for t in s.present]
+        return (flatten_outputs(result)[0][1], position + tokens.shape[-1], *state)
