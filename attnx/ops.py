@@ -308,7 +308,7 @@ class AttentionOp:
         return (min if portable else max)(fitting, key=body_opset)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def body_opset(body: onnxscript.OnnxFunction) -> int:
     """The ai.onnx opset an onnxscript body needs: the newest that it, or a function it calls, is written
     against (their ``default_opset``)."""

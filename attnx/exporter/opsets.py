@@ -11,7 +11,9 @@ Measured by loading a one-node model in each ONNX Runtime release (CPU wheels fr
 | 1.32 | <= 14 | <= 28 | opsets 23, 24 |
 
 (a newer opset or IR is refused at session creation: "Unsupported model IR version", "Current
-official support for domain ai.onnx is till opset N"). TensorRT 11.5's ONNX parser reads opsets
+official support for domain ai.onnx is till opset N"); attnx's own softmax lm exports with --decode at
+opsets 18/22/23/24/25 (model, prefill, decode, genai graphs) load exactly where this table says in
+onnxruntime 1.22.1, 1.23.2, 1.24.1 and 1.32.0). TensorRT 11.5's ONNX parser reads opsets
 <= 25 (10.15: <= 24). onnx stamps the IR version of its own release (1.23: IR 14), which ORT 1.31
 and older refuse, so every graph states the lowest IR version that carries its opset and
 attnx's function overloads (IR 10): :data:`IR_VERSIONS`.

@@ -180,7 +180,14 @@ class SoftmaxAttentionLayer(MultiHeadAttention):
                 StateTensor("value", axes, doc="values of earlier tokens")]
 
     def attend_step(self, q, k, v, state, position):
-        """New queries against cached + new keys; the bottom-right causal mask lines them up."""
+        """New queries against cached + new keys; the bottom-right causal mask lines them up.
+
+        The step stays the plain op on the concatenated cache (from opset 23 its body is the standard
+        ``Attention`` op too) rather than feeding the cache to ``Attention``'s ``past_key``/``past_value``:
+        those inputs only do this same concatenation inside the node (``present_key`` = past ++ new), so
+        they would save no work, while they would need a second op with three outputs (and its torch op,
+        bodies for lower opsets and TensorRT plugin) whose semantics the graph's ``Concat`` states plainly.
+        """
         if state is not None:
             k, v = torch.cat((state[0], k), dim=-2), torch.cat((state[1], v), dim=-2)
         return softmax_attention(q, k, v, None, self.causal, self.scale), (k, v)
