@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from attnx.api import PARITY_EXTENSIONS
-from attnx.atomic import staged_directory, write_atomic
+from attnx.atomic import check_output_dir, staged_directory, write_atomic
 from attnx.errors import AttnxError
 from attnx.exporter.directory import ExportDir, record_file
 from attnx.exporter.manifest import MANIFEST, Manifest, OptimizedSection, package_versions
@@ -83,6 +83,7 @@ def optimize(
     steps = check_steps([name for name, wanted in (("int8", int8), ("fp16", fp16), ("slim", slim)) if wanted])
     _check_limits(max_rel_error, min_top1)
     export = _open_source(source, out)
+    check_output_dir(out, force, MANIFEST)  # before the model is rebuilt; checked again when published
     seed = secrets.randbits(31) if seed is None else seed
     report_progress(f"rebuilding the float32 torch model of {export.path}")
     reference = export.rebuild()
