@@ -103,7 +103,7 @@ def test_cli_prints_the_report_and_a_missed_limit_exits_1(source, tmp_path):
     args = ["optimize", str(source("softmax")), "-o", str(out), "--int8", "--seed", "3", "--quiet"]
     code, stdout, stderr = run_cli(args)
     assert code == 0, stderr
-    assert f"wrote {out} (int8; error bound 0.05)" in stdout
+    assert f"wrote {out} (int8; error bound 0.1)" in stdout
     assert "logits: max abs err" in stdout and "next-token top-1 agreement:" in stdout
     assert "parity: PASSED on ort-cpu, torch decode, ort-cpu decode" in stdout
 
@@ -151,3 +151,14 @@ def test_bad_directories_are_one_line(source, tmp_path):
         code, _, stderr = run_cli(["optimize", str(src), "-o", str(existing), "--int8", *force])
         assert_one_line_error(code, stderr, str(existing))
     assert (existing / "notes.txt").read_text() == "mine"  # --force replaces only an attnx export
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("step", ["int8", "fp16"])
+def test_the_trained_digits_lm_keeps_its_next_tokens(tmp_path, step):
+    """Trained weights (the shipped digits-lm recipe), decode graphs included: within the step's bound,
+    and the next token agrees at >= 95% of positions (measured: int8 99.1%, fp16 100%)."""
+    export(None, tmp_path / "digits", recipe="digits-lm", options={"verify.enabled": False})
+    result = optimize(tmp_path / "digits", tmp_path / step, **{step: True}, seed=0, min_top1=0.95)
+    assert result.passed, (result.report.to_dict(), result.parity.to_dict())
+    assert result.report.rel_error <= ERROR_BOUNDS[step]
