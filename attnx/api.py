@@ -33,13 +33,14 @@ from attnx.parity.check import Cases, check_parity
 from attnx.parity.report import ParityReport
 from attnx.recipes import Recipe, resolve
 from attnx.serve.genai import GENAI
+from attnx.serve.genai_parity import GENAI_PARITY
 from attnx.serve.tokenizer import TOKENIZER
 from attnx.serve.triton import write_repository
 from attnx.variant import Tolerance
 
 # In this order: the genai decoder is made from the decode graph and reads the tokenizer's special ids.
 GRAPH_EXTENSIONS = (DECODE_GRAPHS, TOKENIZER, GENAI)
-PARITY_EXTENSIONS = (DECODE_PARITY,)
+PARITY_EXTENSIONS = (DECODE_PARITY, GENAI_PARITY)
 Progress = Callable[[str], None]
 
 

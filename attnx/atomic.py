@@ -56,7 +56,7 @@ def check_output_dir(out: str | Path, force: bool, marker: str | None = None) ->
     if Path(os.path.realpath(os.getcwd())).is_relative_to(os.path.realpath(path)):  # realpath: no loop errors
         raise AttnxError(
             f"output '{out}' is the working directory or holds it, so it cannot be replaced; "
-            "choose a new -o path"
+            "choose a new output path"
         )
     if path.is_symlink():
         kind = "a symbolic link" if path.exists() else "a broken symbolic link"
@@ -66,14 +66,14 @@ def check_output_dir(out: str | Path, force: bool, marker: str | None = None) ->
         )
     if path.exists():
         if not path.is_dir():
-            raise AttnxError(f"output '{out}' exists and is not a directory; choose another -o path")
+            raise AttnxError(f"output '{out}' exists and is not a directory; choose another output path")
         if not force:
             raise AttnxError(f"output directory '{out}' already exists; pass --force to replace it")
         if not _replaceable(path, marker):
             held = f"holds no {marker}, so it is not an earlier output" if marker else "is not empty"
             raise AttnxError(
                 f"output directory '{out}' {held}; --force replaces only that or an empty directory, "
-                "so choose another -o path"
+                "so choose another output path"
             )
     _check_parent(path, out)
 
@@ -194,7 +194,7 @@ def _exclusive(path: Path, shown: str | Path) -> Iterator[None]:
             os.close(fd)
             raise AttnxError(
                 f"another attnx process is writing '{shown}' (it holds {lock.name}); "
-                "wait for it to finish or choose another -o path"
+                "wait for it to finish or choose another output path"
             ) from None
         if _same_file(fd, lock):
             break

@@ -24,6 +24,7 @@ from attnx.decode.runtime import Stepper, decode_graphs, decode_section
 from attnx.exporter.assemble import Assembly
 from attnx.exporter.directory import ExportDir
 from attnx.exporter.inputs import random_feed
+from attnx.exporter.manifest import DecodeSection
 from attnx.parity.backends import BACKENDS, REFERENCE, Backend
 from attnx.parity.check import Cases
 from attnx.parity.report import BackendParity, Comparison
@@ -35,11 +36,38 @@ STEPS = 4
 
 
 @dataclasses.dataclass(frozen=True)
-class _Case:
+class DecodeCase:
+    """One prompt length: ``ids`` (prompt + :data:`STEPS` tokens), the seq2seq ``source`` feed and
+    ``full``, the torch model's logits over all of ``ids`` (float32)."""
+
     length: int
     ids: np.ndarray
     source: dict[str, np.ndarray]
-    full: np.ndarray  # the full forward's logits, float32
+    full: np.ndarray
+
+
+def decode_cases(section: DecodeSection, assembly: Assembly, cases: Cases) -> list[DecodeCase]:
+    """A :class:`DecodeCase` per verify length, each through the torch model's full forward once."""
+    rng = np.random.default_rng(cases.seed + 1)
+    source_specs = section.prefill.inputs[:-1]  # seq2seq: source ids and mask
+    runs = []
+    for n in cases.seq_lens:
+        ids = rng.integers(0, section.vocab_size, size=(cases.batch, n + STEPS))
+        source = random_feed(source_specs, {"batch": cases.batch, "src_seq": n + 2}, rng)
+        args = [torch.from_numpy(a) for a in source.values()] + [torch.from_numpy(ids)]
+        if source:
+            args.append(torch.ones(ids.shape, dtype=torch.bool))  # every target token is real
+        with torch.inference_mode():
+            full = assembly.module(*args)[0]  # the logits (a module export's first output)
+        runs.append(DecodeCase(n, ids, source, full.float().numpy()))
+    return runs
+
+
+def position_row(
+    length: int, what: str, actual: np.ndarray, expected: np.ndarray, tolerance: Tolerance
+) -> Comparison:
+    """The report row of one prefill ("prefill logits") or decoded position ("logits @ p")."""
+    return Comparison(length, what, *dataclasses.astuple(compare(actual, expected, tolerance)))
 
 
 class DecodeParity:
@@ -53,19 +81,7 @@ class DecodeParity:
     ) -> list[BackendParity]:
         """One result per backend, named "<backend> decode", plus "torch decode" first."""
         section = decode_section(export)
-        rng = np.random.default_rng(cases.seed + 1)
-        vocab = section.vocab_size
-        source_specs = section.prefill.inputs[:-1]  # seq2seq: source ids and mask
-        runs = []
-        for n in cases.seq_lens:
-            ids = rng.integers(0, vocab, size=(cases.batch, n + STEPS))
-            source = random_feed(source_specs, {"batch": cases.batch, "src_seq": n + 2}, rng)
-            args = [torch.from_numpy(a) for a in source.values()] + [torch.from_numpy(ids)]
-            if source:
-                args.append(torch.ones(ids.shape, dtype=torch.bool))  # every target token is real
-            with torch.inference_mode():
-                full = assembly.module(*args)[0]  # the logits (a module export's first output)
-            runs.append(_Case(n, ids, source, full.float().numpy()))
+        runs = decode_cases(section, assembly, cases)
         prefill, decode = decode_graphs(export, assembly)
         results = []
         for backend in [BACKENDS[REFERENCE], *backends]:
@@ -85,19 +101,16 @@ class DecodeParity:
         return results
 
 
-def _positions(stepper: Stepper, run: _Case, tolerance: Tolerance) -> list[Comparison]:
+def _positions(stepper: Stepper, run: DecodeCase, tolerance: Tolerance) -> list[Comparison]:
     """Prefill on ids[:, :n] (after the source), then decode the rest; each position against the full
     forward's logits."""
     n = run.length
     logits, state = stepper.prefill(run.ids[:, :n], run.source)
-    rows = [
-        Comparison(n, "prefill logits", *dataclasses.astuple(compare(logits, run.full[:, :n], tolerance)))
-    ]
+    rows = [position_row(n, "prefill logits", logits, run.full[:, :n], tolerance)]
     for position in range(n, run.ids.shape[1]):
         logits, state = stepper.decode(run.ids[:, position : position + 1], state)
-        expected = run.full[:, position : position + 1]
         rows.append(
-            Comparison(n, f"logits @ {position}", *dataclasses.astuple(compare(logits, expected, tolerance)))
+            position_row(n, f"logits @ {position}", logits, run.full[:, position : position + 1], tolerance)
         )
     return rows
 

@@ -4,7 +4,9 @@ command that must keep working prints), and that nothing was written and nothing
 Add a row to ``CASES``: ``Case(id, argv, expect, files=..., env=...)``. Paths in ``argv`` and
 ``files`` are relative to a fresh temporary directory, which is also the working directory.
 ``files`` maps a path to its content: text or bytes, ``DIR``, ``Link(target)``, ``EXPORT`` (a
-directory holding attnx.json, as ``--force`` may replace), or a callable returning bytes.
+directory holding attnx.json, as ``--force`` may replace), ``Made(kind)`` (a copy of a real tiny export:
+"encoder", or "lm" with decode graphs), ``Manifest(kind, change)`` (that export's attnx.json after
+``change``), or a callable returning bytes.
 """
 
 from __future__ import annotations
@@ -12,8 +14,10 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import io
+import json
 import os
 import pickle
+import shutil
 import signal
 import subprocess
 import sys
@@ -39,6 +43,25 @@ MALFORMED = "tests.third_party.malformed_plugin"
 @dataclasses.dataclass(frozen=True)
 class Link:
     target: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Made:
+    kind: str  # "encoder" or "lm"
+
+
+@dataclasses.dataclass(frozen=True)
+class Manifest:
+    kind: str
+    change: Callable[[dict[str, Any]], None]
+
+
+def without(key: str) -> Callable[[dict[str, Any]], None]:
+    return lambda manifest: manifest.pop(key)
+
+
+def setting(key: str, value: Any) -> Callable[[dict[str, Any]], None]:
+    return lambda manifest: manifest.__setitem__(key, value)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,7 +145,7 @@ TOML_HEAD = '[model]\nname = "encoder"\n[variant]\nname = "softmax"\n'
 CHECKPOINT = ("--checkpoint", "w.pt", "-o", "out", *QUICK)
 
 OUT_PATHS = [
-    Case("dot", export("-o", ".", *QUICK), ("working directory", "choose a new -o path"), {"keep": "x"}),
+    Case("dot", export("-o", ".", *QUICK), ("working directory", "choose a new output path"), {"keep": "x"}),
     Case("dot-force", export("-o", ".", "--force", *QUICK), ("working directory",), {"keep": "x"}),
     Case("empty-path-force", export("-o", "", "--force", *QUICK), ("working directory",)),
     Case("sub-dotdot-force", export("-o", "sub/..", "--force", *QUICK), ("working directory",), {"sub": DIR}),
@@ -171,7 +194,7 @@ OUT_PATHS = [
     Case(
         "force-over-user-data",
         export("-o", "mine", "--force", *QUICK),
-        ("holds no attnx.json, so it is not an earlier output", "choose another -o path"),
+        ("holds no attnx.json, so it is not an earlier output", "choose another output path"),
         {"mine/thesis.tex": "years of work", "mine/data/x.csv": "1,2"},
     ),
     Case(
@@ -473,14 +496,89 @@ PLUGINS = [
     ),
 ]
 
-CASES = [*OUT_PATHS, *SAVE_CHECKPOINT, *CHECKPOINTS, *RECIPES, *SEEDS, *PROMPTS, *PLUGINS]
+ENCODER, LM = Made("encoder"), Made("lm")
+ENC = {"e": ENCODER}
+
+EXPORTS = [
+    Case("manifest-empty", ("verify", "e"), ("schema_version None", "re-export"), {"e/attnx.json": "{}"}),
+    Case("manifest-not-json", ("bench", "e"), ("is not valid JSON",), {"e/attnx.json": "not json"}),
+    Case(
+        "manifest-array", ("generate", "e", "--prompt-ids", "1"), ("holds an array",), {"e/attnx.json": "[1]"}
+    ),
+    Case("manifest-absent", ("doctor", "e"), ("has no attnx.json",), {"e/model.onnx": "x"}),
+    Case("export-absent", ("verify", "nodir"), ("'nodir' is not a directory", "pass the OUT directory")),
+    Case(
+        "manifest-future",
+        ("verify", "e"),
+        ("schema_version 99; this attnx reads 2",),
+        {**ENC, "e/attnx.json": Manifest("encoder", setting("schema_version", 99))},
+    ),
+    Case(
+        "manifest-lacks-inputs",
+        ("verify", "e"),
+        ("lacks 'inputs'",),
+        {**ENC, "e/attnx.json": Manifest("encoder", without("inputs"))},
+    ),
+    Case(
+        "manifest-unknown-variant",
+        ("verify", "e"),
+        ("unknown variant 'nosuch'",),
+        {**ENC, "e/attnx.json": Manifest("encoder", setting("variant", "nosuch"))},
+    ),
+    Case(
+        "onnx-corrupt",
+        ("verify", "e"),
+        ("model.onnx changed since it was written",),
+        {**ENC, "e/model.onnx": "x"},
+    ),
+    Case(
+        "weights-corrupt",
+        ("bench", "e", "--backends", "torch"),
+        ("weights.safetensors changed since it was written",),
+        {**ENC, "e/weights.safetensors": b"\0" * 8},
+    ),
+    Case(
+        "decode-corrupt",
+        ("generate", "e", "--prompt-ids", "1"),
+        ("decode.onnx changed since it was written",),
+        {"e": LM, "e/decode.onnx": b"x"},
+    ),
+    Case("generate-no-decode", ("generate", "e", "--prompt-ids", "1"), ("has no decode export",), ENC),
+    Case("verify-torch", ("verify", "e", "--backends", "torch"), ("torch is the reference",), ENC),
+    Case("verify-seq-lens-zero", ("verify", "e", "--seq-lens", "0"), ("must be positive integers",), ENC),
+    Case("verify-atol-negative", ("verify", "e", "--atol", "-1"), ("--atol and --rtol must be >= 0",), ENC),
+    Case("verify-batch-zero", ("verify", "e", "--batch", "0"), ("batch must be >= 1",), ENC),
+    Case("bench-unknown-backend", ("bench", "e", "--backends", "ort-gpu"), ("did you mean 'ort-cpu'",), ENC),
+    Case("generate-id-out-of-range", ("generate", "e", "--prompt-ids", "99"), ("ids are 0..49",), {"e": LM}),
+    Case("generate-zero-tokens", ("generate", "e", "--prompt-ids", "1", "-n", "0"), (">= 1",), {"e": LM}),
+    Case(
+        "generate-engine-backend",
+        ("generate", "e", "--prompt-ids", "1", "--backend", "trt"),
+        ("does not run decode graphs",),
+        {"e": LM},
+    ),
+    Case(
+        "triton-over-export",
+        ("triton", "e", "--repo", "mine"),
+        ("'mine' already exists", "--force"),
+        {"e": LM, "mine": ENCODER},
+    ),
+]
+
+CASES = [*OUT_PATHS, *SAVE_CHECKPOINT, *CHECKPOINTS, *RECIPES, *SEEDS, *PROMPTS, *PLUGINS, *EXPORTS]
 
 
-def create(root: Path, files: Mapping[str, Any]) -> None:
+def create(root: Path, files: Mapping[str, Any], made: Callable[[str], Path]) -> None:
     for name, content in sorted(files.items()):
         path = root / name
         path.parent.mkdir(parents=True, exist_ok=True)
-        if content == DIR:
+        if isinstance(content, Made):
+            shutil.copytree(made(content.kind), path)
+        elif isinstance(content, Manifest):
+            manifest = json.loads((made(content.kind) / "attnx.json").read_text())
+            content.change(manifest)
+            path.write_text(json.dumps(manifest))
+        elif content == DIR:
             path.mkdir()
         elif content == EXPORT:
             path.mkdir()
@@ -510,6 +608,24 @@ def snapshot(root: Path) -> dict[str, tuple]:
     return entries
 
 
+@pytest.fixture(scope="module")
+def made(tmp_path_factory) -> Callable[[str], Path]:
+    """``made(kind)`` -> a tiny unverified export ("encoder"; "lm" with decode graphs), made on first use."""
+    exports: dict[str, Path] = {}
+
+    def get(kind: str) -> Path:
+        if kind not in exports:
+            import attnx
+
+            options = {**TINY, "verify.enabled": False, "export.decode": kind == "lm"}
+            out = tmp_path_factory.mktemp("made") / kind
+            attnx.export("linear" if kind == "lm" else "softmax", out, model=kind, options=options)
+            exports[kind] = out
+        return exports[kind]
+
+    return get
+
+
 @pytest.fixture
 def fresh_registry(monkeypatch) -> Iterator[Callable[[Mapping[str, str]], None]]:
     """Set environment variables, then let the CLI build its registry from them."""
@@ -528,12 +644,12 @@ def fresh_registry(monkeypatch) -> Iterator[Callable[[Mapping[str, str]], None]]
 def test_the_table_covers_every_class_with_enough_rows():
     ids = [case.id for case in CASES]
     assert len(ids) == len(set(ids)), "row ids must be unique"
-    assert len(CASES) >= 60
+    assert len(CASES) >= 100
 
 
 @pytest.mark.parametrize("case", CASES, ids=[case.id for case in CASES])
-def test_bad_input(case: Case, tmp_path, monkeypatch, fresh_registry):
-    create(tmp_path, case.files)
+def test_bad_input(case: Case, tmp_path, monkeypatch, fresh_registry, made):
+    create(tmp_path, case.files, made)
     (tmp_path / "sub").mkdir(exist_ok=True)
     monkeypatch.chdir(tmp_path / "sub" if case.id == "parent-force" else tmp_path)
     before = snapshot(tmp_path)
@@ -640,7 +756,7 @@ def test_an_export_while_another_writes_out_is_refused_in_one_line(tmp_path, mon
         monkeypatch.chdir(tmp_path)
         code, _, stderr = run_cli(["export", "-o", "out", "--force", *QUICK])
         assert_one_line_error(
-            code, stderr, "another attnx process is writing 'out'", "choose another -o path"
+            code, stderr, "another attnx process is writing 'out'", "choose another output path"
         )
     finally:
         holder.kill()

@@ -56,7 +56,7 @@ def test_force_never_replaces_a_directory_that_is_not_an_earlier_output(tmp_path
     out = tmp_path / "mine"
     out.mkdir()
     (out / "thesis.tex").write_text("years of work")
-    with pytest.raises(AttnxError, match=r"holds no attnx\.json.*choose another -o path"):
+    with pytest.raises(AttnxError, match=r"holds no attnx\.json.*choose another output path"):
         check_output_dir(out, force=True, marker=MARKER)
     assert_refused(out, "holds no attnx.json")
     assert (out / "thesis.tex").read_text() == "years of work" and listing(tmp_path) == ["mine"]
@@ -181,7 +181,7 @@ def test_a_second_writer_of_the_same_out_gets_a_one_line_error(tmp_path):
     out = tmp_path / "out"
     holder = start_holder(out, seconds=30)
     try:
-        assert_refused(out, r"another attnx process is writing .*out.*choose another -o path")
+        assert_refused(out, r"another attnx process is writing .*out.*choose another output path")
     finally:
         holder.kill()
         holder.wait()

@@ -10,8 +10,13 @@ import onnxruntime as ort
 import pytest
 
 import attnx
+from attnx.decode.parity import STEPS, decode_cases
 from attnx.exporter.directory import ExportDir
+from attnx.parity.backends import BACKENDS
+from attnx.parity.check import Cases
+from attnx.parity.runners import Graph
 from attnx.serve.genai import blocker
+from attnx.serve.genai_parity import genai_positions
 from tests.helpers import run_cli
 
 VARIANTS = ["softmax", "linear", pytest.param("cosformer", marks=pytest.mark.slow)]
@@ -121,6 +126,29 @@ def test_genai_follows_forced_tokens_at_every_position(serve_export):
         logits = generator.get_output("logits")[0, -1]
         np.testing.assert_allclose(logits, expected[position - 1], atol=2e-5, rtol=1e-4)
         generator.append_tokens(ids[:, position : position + 1].astype(np.int32))
+
+
+@pytest.mark.parametrize("variant", ["softmax", "linear"])
+def test_verify_rechecks_genai_onnx_against_the_torch_model(serve_export, variant):
+    report = attnx.verify(serve_export(variant), seq_lens=[1, 6], write=False)
+    genai = next(r for r in report.backends if r.backend == "ort-cpu genai")
+    assert genai.status == "passed"
+    assert [c.output for c in genai.comparisons][:2] == ["prefill logits", "logits @ 1"]
+    assert len(genai.comparisons) == 2 * (1 + STEPS)  # the prompt and each decoded position, per length
+
+
+def test_genai_parity_fails_where_the_logits_differ(serve_export):
+    """The rows hold genai.onnx to the reference: a reference moved by 1e-2 at one position fails there."""
+    export = ExportDir.open(serve_export("linear"))
+    cases = Cases.make(export, [5], None, None, None)
+    (run,) = decode_cases(export.manifest.decode, export.rebuild(), cases)
+    run.full[:, 6] += 1e-2
+    graph = Graph(export, "genai", (), (), lambda: None)
+    with BACKENDS["ort-cpu"].runner(graph, None) as runner:
+        rows = {c.output: c.passed for c in genai_positions(runner, run, cases.tolerance)}
+    assert rows == {"prefill logits": True, "logits @ 5": True, "logits @ 6": False} | {
+        f"logits @ {p}": True for p in range(7, 5 + STEPS)
+    }
 
 
 def test_seq2seq_and_plain_exports_are_not_genai_decoders(serve_export):

@@ -76,7 +76,7 @@ def test_an_existing_directory_needs_force_and_must_be_an_earlier_scaffold(tmp_p
     assert [p.name for p in tmp_path.iterdir()] == ["out"] and (target / "keep.txt").read_text() == "mine"
 
     code, _, err = run_cli(["new-plugin", "window", "-o", str(target), "--force"])
-    assert_one_line_error(code, err, "holds no attnx_window/__init__.py", "choose another -o path")
+    assert_one_line_error(code, err, "holds no attnx_window/__init__.py", "choose another output path")
     assert (target / "keep.txt").read_text() == "mine"
 
     (target / "keep.txt").unlink()
