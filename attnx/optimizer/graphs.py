@@ -15,6 +15,7 @@ which the tools would otherwise restamp with their own.
 from __future__ import annotations
 
 import contextlib
+import heapq
 import logging
 from collections.abc import Collection, Iterator, Sequence
 from importlib import metadata
@@ -84,10 +85,52 @@ def to_fp16(model: onnx.ModelProto, float32_ops: Collection[str]) -> onnx.ModelP
     """``model`` in float16 inside, float32 at its inputs and outputs (ONNX Runtime's converter)."""
     from onnxruntime.transformers.float16 import convert_float_to_float16
 
-    kept = [node for node in model.graph.node if node.domain == DOMAIN and node.op_type in float32_ops]
-    for index, node in enumerate(kept):
-        node.name = node.name or f"attnx_float32_{index}"
-    return convert_float_to_float16(model, keep_io_types=True, node_block_list=[n.name for n in kept])
+    for index, node in enumerate(model.graph.node):  # the converter tells nodes apart by name
+        node.name = node.name or f"attnx_node_{index}"
+    kept = [node.name for node in model.graph.node if node.domain == DOMAIN and node.op_type in float32_ops]
+    converted = convert_float_to_float16(model, keep_io_types=True, node_block_list=kept)
+    return _topologically_sorted(converted)  # the converter appends its input casts at the end
+
+
+def _topologically_sorted(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` with its graph's nodes in an order where every value is made before it is read (ONNX
+    Runtime accepts any order, the checker does not), otherwise in their order; a node's subgraphs
+    count as reading what they read."""
+    nodes = list(model.graph.node)
+    producer = {name: index for index, node in enumerate(nodes) for name in node.output if name}
+    users: list[list[int]] = [[] for _ in nodes]
+    waiting = []
+    for index, node in enumerate(nodes):
+        needs = {producer[name] for name in _reads(node) if name in producer}
+        for need in needs:
+            users[need].append(index)
+        waiting.append(len(needs))
+    ready = [index for index, count in enumerate(waiting) if count == 0]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        index = heapq.heappop(ready)
+        order.append(nodes[index])
+        for user in users[index]:
+            waiting[user] -= 1
+            if waiting[user] == 0:
+                heapq.heappush(ready, user)
+    if len(order) != len(nodes):
+        raise RuntimeError(f"the graph {model.graph.name} has a cycle")
+    del model.graph.node[:]
+    model.graph.node.extend(order)
+    return model
+
+
+def _reads(node: onnx.NodeProto) -> list[str]:
+    """The values ``node`` reads from its graph: its inputs and what its subgraphs read from outside."""
+    names = list(node.input)
+    for attribute in node.attribute:
+        for subgraph in [attribute.g, *attribute.graphs] if attribute.type in (5, 10) else []:
+            inner = {v.name for v in subgraph.input} | {t.name for t in subgraph.initializer}
+            inner |= {out for n in subgraph.node for out in n.output}
+            names += [name for n in subgraph.node for name in _reads(n) if name not in inner]
+    return names
 
 
 @contextlib.contextmanager

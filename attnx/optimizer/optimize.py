@@ -1,7 +1,8 @@
 """``attnx.optimize``: a new export with slimmed, int8 or fp16 graphs, verified against float32 torch.
 
 The source export is read through :class:`attnx.exporter.directory.ExportDir`; every graph it lists
-(model.onnx, and prefill/decode/genai graphs when present) is transformed (:mod:`attnx.optimizer.graphs`),
+(model.onnx, and prefill/decode graphs when present) is transformed (:mod:`attnx.optimizer.graphs`;
+genai.onnx, the decode graph under onnxruntime-genai's names, is laid out again from the new decode graph),
 the other files are copied (a TensorRT engine is dropped: it was built from the float32 graph), and the
 manifest records what was done (:class:`attnx.exporter.manifest.OptimizedSection`). Everything goes into
 a staged directory that becomes OUT2 only when complete. The torch model rebuilt from the source (float32
@@ -18,16 +19,20 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
+import onnx
+
 from attnx.api import PARITY_EXTENSIONS
 from attnx.atomic import check_output_dir, staged_directory, write_atomic
 from attnx.errors import AttnxError
 from attnx.exporter.directory import ExportDir, record_file
+from attnx.exporter.export import save_onnx
 from attnx.exporter.manifest import MANIFEST, Manifest, OptimizedSection, package_versions
 from attnx.optimizer.accuracy import AccuracyReport, measure
 from attnx.optimizer.graphs import check_steps, tool_versions, transform
 from attnx.parity.backends import backends
 from attnx.parity.check import Cases, check_parity
 from attnx.parity.report import ParityReport
+from attnx.serve.genai import GENAI, genai_layout
 from attnx.variant import Tolerance
 
 # The largest output error each step is held to, relative to the float32 model's largest output magnitude:
@@ -93,10 +98,13 @@ def optimize(
     bound = max(ERROR_BOUNDS[step] for step in steps)
     with staged_directory(out, force, MANIFEST) as staging:
         files = {}
-        for key, record in export.manifest.files.items():
+        for key, record in sorted(export.manifest.files.items(), key=lambda item: item[0] == GENAI.name):
             if key == "engine":
                 continue
-            if key in graphs:
+            if key == GENAI.name:  # the decode graph under genai's names: laid out again from the new one
+                decode = onnx.load(str(staging / export.manifest.files["decode"].path))
+                save_onnx(genai_layout(decode, export.manifest.decode), staging / record.path)
+            elif key in graphs:
                 report_progress(f"{' + '.join(steps)}: {record.path}")
                 transform(export.file(key), staging / record.path, steps, float32_ops)
             else:
