@@ -151,7 +151,10 @@ class AttentionOp:
         name: ONNX op type (CamelCase), also the TensorRT plugin name.
         torch_op: the ``torch.library.custom_op`` object implementing the maths.
         bodies: onnxscript functions in the ``attnx`` opset; the first takes every
-            input, others cover calls that omit optional inputs.
+            input, others cover calls that omit optional inputs. Bodies with the same inputs may
+            be written against different ai.onnx opsets (their ``default_opset``): a newer one
+            (e.g. on the standard ``Attention`` op) serves models at that opset, the oldest (the
+            portable body) lower opsets and the ``decomposed`` lowering (:meth:`body_for`).
         input_types: ONNX type of inputs that are not float tensors, e.g.
             ``{"key_padding_mask": "tensor(bool)"}``.
         doc: one paragraph for the schema's documentation.
@@ -280,12 +283,39 @@ class AttentionOp:
         translate.__name__ = self.name
         return translate
 
-    def body_for(self, present_inputs: Sequence[str]) -> onnxscript.OnnxFunction | None:
-        """The body whose inputs are exactly ``present_inputs``, if one was given."""
-        for body in self.bodies:
-            if [p.name for p in body.function_ir.inputs] == list(present_inputs):
-                return body
-        return None
+    def body_opsets(self) -> list[int]:
+        """The distinct ai.onnx opsets the bodies are written against, lowest first."""
+        return sorted({body_opset(body) for body in self.bodies})
+
+    def body_for(
+        self, present_inputs: Sequence[str], opset: int | None = None, portable: bool = False
+    ) -> onnxscript.OnnxFunction | None:
+        """The body for a node with exactly ``present_inputs``, if one was given.
+
+        Among such bodies that a model at ``opset`` can hold (None: any), the one written against the
+        newest opset (built on newer standard ops, e.g. softmax's ``Attention`` from opset 23), or with
+        ``portable`` the oldest (primitive ops that every runtime and graph tool handles).
+        """
+        present = list(present_inputs)
+        fitting = [
+            body
+            for body in self.bodies
+            if [p.name for p in body.function_ir.inputs] == present
+            and (opset is None or body_opset(body) <= opset)
+        ]
+        if not fitting:
+            return None
+        return (min if portable else max)(fitting, key=body_opset)
+
+
+@functools.cache
+def body_opset(body: onnxscript.OnnxFunction) -> int:
+    """The ai.onnx opset an onnxscript body needs: the newest that it, or a function it calls, is written
+    against (their ``default_opset``)."""
+    ir = body.function_ir
+    versions = [version for domain, version in ir.opset_imports.items() if domain in ("", "ai.onnx")]
+    versions += [body_opset(callee) for callee in ir.get_called_functions().values()]
+    return max(versions, default=1)
 
 
 def _attribute_value(arg: OpArgument, value: Any) -> Any:

@@ -5,6 +5,7 @@
     python benchmarks/bodies.py run DIR                    # N = 1024 and 4096 (a few minutes)
     python benchmarks/bodies.py run BEFORE AFTER           # two exports of the same cases, timed in turn
     python benchmarks/bodies.py export DIR --variants linear --lowering decomposed
+    python benchmarks/bodies.py export DIR --variants softmax --opset 23   # softmax on Attention
     python benchmarks/bodies.py run DIR --seq-lens 4096 --threads 1 --json bodies.json
 
 ``export`` writes one ``attnx export`` per variant and case into DIR/<variant>-<case>:
@@ -105,7 +106,9 @@ def case_plan(variant: str, case: str) -> tuple[str, dict[str, Any]] | None:
     return LAYER.name, options
 
 
-def export_cases(directory: Path, variants: list[str] | None, cases: list[str], lowering: str) -> None:
+def export_cases(
+    directory: Path, variants: list[str] | None, cases: list[str], lowering: str, opset: int
+) -> None:
     set_registry(Registry(plugins=[("bodies-benchmark", sys.modules[__name__], "benchmarks/bodies.py")]))
     for variant in variants or sorted(attnx.get_registry().variants):
         for case in cases:
@@ -113,7 +116,7 @@ def export_cases(directory: Path, variants: list[str] | None, cases: list[str], 
             if plan is not None:
                 model, options = plan
                 out = directory / f"{variant}-{case}"
-                settings = {"export.lowering": lowering, "verify.enabled": False}
+                settings = {"export.lowering": lowering, "export.opset": opset, "verify.enabled": False}
                 attnx.export(variant, out, model=model, options={**options, **settings}, force=True)
                 print(f"exported {out}", flush=True)
 
@@ -183,6 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     export.add_argument("--variants", default=None, help="comma-separated (default: every registered one)")
     export.add_argument("--cases", default=",".join(CASES), help=f"comma-separated of {', '.join(CASES)}")
     export.add_argument("--lowering", default="function", help="function or decomposed")
+    export.add_argument("--opset", type=int, default=18, help="ONNX opset (23+: softmax on Attention)")
     run = commands.add_parser("run", help="time and profile the cases of DIR (alternating with DIR2)")
     run.add_argument("directories", type=Path, nargs="+", metavar="DIR")
     run.add_argument("--seq-lens", default="1024,4096", help="comma-separated")
@@ -192,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "export":
         export_cases(args.directory, args.variants and args.variants.split(","), args.cases.split(","),
-                     args.lowering)
+                     args.lowering, args.opset)
         return 0
     lengths = [int(n) for n in args.seq_lens.split(",")]
     print(f"{len(args.directories)} export(s), {args.threads} threads, batch 1, {args.repeat} runs: per "

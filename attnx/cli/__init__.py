@@ -18,7 +18,7 @@ from typing import Any
 import click
 
 from attnx import __version__
-from attnx.cli import bench, build, doctor, export, generate, listing, new_plugin, triton, verify
+from attnx.cli import bench, build, doctor, export, generate, listing, new_plugin, optimize, triton, verify
 from attnx.errors import AttnxError
 from attnx.registry import get_registry
 
@@ -54,7 +54,7 @@ def cli() -> None:
 
 
 for command in (listing.command, doctor.command, export.command, verify.command, build.command, bench.command,
-                new_plugin.command, generate.command, triton.command):
+                new_plugin.command, generate.command, triton.command, optimize.command):
     cli.add_command(command)
 
 

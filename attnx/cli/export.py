@@ -74,7 +74,13 @@ Examples:
     help="Model or variant option (repeatable); prefix model./variant./cross. if ambiguous, "
     "export./verify./bench. for recipe settings.",
 )
-@click.option("--opset", default=None, type=int, help="ONNX opset (18-21).  [default: 18]")
+@click.option(
+    "--opset",
+    default=None,
+    type=int,
+    help="ONNX opset (18-25; 23+: softmax on the standard Attention op, needs onnxruntime >= 1.23).  "
+    "[default: 18]",
+)
 @click.option(
     "--dtype",
     default=None,

@@ -42,11 +42,13 @@ from attnx.exporter.module import (
     save_reference,
     unwrap_interrupt,
 )
+from attnx.exporter.opsets import check_onnxruntime, check_opset
 from attnx.exporter.signature import dynamic_shapes
 from attnx.models.spec import TensorSpec
+from attnx.ops import AttentionOp
 from attnx.recipes import ExportSettings, Recipe
+from attnx.registry import get_registry
 
-SUPPORTED_OPSETS = range(18, 22)
 EXTERNAL_DATA_THRESHOLD = 1_800_000_000  # protobuf caps a file at 2 GiB
 Progress = Callable[[str], None]
 
@@ -97,20 +99,22 @@ def preflight(job: ExportJob, extensions: Sequence[GraphExtension] = ()) -> None
     """Refuse a job that cannot succeed before anything is built or written.
 
     Raises:
-        AttnxError: an unsupported opset, an extension that cannot serve the job, an OUT (or
-            --save-checkpoint file) that exists without --force or cannot be written.
+        AttnxError: an opset attnx does not write, that the lowering cannot serve the variants' ops at
+            or that the installed ONNX Runtime cannot verify, an extension that cannot serve the job,
+            an OUT (or --save-checkpoint file) that exists without --force or cannot be written.
     """
-    opset = job.settings.opset
-    if opset not in SUPPORTED_OPSETS:
-        raise AttnxError(
-            f"opset {opset} is not supported (choose {SUPPORTED_OPSETS[0]}..{SUPPORTED_OPSETS[-1]})"
-        )
-    if job.module is not None and (job.settings.example_lengths or job.settings.dynamic_axes is not None):
+    settings = job.settings
+    check_opset(settings.opset, settings.lowering, job_ops(job))
+    if job.plan.verify.enabled:
+        import onnxruntime
+
+        check_onnxruntime(settings.opset, onnxruntime.__version__)
+    if job.module is not None and (settings.example_lengths or settings.dynamic_axes is not None):
         raise AttnxError(
             "a module export takes its example lengths and dynamic axes from its example inputs and "
             "dynamic_axes, not from export.example_lengths/export.dynamic_axes"
         )
-    if job.module is not None and job.settings.tokenizer is not None:
+    if job.module is not None and settings.tokenizer is not None:
         raise AttnxError("--tokenizer serves attnx's own lm exports; a module export does not take one yet")
     for extension in extensions:
         if extension.wanted(job):
@@ -118,6 +122,17 @@ def preflight(job: ExportJob, extensions: Sequence[GraphExtension] = ()) -> None
     check_output_dir(job.out, job.force, MANIFEST)
     if job.save_checkpoint is not None:
         check_checkpoint_target(job.save_checkpoint, job.force)
+
+
+def job_ops(job: ExportJob) -> list[AttentionOp]:
+    """The attnx ops the job's graphs may hold: its variants' (with their decode ops for --decode); none
+    known before a module export is traced (its lowering refuses an op without a body at the opset)."""
+    if job.module is not None:
+        return []
+    registry = get_registry()
+    names = [n for n in (job.plan.variant, job.plan.cross_variant) if n]
+    impls = [registry.variant(name).load() for name in names]
+    return [op for impl in impls for op in (*impl.ops, *(impl.decode_ops if job.settings.decode else ()))]
 
 
 def build(job: ExportJob, progress: Progress | None = None) -> Assembly | ModuleAssembly:
@@ -196,6 +211,7 @@ def write(
         **reference_source(assembly, job),
         lowering=settings.lowering,
         opset=settings.opset,
+        ir_version=proto.ir_version,
         seed=settings.seed,
         inputs=inputs,
         outputs=outputs,

@@ -1,10 +1,15 @@
 """The three lowerings of ``attnx::<Op>`` nodes.
 
 * ``function``: each op's onnxscript body is attached as a model-local function
-  (a node omitting optional inputs uses an overload whose body has only those inputs).
-* ``decomposed``: the same bodies inlined, leaving standard ONNX ops only.
+  (a node omitting optional inputs uses an overload whose body has only those inputs); of the
+  bodies for those inputs, the one written against the newest opset the model's allows (softmax:
+  the standard ``Attention`` op from opset 23).
+* ``decomposed``: the portable bodies (the oldest opset's: primitive ops) inlined, leaving standard
+  ONNX ops only.
 * ``plugin``: bare nodes with ``plugin_namespace``/``plugin_version`` attributes,
   which TensorRT uses to find the attnx plugin of the same name.
+
+Every lowered graph states the IR version of its opset (:mod:`attnx.exporter.opsets`).
 """
 
 from __future__ import annotations
@@ -18,14 +23,12 @@ from onnx import helper
 
 from attnx.domains import DOMAIN, LIBRARY_DOMAIN, PLUGIN_NAMESPACE, PLUGIN_VERSION, Lowering
 from attnx.errors import AttnxError
+from attnx.exporter.opsets import model_opset, state_ir_version
 
 if TYPE_CHECKING:
     import onnxscript
 
     from attnx.ops import AttentionOp
-
-OVERLOAD_IR_VERSION = 10  # ONNX function overloads need IR v10
-
 
 def attnx_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
     return [node for node in model.graph.node if node.domain == DOMAIN]
@@ -34,12 +37,12 @@ def attnx_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
 def lower(model: onnx.ModelProto, ops: Sequence[AttentionOp], mode: Lowering) -> onnx.ModelProto:
     """Apply lowering ``mode`` (validated where settings are read) to ``model`` in place and return it."""
     if mode == "plugin":
-        return _mark_plugins(model)
-    attach_functions(model, ops)
+        return state_ir_version(_mark_plugins(model))
+    attach_functions(model, ops, portable=mode == "decomposed")
     if mode == "decomposed":
         model = onnx.inliner.inline_local_functions(model)
         _drop_opsets(model, {DOMAIN, LIBRARY_DOMAIN})
-    return model
+    return state_ir_version(model)
 
 
 def _mark_plugins(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -49,10 +52,13 @@ def _mark_plugins(model: onnx.ModelProto) -> onnx.ModelProto:
     return model
 
 
-def attach_functions(model: onnx.ModelProto, ops: Sequence[AttentionOp]) -> onnx.ModelProto:
-    """Attach the body (and the library functions it calls) of every attnx node."""
+def attach_functions(
+    model: onnx.ModelProto, ops: Sequence[AttentionOp], portable: bool = False
+) -> onnx.ModelProto:
+    """Attach the body (and the library functions it calls) of every attnx node: the newest body the
+    model's opset allows, or with ``portable`` the oldest (:meth:`attnx.ops.AttentionOp.body_for`)."""
     by_name = {op.name: op for op in ops}
-    opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
+    opset = model_opset(model)
     attached: dict[tuple[str, str, str], onnx.FunctionProto] = {
         (f.domain, f.name, f.overload): f for f in model.functions
     }
@@ -61,13 +67,13 @@ def attach_functions(model: onnx.ModelProto, ops: Sequence[AttentionOp]) -> onnx
         if op is None:
             raise AttnxError(f"no attnx op named '{node.op_type}' is registered by the model's variants")
         present = [name for name, value in zip(op.input_names, node.input, strict=False) if value]
-        body = op.body_for(present)
+        body = op.body_for(present, opset, portable)
         if body is None:
             raise AttnxError(
-                f"op attnx::{op.name} has no ONNX body for inputs ({', '.join(present)}); "
+                f"op attnx::{op.name} has no ONNX body for inputs ({', '.join(present)}) at opset {opset}; "
                 "the variant must provide one in AttentionOp.bodies"
             )
-        overload = "" if body is op.bodies[0] else "_".join(present)
+        overload = "" if present == op.input_names else "_".join(present)
         node.overload = overload
         main, *library = function_protos(body)
         main.name, main.overload = op.name, overload
@@ -76,8 +82,6 @@ def attach_functions(model: onnx.ModelProto, ops: Sequence[AttentionOp]) -> onnx
             attached.setdefault((proto.domain, proto.name, proto.overload), proto)
     del model.functions[:]
     model.functions.extend(attached.values())
-    if any(f.overload for f in model.functions):
-        model.ir_version = max(model.ir_version, OVERLOAD_IR_VERSION)
     if not any(o.domain == LIBRARY_DOMAIN for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(LIBRARY_DOMAIN, 1))
     return model
@@ -93,7 +97,7 @@ def strip_plugin_attributes(model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def _import_opset(proto: onnx.FunctionProto, version: int) -> None:
-    """Bodies are written against opset 18; they must import the model's opset version."""
+    """Bodies are written against an opset <= the model's; they must import the model's opset version."""
     for entry in proto.opset_import:
         if entry.domain in ("", "ai.onnx"):
             entry.version = version

@@ -234,6 +234,27 @@ class ModuleSection:
     notes: list[str] = dataclasses.field(default_factory=list)
 
 
+@dataclasses.dataclass
+class OptimizedSection:
+    """What ``attnx optimize`` did to the export it read (``source``: its path then; ``source_model``:
+    the SHA-256 of its model.onnx).
+
+    ``steps``: in the order applied, of "slim" (onnxslim), "int8" (ONNX Runtime's dynamic int8
+    quantisation of the weights), "fp16" (ONNX Runtime's float16 converter, graph inputs and outputs
+    kept float32); ``graphs``: the manifest file keys of the graphs transformed; ``error_bound``: the
+    largest output error, relative to the largest output magnitude of the float32 torch model, that
+    the transformation is held to (the manifest's ``tolerance`` states it for ``attnx verify``);
+    ``tools``: versions of the packages that transformed the graphs.
+    """
+
+    source: str
+    source_model: str
+    steps: list[str]
+    graphs: list[str]
+    error_bound: float
+    tools: dict[str, str | None]
+
+
 @dataclasses.dataclass(frozen=True)
 class ModuleConfig(Config):
     """A module export has no model options: its layers carry their own."""
@@ -264,11 +285,13 @@ class Manifest:
     cross_variant: str | None = None  # seq2seq: the cross-attention variant
     cross_variant_config: dict[str, Any] | None = None
     recipe: str | None = None  # the recipe exported, if any
+    ir_version: int | None = None  # the ONNX IR version every graph states (None: an older attnx's export)
     decode: DecodeSection | None = None
     engine: EngineSection | None = None
     tokenizer: TokenizerSection | None = None
     genai: GenaiSection | None = None
     module: ModuleSection | None = None  # the reference is a user's module, not model + model_config
+    optimized: OptimizedSection | None = None  # written by `attnx optimize` from another export
 
     def to_json(self) -> str:
         data = _plain(self)

@@ -1,10 +1,11 @@
 """Run one recorded op call through ONNX Runtime as a one-node model, lowered as the exporter does.
 
 The node is built the way attnx's translation emits it (omitted optional inputs left
-out, bool attributes as ints), then lowered by attnx's own code: ``function`` attaches
-the body :func:`attnx.exporter.lowering.attach_functions` picks (the body an export
-would use); ``plugin`` marks the bare node and runs it through attnx's CPU kernels
-(:mod:`attnx.ortkernels`), the path a plugin-lowered export takes on ONNX Runtime CPU.
+out, bool attributes as ints) in a model at ``opset``, then lowered by attnx's own code:
+``function`` attaches the body :func:`attnx.exporter.lowering.attach_functions` picks (the
+body an export at that opset would use), ``decomposed`` inlines the portable body; ``plugin``
+marks the bare node and runs it through attnx's CPU kernels (:mod:`attnx.ortkernels`), the
+path a plugin-lowered export takes on ONNX Runtime CPU.
 """
 
 from __future__ import annotations
@@ -19,11 +20,11 @@ from onnx import helper
 
 from attnx.domains import DOMAIN
 from attnx.exporter.lowering import lower
+from attnx.exporter.opsets import DEFAULT_OPSET, IR_VERSIONS
 from attnx.ops import AttentionOp
 from attnx.testing.subject import OpCall
 
-OPSET = 18
-IR_VERSION = 10
+OPSET = DEFAULT_OPSET
 _INT_ATTRIBUTES = ("bool", "int", "SymInt")
 _FLOAT_ATTRIBUTES = ("float",)
 
@@ -41,8 +42,8 @@ def attribute_value(torch_type: str, value: Any) -> Any:
     return value
 
 
-def node_model(op: AttentionOp, call: OpCall) -> onnx.ModelProto:
-    """A model with the single bare node ``attnx::<op.name>`` for ``call``."""
+def node_model(op: AttentionOp, call: OpCall, opset: int = OPSET) -> onnx.ModelProto:
+    """A model at ``opset`` with the single bare node ``attnx::<op.name>`` for ``call``."""
     bound = call.bound()
     node_inputs: list[str] = []
     graph_inputs = []
@@ -71,22 +72,23 @@ def node_model(op: AttentionOp, call: OpCall) -> onnx.ModelProto:
     graph = helper.make_graph([node], f"attnx_testing_{op.name}", graph_inputs, graph_outputs)
     return helper.make_model(
         graph,
-        opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid(DOMAIN, 1)],
-        ir_version=IR_VERSION,
+        opset_imports=[helper.make_opsetid("", opset), helper.make_opsetid(DOMAIN, 1)],
+        ir_version=IR_VERSIONS[opset],
     )
 
 
 class OpSession:
-    """An ONNX Runtime (CPU) session of :func:`node_model` with ``lowering``, fed with torch tensors.
+    """An ONNX Runtime (CPU) session of :func:`node_model` at ``opset`` with ``lowering``, fed with torch
+    tensors.
 
     The model is prepared (for ``plugin``, its attnx kernel registered) at construction; the
     session starts on the first :meth:`run`, so a failing body is reported where it runs.
     """
 
-    def __init__(self, op: AttentionOp, call: OpCall, lowering: str = "function") -> None:
+    def __init__(self, op: AttentionOp, call: OpCall, lowering: str = "function", opset: int = OPSET) -> None:
         import onnxruntime
 
-        model = lower(node_model(op, call), [op], lowering)
+        model = lower(node_model(op, call, opset), [op], lowering)
         self.options = onnxruntime.SessionOptions()
         if lowering == "plugin":
             from attnx.ortkernels import kernel_view, session_options

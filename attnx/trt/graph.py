@@ -108,9 +108,20 @@ def check_opset(opset: int, label: str) -> None:
 
 
 def attention_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
-    """The standard ``Attention`` nodes of the graph and of its model-local functions."""
-    nodes = [*model.graph.node, *(n for f in model.functions for n in f.node)]
+    """The standard ``Attention`` nodes of the graph and of its model-local functions, in ``If``
+    branches too."""
+    nodes = _with_subgraphs([*model.graph.node, *(n for f in model.functions for n in f.node)])
     return [n for n in nodes if n.op_type == "Attention" and n.domain in ("", "ai.onnx")]
+
+
+def _with_subgraphs(nodes: Sequence[onnx.NodeProto]) -> list[onnx.NodeProto]:
+    found = []
+    for node in nodes:
+        found.append(node)
+        for attribute in node.attribute:
+            for graph in [attribute.g, *attribute.graphs]:
+                found += _with_subgraphs(list(graph.node))
+    return found
 
 
 def check_attention_nodes(nodes: Sequence[onnx.NodeProto], version: tuple[int, int]) -> None:

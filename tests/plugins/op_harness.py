@@ -20,7 +20,7 @@ from onnx.reference import ReferenceEvaluator
 from torch import nn
 
 from attnx.ops import AttentionOp
-from attnx.testing.onnx_op import OpSession
+from attnx.testing.onnx_op import OPSET, OpSession
 from attnx.testing.subject import Case, OpCall
 from attnx.variant import AttentionSpec, Variant
 from tests.helpers import assert_unchanged
@@ -91,16 +91,16 @@ def op_call(op: AttentionOp, *args: Any) -> OpCall:
 _SESSIONS: dict[tuple[Any, ...], OpSession] = {}
 
 
-def op_session(op: AttentionOp, call: OpCall, lowering: str) -> OpSession:
-    """The ONNX Runtime session of ``call``'s one-node model, one per op, lowering, attributes and input
-    dtypes and ranks (which optional inputs are present included)."""
+def op_session(op: AttentionOp, call: OpCall, lowering: str, opset: int = OPSET) -> OpSession:
+    """The ONNX Runtime session of ``call``'s one-node model at ``opset``, one per op, lowering, opset,
+    attributes and input dtypes and ranks (which optional inputs are present included)."""
     signature = tuple(
         (v.dtype, v.dim()) if isinstance(v, torch.Tensor) else tuple(v) if isinstance(v, list) else v
         for v in call.bound().values()
     )
-    key = (op.name, lowering, signature)
+    key = (op.name, lowering, opset, signature)
     if key not in _SESSIONS:
-        session = OpSession(op, call, lowering)
+        session = OpSession(op, call, lowering, opset)
         session.options.log_severity_level = 3  # ORT's warnings about the bodies' shapes are not findings
         _SESSIONS[key] = session
     return _SESSIONS[key]
@@ -114,10 +114,11 @@ def close_sessions() -> None:
     gc.collect()
 
 
-def run_onnx(op: AttentionOp, *args: Any, lowering: str = "function") -> torch.Tensor:
-    """``op(*args)`` as a one-node model with ``lowering`` in ONNX Runtime (CPU): the first output."""
+def run_onnx(op: AttentionOp, *args: Any, lowering: str = "function", opset: int = OPSET) -> torch.Tensor:
+    """``op(*args)`` as a one-node model at ``opset`` with ``lowering`` in ONNX Runtime (CPU): the first
+    output."""
     call = op_call(op, *args)
-    return torch.from_numpy(op_session(op, call, lowering).run(call.bound())[0])
+    return torch.from_numpy(op_session(op, call, lowering, opset).run(call.bound())[0])
 
 
 def run_reference(op: AttentionOp, *args: Any) -> torch.Tensor:

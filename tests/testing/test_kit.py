@@ -51,7 +51,7 @@ def test_a_body_that_forgets_the_scale_is_named(registry):
     report = check_variant("seeded_scale", registry=registry, heavy=False)
     assert set(failures(report)) == {"onnx-body"}, str(report)
     message = failures(report)["onnx-body"]
-    assert "ONNX body of attnx::SeededScaleAttention differs from the torch op" in message
+    assert "ONNX body of attnx::SeededScaleAttention (opset 18) differs from the torch op" in message
     assert "attnx_seeded::scale_attention: max abs err" in message
     assert "causal=True" in message
 
@@ -206,18 +206,30 @@ def test_shape_expressions_allow_arithmetic_and_refuse_branching():
 
 def test_bodies_that_disagree_with_the_schema_are_named():
     from attnx.plugins.linear.kernel import LinearAttentionNoMask
-    from attnx.plugins.softmax.kernel import SoftmaxAttention, SoftmaxAttentionNoMask, softmax_attention
+    from attnx.plugins.softmax.kernel import (
+        SoftmaxAttention,
+        SoftmaxAttentionNoMask,
+        SoftmaxAttentionStandard,
+        SoftmaxAttentionStandardNoMask,
+        softmax_attention,
+    )
 
     def problems(*bodies) -> str:
         return "\n".join(schema_problems(AttentionOp("Probe", softmax_attention, bodies)))
 
     assert problems(SoftmaxAttention, SoftmaxAttentionNoMask) == ""
+    assert problems(SoftmaxAttention, SoftmaxAttentionNoMask, SoftmaxAttentionStandardNoMask) == ""
+    unpaired = problems(SoftmaxAttention, SoftmaxAttentionStandard, SoftmaxAttentionStandardNoMask)
+    assert (
+        "body SoftmaxAttentionStandardNoMask of Probe (opset 23) takes inputs (q, k, v) that no body at the "
+        "lowest opset (18) takes" in unpaired
+    )
     assert "the first body must take every schema input (q, k, v, key_padding_mask)" in problems(
         SoftmaxAttentionNoMask
     )
     assert "has attributes (causal, chunk_size, eps) but the torch op has (causal, scale)" in problems(
         SoftmaxAttention, LinearAttentionNoMask
     )
-    assert "take the same inputs; only the first would ever be used" in problems(
+    assert "take the same inputs at opset 18; only one would ever be used" in problems(
         SoftmaxAttention, SoftmaxAttentionNoMask, SoftmaxAttentionNoMask
     )

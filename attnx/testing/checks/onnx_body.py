@@ -7,7 +7,8 @@ from collections.abc import Iterable
 from attnx.domains import DOMAIN
 from attnx.errors import first_line
 from attnx.exporter.lowering import function_protos
-from attnx.ops import AttentionOp
+from attnx.exporter.opsets import DEFAULT_OPSET, OPSETS, onnxruntime_loads
+from attnx.ops import AttentionOp, body_opset
 from attnx.testing.checks.common import declared_calls, mismatch
 from attnx.testing.onnx_op import OpSession
 from attnx.testing.subject import Subject
@@ -20,7 +21,7 @@ def check_onnx_schema(subject: Subject) -> list[str]:
         problems += schema_problems(op)
     for call in declared_calls(subject):
         present = [name for name in call.op.input_names if call.bound().get(name) is not None]
-        if call.op.body_for(present) is None:
+        if call.op.body_for(present, portable=True) is None:
             problems.append(
                 f"the {call.case.label} layer calls {call.name} with inputs ({', '.join(present)}) but "
                 f"no body of {call.op.name} takes exactly those; add one to AttentionOp.bodies"
@@ -44,7 +45,9 @@ def schema_problems(op: AttentionOp) -> list[str]:
     ]
     if not op.bodies:
         return [*problems, f"op {op.name} has no ONNX body"]
-    seen: dict[tuple[str, ...], str] = {}
+    seen: dict[tuple[tuple[str, ...], int], str] = {}
+    lowest = min(op.body_opsets())
+    portable = {tuple(p.name for p in b.function_ir.inputs) for b in op.bodies if body_opset(b) == lowest}
     for index, body in enumerate(op.bodies):
         names = tuple(p.name for p in body.function_ir.inputs)
         attrs = {a.name for a in body.function_ir.attrs}
@@ -69,11 +72,18 @@ def schema_problems(op: AttentionOp) -> list[str]:
                 f"{where} has attributes ({', '.join(sorted(attrs))}) but the torch op has "
                 f"({', '.join(sorted(attributes))})"
             )
-        if names in seen:
+        opset = body_opset(body)
+        if (names, opset) in seen:
             problems.append(
-                f"{where} and {seen[names]} take the same inputs; only the first would ever be used"
+                f"{where} and {seen[names, opset]} take the same inputs at opset {opset}; only one would "
+                "ever be used"
             )
-        seen.setdefault(names, body.name)
+        elif names not in portable:
+            problems.append(
+                f"{where} (opset {opset}) takes inputs ({', '.join(names)}) that no body at the lowest opset "
+                f"({lowest}) takes; add one, for lower opsets and the decomposed lowering"
+            )
+        seen.setdefault((names, opset), body.name)
     return problems
 
 
@@ -113,22 +123,25 @@ def _name_clashes(subject: Subject) -> list[str]:
 
 
 def check_onnx_body(subject: Subject) -> list[str]:
-    """Each recorded call gives the same output through its ONNX body in ONNX Runtime (CPU)."""
+    """Each recorded call gives the same output through its ONNX body in ONNX Runtime (CPU), at each opset
+    the op has bodies for (those the installed ONNX Runtime loads)."""
+    import onnxruntime
+
     tol, problems = subject.variant.tolerance, []
     for call in declared_calls(subject):
-        try:
-            outputs = OpSession(call.op, call).run(call.bound())
-        except Exception as exc:
-            problems.append(
-                f"the ONNX body of {call.op.name} does not load: {first_line(exc)} ({call.describe()})"
-            )
-            continue
-        for name, got, expected in zip(call.op.outputs, outputs, call.outputs, strict=True):
-            problem = mismatch(got, expected.float(), tol.atol, tol.rtol)
-            if problem:
-                what = "" if len(outputs) == 1 else f" (output {name})"
-                problems.append(
-                    f"ONNX body of attnx::{call.op.name} differs from the torch op {call.name}{what}: "
-                    f"{problem} ({call.describe()})"
-                )
+        opsets = dict.fromkeys(max(o, DEFAULT_OPSET) for o in call.op.body_opsets())
+        for opset in [o for o in opsets if o in OPSETS and onnxruntime_loads(o, onnxruntime.__version__)]:
+            at = f"ONNX body of attnx::{call.op.name} (opset {opset})"
+            try:
+                outputs = OpSession(call.op, call, opset=opset).run(call.bound())
+            except Exception as exc:
+                problems.append(f"the {at} does not load: {first_line(exc)} ({call.describe()})")
+                continue
+            for name, got, expected in zip(call.op.outputs, outputs, call.outputs, strict=True):
+                problem = mismatch(got, expected.float(), tol.atol, tol.rtol)
+                if problem:
+                    what = "" if len(outputs) == 1 else f" (output {name})"
+                    problems.append(
+                        f"{at} differs from the torch op {call.name}{what}: {problem} ({call.describe()})"
+                    )
     return problems
