@@ -60,7 +60,7 @@ LOWERINGS = ("function", "decomposed")
 DECODE_POSITIONS = (128, 1024, 4096, 16384)
 DECODE_MODEL = {"vocab_size": 1000, "d_model": D_MODEL, "n_heads": N_HEADS, "n_layers": 1, "d_ff": 1024}
 PEER_MEMORY_FACTOR = 4  # a peer's peak bound: attnx torch eager's estimate for the same case, times this
-EAGER, ORT = "attnx torch", "attnx ort"
+EAGER, COMPILED, ORT = "attnx torch", "attnx torch.compile", "attnx ort"
 GiB, MiB = 1 << 30, 1 << 20
 
 
@@ -100,13 +100,15 @@ def skipped(name: str, case: str, variant: str, reason: str) -> Contender:
 
 
 def attnx_contenders(
-    variant: str, case: str, work: Path, threads: int
+    variant: str, case: str, work: Path, threads: int, compile: bool
 ) -> tuple[list[Contender], ExportDir | None]:
-    """attnx eager, compiled and in ORT per lowering; the function export (None if it failed)."""
+    """attnx eager, compiled (``compile``) and in ORT per lowering; the function export (None if it
+    failed)."""
     exports = {lowering: export(variant, case, lowering, work) for lowering in LOWERINGS}
     rows = []
     reference = exports["function"]
-    for name, backend in ((EAGER, "torch"), ("attnx torch.compile", "torch-compile")):
+    torch_rows = ((EAGER, "torch"), (COMPILED, "torch-compile")) if compile else ((EAGER, "torch"),)
+    for name, backend in torch_rows:
         if isinstance(reference, str):
             rows.append(skipped(name, case, variant, reference))
         else:
@@ -175,7 +177,7 @@ def run_case(
     variant: str, case: str, args: argparse.Namespace, work: Path, rng: np.random.Generator, console: Console
 ) -> tuple[list[Measurement], dict]:
     console.print(f"· {variant} {case}: exporting", style="dim")
-    contenders, reference = attnx_contenders(variant, case, work, args.threads)
+    contenders, reference = attnx_contenders(variant, case, work, args.threads, not args.no_compile)
     reports: dict = {}
     if reference is not None and case == "encoder":
         rows, reports = optimized_contenders(reference, case, work, args.threads)
@@ -282,7 +284,7 @@ def targets(
     """The issue-14 targets that this benchmark measures, one row per (target, variant, case)."""
     rows = []
     n = TARGET_N if TARGET_N in sizes else max(sizes)
-    attnx_names = {EAGER, "attnx torch.compile", *(f"{ORT} {x}" for x in (*LOWERINGS, "int8", "fp16"))}
+    attnx_names = {EAGER, COMPILED, *(f"{ORT} {x}" for x in (*LOWERINGS, "int8", "fp16"))}
     for variant in variants:
         for case in ("layer", "layer-causal"):
             ort, eager = (
@@ -473,6 +475,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-time", type=float, default=30.0, help="s of timed runs per contender and N")
     parser.add_argument("--max-memory", type=float, default=None, help="GiB (default: 80%% of available)")
     parser.add_argument("--decode-positions", default=None, help="comma-separated; empty: no decode rows")
+    parser.add_argument("--no-compile", action="store_true", help="leave out the torch.compile rows")
     parser.add_argument("--json", type=Path, default=None, help="write every number to this JSON file")
     args = parser.parse_args(argv)
     args.sizes = [
