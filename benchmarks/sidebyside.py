@@ -252,30 +252,34 @@ def decode_rows(
     return rows
 
 
-def find(measured: list[Measurement], case: str, variant: str, name: str, n: int) -> Measurement | None:
-    return next(
-        (
-            m
-            for m in measured
-            if (m.model, m.variant, m.backend, m.seq_len) == (case, variant, name, n) and m.ok
-        ),
-        None,
-    )
+def select(measured: list[Measurement], case: str, variant: str, n: int) -> list[Measurement]:
+    """Every row of ``case`` and ``variant`` at length ``n``, measured or not."""
+    return [m for m in measured if (m.model, m.variant, m.seq_len) == (case, variant, n)]
 
 
 def best(
     measured: list[Measurement], case: str, variant: str, n: int, pick: Callable[[str], bool]
 ) -> Measurement | None:
-    found = [
-        m
-        for m in measured
-        if (m.model, m.variant, m.seq_len) == (case, variant, n) and m.ok and pick(m.backend)
-    ]
+    """The fastest measured row of ``case`` and ``variant`` at ``n`` among the contenders ``pick`` takes."""
+    found = [m for m in select(measured, case, variant, n) if m.ok and pick(m.backend)]
     return min(found, key=lambda m: m.median_s, default=None)
+
+
+def find(measured: list[Measurement], case: str, variant: str, name: str, n: int) -> Measurement | None:
+    return best(measured, case, variant, n, lambda backend: backend == name)
 
 
 def is_ort_fp32(name: str) -> bool:
     return name in {f"{ORT} {lowering}" for lowering in LOWERINGS}
+
+
+def ratio_row(
+    target: str, variant: str, top: Measurement, bottom: Measurement, limit: float
+) -> dict[str, Any]:
+    """``top``'s median over ``bottom``'s against ``≤ limit``."""
+    ratio = top.median_s / bottom.median_s
+    detail = f"{top.backend} {top.median_s * 1e3:.1f} ms / {bottom.backend} {bottom.median_s * 1e3:.1f} ms"
+    return target_row(target, variant, ratio, f"≤ {limit:g}", ratio <= limit, detail)
 
 
 def targets(
@@ -283,7 +287,7 @@ def targets(
 ) -> list[dict[str, Any]]:
     """The issue-14 targets that this benchmark measures, one row per (target, variant, case)."""
     rows = []
-    n = TARGET_N if TARGET_N in sizes else max(sizes)
+    n, short, long = (TARGET_N if TARGET_N in sizes else max(sizes)), min(sizes), max(sizes)
     attnx_names = {EAGER, COMPILED, *(f"{ORT} {x}" for x in (*LOWERINGS, "int8", "fp16"))}
     for variant in variants:
         for case in ("layer", "layer-causal"):
@@ -293,81 +297,42 @@ def targets(
             )
             peer = best(measured, case, variant, n, lambda name: name not in attnx_names)
             if ort and eager:
-                rows.append(
-                    target_row(
-                        f"{case} fp32 ORT / attnx eager N={n}",
-                        variant,
-                        ort.median_s / eager.median_s,
-                        "≤ 0.6",
-                        ort.median_s <= 0.6 * eager.median_s,
-                        f"{ort.backend} {ort.median_s * 1e3:.1f} ms / {eager.median_s * 1e3:.1f} ms",
-                    )
-                )
+                rows.append(ratio_row(f"{case} fp32 ORT / attnx eager N={n}", variant, ort, eager, 0.6))
             if ort and peer:
-                rows.append(
-                    target_row(
-                        f"{case} fp32 ORT / best peer eager N={n}",
-                        variant,
-                        ort.median_s / peer.median_s,
-                        "≤ 0.25",
-                        ort.median_s <= 0.25 * peer.median_s,
-                        f"{ort.median_s * 1e3:.1f} ms / {peer.backend} {peer.median_s * 1e3:.1f} ms",
-                    )
-                )
-        eager = find(measured, "encoder", variant, EAGER, n)
-        int8 = find(measured, "encoder", variant, f"{ORT} int8", n)
-        detail = next(
-            (
-                m.reason
-                for m in measured
-                if (m.model, m.variant, m.backend, m.seq_len) == ("encoder", variant, f"{ORT} int8", n)
-                and not m.ok
-            ),
-            "",
-        )
-        ratio = int8.median_s / eager.median_s if int8 and eager else None
-        rows.append(
-            target_row(
-                f"encoder int8 ORT / torch eager N={n}",
-                variant,
-                ratio,
-                "≤ 0.6",
-                None if ratio is None else ratio <= 0.6,
-                detail or "accuracy: see the optimize report",
-            )
-        )
+                rows.append(ratio_row(f"{case} fp32 ORT / best peer eager N={n}", variant, ort, peer, 0.25))
+        eager, int8 = (find(measured, "encoder", variant, name, n) for name in (EAGER, f"{ORT} int8"))
+        label = f"encoder int8 ORT / torch eager N={n}"
+        if int8 and eager:
+            rows.append(ratio_row(label, variant, int8, eager, 0.6))
+        else:
+            why = [m.reason for m in select(measured, "encoder", variant, n) if m.backend == f"{ORT} int8"]
+            rows.append(target_row(label, variant, None, "≤ 0.6", None, "; ".join(why) or "not measured"))
         for case in ("layer", "layer-causal", "encoder"):
-            first, last = (
-                find(measured, case, variant, f"{ORT} function", k) for k in (min(sizes), max(sizes))
-            )
-            if first and last and max(sizes) > min(sizes):
-                linear = is_linear_time(variant, (min(sizes), max(sizes)), D_MODEL, N_HEADS)
+            first, last = (find(measured, case, variant, f"{ORT} function", k) for k in (short, long))
+            if first and last and long > short:
+                linear = is_linear_time(variant, (short, long), D_MODEL, N_HEADS)
                 ratio = last.median_s / first.median_s
-                rows.append(
-                    target_row(
-                        f"P2 {case} ORT t({max(sizes)})/t({min(sizes)})",
-                        variant,
-                        ratio,
-                        "≤ 18" if linear else "reported (quadratic)",
-                        ratio <= 18 if linear else None,
-                        "",
-                    )
-                )
-    ort = best(measured, "encoder", "softmax", n, is_ort_fp32)
-    eager = find(measured, "encoder", "softmax", EAGER, n)
+                goal = "≤ 18" if linear else "reported (quadratic)"
+                met = ratio <= 18 if linear else None
+                rows.append(target_row(f"P2 {case} ORT t({long})/t({short})", variant, ratio, goal, met, ""))
+    if "softmax" in variants:
+        rows += softmax_rows(measured, n, long)
+    rows += decode_targets(decode)
+    return rows
+
+
+def softmax_rows(measured: list[Measurement], n: int, long: int) -> list[dict[str, Any]]:
+    """softmax's encoder in ORT: time and peak memory against torch's SDPA at ``n``; runs at ``long``."""
+    rows = []
+    ort, eager = (
+        best(measured, "encoder", "softmax", n, is_ort_fp32),
+        find(measured, "encoder", "softmax", EAGER, n),
+    )
     if ort and eager:
-        rows.append(
-            target_row(
-                f"softmax encoder ORT / torch SDPA N={n}",
-                "softmax",
-                ort.median_s / eager.median_s,
-                "≤ 1.0",
-                ort.median_s <= eager.median_s,
-                ort.backend,
-            )
-        )
+        rows.append(ratio_row(f"softmax encoder ORT / torch SDPA N={n}", "softmax", ort, eager, 1.0))
         if ort.peak_rss_bytes and eager.peak_rss_bytes:
             memory = ort.peak_rss_bytes / eager.peak_rss_bytes
+            detail = f"{ort.peak_rss_bytes / MiB:.0f} / {eager.peak_rss_bytes / MiB:.0f} MiB"
             rows.append(
                 target_row(
                     f"softmax encoder ORT / torch peak memory N={n}",
@@ -375,28 +340,28 @@ def targets(
                     memory,
                     "≤ 2",
                     memory <= 2,
-                    f"{ort.peak_rss_bytes / MiB:.0f} / {eager.peak_rss_bytes / MiB:.0f} MiB",
+                    detail,
                 )
             )
-    if "softmax" in variants:
-        longest = [
-            m
-            for m in measured
-            if (m.model, m.variant, m.seq_len) == ("encoder", "softmax", max(sizes))
-            and is_ort_fp32(m.backend)
-        ]
-        ran = [m for m in longest if m.ok]
-        rows.append(
-            target_row(
-                f"softmax encoder ORT runs at N={max(sizes)}",
-                "softmax",
-                None,
-                "within the guard",
-                bool(ran),
-                "; ".join(f"{m.backend}: {m.status} {m.reason}".strip() for m in longest),
-            )
+    longest = [m for m in select(measured, "encoder", "softmax", long) if is_ort_fp32(m.backend)]
+    detail = "; ".join(f"{m.backend}: {m.status} {m.reason}".strip() for m in longest)
+    rows.append(
+        target_row(
+            f"softmax encoder ORT runs at N={long}",
+            "softmax",
+            None,
+            "within the guard",
+            any(m.ok for m in longest),
+            detail,
         )
-    for variant in {r["variant"] for r in decode}:
+    )
+    return rows
+
+
+def decode_targets(decode: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Step time at the last position over the first: flat for a recurrent state, growing for a KV cache."""
+    rows = []
+    for variant in sorted({r["variant"] for r in decode}):
         points = sorted(
             (r["position"], r["ms_per_token"])
             for r in decode
@@ -407,16 +372,8 @@ def targets(
         (p0, t0), (p1, t1) = points[0], points[-1]
         kv = attnx.get_registry().variant(variant).capabilities.decode == "kv-cache"
         goal, met = ("grows (> 1.2)", t1 / t0 > 1.2) if kv else ("≤ 1.1", t1 / t0 <= 1.1)
-        rows.append(
-            target_row(
-                f"decode ms/token P={p1} / P={p0}",
-                variant,
-                t1 / t0,
-                goal,
-                met,
-                " · ".join(f"{p}: {t:.3f}" for p, t in points),
-            )
-        )
+        detail = " · ".join(f"{p}: {t:.3f}" for p, t in points)
+        rows.append(target_row(f"decode ms/token P={p1} / P={p0}", variant, t1 / t0, goal, met, detail))
     return rows
 
 
