@@ -46,12 +46,13 @@ from attnx.bench.machine import machine_info
 from attnx.bench.report import Measurement
 from attnx.bench.roundrobin import Contender, round_robin
 from attnx.bench.timing import feed_for
+from attnx.cost import Shape, dense_attention_cost
 from attnx.decode.export import decoders
 from attnx.errors import first_line
-from attnx.exporter.budget import ORT_MEMORY_FACTOR, model_cost
+from attnx.exporter.budget import ORT_MEMORY_FACTOR, SAFETY, model_cost
 from attnx.exporter.directory import ExportDir
 from attnx.models.spec import TensorSpec
-from attnx.parity.backends import BACKENDS
+from attnx.parity.backends import BACKENDS, Backend
 from attnx.parity.runners import Graph, TorchRunner
 
 SIZES = (1024, 4096, 16384)
@@ -81,6 +82,19 @@ def export(variant: str, case: str, lowering: str, work: Path) -> ExportDir | st
     return ExportDir.open(out)
 
 
+def estimate(source: ExportDir, backend: Backend, n: int) -> int:
+    """Peak bytes of ``source`` on ``backend`` at length ``n``: ``attnx bench``'s estimate, or for a
+    model without a cost model (the one-layer case) its attention's bound (quadratic when undeclared)."""
+    bound = estimate_case(source, backend, 1, n)[0]
+    if bound is not None:
+        return bound
+    _, config, roles = source.specs()
+    variant, variant_config = roles["self"]
+    shape = Shape(1, n, config.d_model, config.n_heads)
+    cost = variant.cost(shape, variant_config) if variant.cost else dense_attention_cost(shape)
+    return int(SAFETY * backend.memory_factor * cost.working_bytes)
+
+
 def backend_contender(name: str, backend: str, source: ExportDir, case: str, threads: int) -> Contender:
     """A row running ``source`` on one backend of attnx's table (``unavailable`` is its skip reason)."""
     chosen = BACKENDS[backend]
@@ -90,7 +104,7 @@ def backend_contender(name: str, backend: str, source: ExportDir, case: str, thr
         source.manifest.variant,
         lambda: chosen.runner(Graph.of_model(source), threads),
         lambda n, rng: feed_for(source, 1, n, rng),
-        lambda n: estimate_case(source, chosen, 1, n)[0],
+        lambda n: estimate(source, chosen, n),
         skip=chosen.unavailable(source) or "",
     )
 
@@ -159,7 +173,7 @@ def peer_contender(peer: Peer, source: ExportDir, case: str, threads: int) -> Co
         )
 
     def estimate(n: int) -> int | None:
-        bound = estimate_case(source, BACKENDS["torch"], 1, n)[0]
+        bound = estimate(source, BACKENDS["torch"], n)
         return None if bound is None else PEER_MEMORY_FACTOR * bound
 
     return Contender(
@@ -461,8 +475,8 @@ def main(argv: list[str] | None = None) -> int:
                         variant, case, args, Path(scratch), rng, console
                     )
                     measured += rows
+                    print_measurements(rows, console)  # as it goes: a long run killed late keeps its figures
     decode = decode_rows(variants, decode_positions, args.max_memory, console) if decode_positions else []
-    print_measurements(measured, console)
     for flags in (r for r in reports.values() if r):
         console.print(f"optimize reports: {flags}")
     for r in decode:
