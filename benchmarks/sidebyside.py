@@ -172,9 +172,8 @@ def peer_contender(peer: Peer, source: ExportDir, case: str, threads: int) -> Co
             peer.build(D_MODEL, N_HEADS).eval(), specs, outputs, name=peer.name, threads=threads
         )
 
-    def estimate(n: int) -> int | None:
-        bound = estimate(source, BACKENDS["torch"], n)
-        return None if bound is None else PEER_MEMORY_FACTOR * bound
+    def bound(n: int) -> int | None:
+        return PEER_MEMORY_FACTOR * estimate(source, BACKENDS["torch"], n)
 
     return Contender(
         peer.name,
@@ -182,7 +181,7 @@ def peer_contender(peer: Peer, source: ExportDir, case: str, threads: int) -> Co
         peer.variant,
         make,
         lambda n, rng: feed_for(source, 1, n, rng),
-        estimate,
+        bound,
         skip=peer.missing(),
     )
 
