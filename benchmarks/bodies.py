@@ -106,10 +106,15 @@ def case_plan(variant: str, case: str) -> tuple[str, dict[str, Any]] | None:
     return LAYER.name, options
 
 
+def use_layer_model() -> None:
+    """Make the process-wide registry the built-ins plus :data:`LAYER`."""
+    set_registry(Registry(plugins=[("bodies-benchmark", sys.modules[__name__], "benchmarks/bodies.py")]))
+
+
 def export_cases(
     directory: Path, variants: list[str] | None, cases: list[str], lowering: str, opset: int
 ) -> None:
-    set_registry(Registry(plugins=[("bodies-benchmark", sys.modules[__name__], "benchmarks/bodies.py")]))
+    use_layer_model()
     for variant in variants or sorted(attnx.get_registry().variants):
         for case in cases:
             plan = case_plan(variant, case)

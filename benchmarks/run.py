@@ -194,20 +194,28 @@ def decode_latency(plan: Plan, variants: list[str], console: Console) -> dict[st
     return {"status": "ok", "reason": "", "timings": [dataclasses.asdict(t) for t in timings]}
 
 
-def is_linear_time(variant: str, plan: Plan) -> bool:
+def is_linear_time(variant: str, lengths: tuple[int, int], d_model: int, n_heads: int) -> bool:
     """Whether the variant's declared cost model grows linearly with the length (P2's ≤ 18 applies):
-    its attention FLOPs at P2's long length over the short one, against the length ratio."""
+    its attention FLOPs at the long length over the short one, against the length ratio."""
     declared = attnx.get_registry().variant(variant)
     if declared.cost is None:
         return False
-    short, long = plan.p2
+    short, long = lengths
     config = declared.make_config({})
-    d, heads = plan.model["d_model"], plan.model["n_heads"]
     ratio = (
-        declared.cost(Shape(1, long, d, heads), config).flops
-        / declared.cost(Shape(1, short, d, heads), config).flops
+        declared.cost(Shape(1, long, d_model, n_heads), config).flops
+        / declared.cost(Shape(1, short, d_model, n_heads), config).flops
     )
     return ratio < 2 * long / short
+
+
+def target_row(
+    target: str, variant: str, value: float | None, goal: str, met: bool | None, detail: str
+) -> dict[str, Any]:
+    """One row of a targets table; ``met`` None: reported, no verdict."""
+    verdict = "n/a" if met is None else "met" if met else "MISSED"
+    return {"target": target, "variant": variant, "value": value, "goal": goal, "verdict": verdict,
+            "detail": detail}
 
 
 def _median(report: BenchReport, variant: str, backend: str, n: int, batch: int = 1) -> Measurement | None:
@@ -234,17 +242,7 @@ def targets(
     rows: list[dict[str, Any]] = []
 
     def row(target: str, variant: str, value: float | None, goal: str, met: bool | None, detail: str) -> None:
-        verdict = "n/a" if met is None else "met" if met else "MISSED"
-        rows.append(
-            {
-                "target": target,
-                "variant": variant,
-                "value": value,
-                "goal": goal,
-                "verdict": verdict,
-                "detail": detail,
-            }
-        )
+        rows.append(target_row(target, variant, value, goal, met, detail))
 
     for variant in variants:
         batch, short_n = plan.p1_batch
@@ -270,7 +268,7 @@ def targets(
                 row(label, variant, None, goal, None, _why(report, variant, missing, n, b))
         short, long = plan.p2
         first, last = _median(sweep, variant, "ort-cpu", short), _median(sweep, variant, "ort-cpu", long)
-        linear_time = is_linear_time(variant, plan)
+        linear_time = is_linear_time(variant, plan.p2, plan.model["d_model"], plan.model["n_heads"])
         label, goal = f"P2 ORT t({long})/t({short})", "≤ 18" if linear_time else "reported (quadratic)"
         if first and last:
             ratio = last.median_s / first.median_s

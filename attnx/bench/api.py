@@ -89,7 +89,7 @@ def bench(
         name = backend.name
         if progress:
             progress(done, len(cases), f"{model.label} {name} N={n}")
-        estimate, flops = _estimate(model, backend, batch, n)
+        estimate, flops = estimate_case(model, backend, batch, n)
         reason = reasons[name, model.path]
         if not reason and estimate is not None and limit is not None and estimate > limit:
             reason = (
@@ -155,8 +155,9 @@ def bench(
     )
 
 
-def _estimate(export: ExportDir, backend: Backend, batch: int, n: int) -> tuple[int | None, ...]:
-    """(estimated peak bytes, FLOPs) of one case; (None, None) for a model without a cost model."""
+def estimate_case(export: ExportDir, backend: Backend, batch: int, n: int) -> tuple[int | None, ...]:
+    """(estimated peak bytes, FLOPs) of one case on ``backend`` (the memory guard's estimate); (None,
+    None) for a model without a cost model."""
     model, config, roles = export.specs()
     cost = model_cost(model, config, roles, batch, n)
     if cost is None:
