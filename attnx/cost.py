@@ -85,10 +85,13 @@ def projections(s: Shape, queries: int, keys: int = 0) -> int:
 def dense_attention_cost(s: Shape) -> AttentionCost:
     """Attention that materialises every score: Q, O projections of the queries, K, V of the keys;
     Q K^T and P V are 2·B·H·N·M·d_h each, causal or not (every score is computed, then masked).
-    Scores, biased scores and probabilities (B, H, N, M) may be live together, plus the
-    (B, 1, N, M) mask bias. Also the memory bound assumed for a variant without a cost model."""
+    Memory: two (B, H, N, M) score tensors (the input and output of one step: scores -> biased ->
+    probabilities, each freed once used) plus the (B, 1, N, M) mask bias. Measured on softmax's default
+    encoder (d_model 256, 4 heads, 4 layers) at N=16384: ONNX Runtime's primitive body peaked at 8.6 GiB
+    against this bound's 9.0, the standard Attention op at 5.5, torch SDPA at 2.3. Also the memory bound
+    assumed for a variant without a cost model."""
     scores = s.batch * s.n_heads * s.seq * s.keys
-    working = FLOAT_BYTES * (3 * scores + s.batch * s.seq * s.keys)
+    working = FLOAT_BYTES * (2 * scores + s.batch * s.seq * s.keys)
     return AttentionCost(projections(s, 2, 2), 2 * (2 * scores * s.head_dim), working)
 
 

@@ -34,12 +34,13 @@ def layer_cost(c: TransformerConfig, shape: Shape, attentions: list[Part]) -> Pa
 
 
 def logits_cost(c: TransformerConfig, tokens: int) -> Part:
-    """Tied output projection hidden @ embedding^T, 2·T·d·vocab; live: the (T, vocab) logits,
-    the hidden states and their final norm. Counted on top of the largest layer, not instead
-    of it: ONNX Runtime's arena keeps the layers' blocks, which a tensor of another shape
-    cannot always reuse (a softmax lm at B=4, N=1024, vocab 8000 peaked at about the layer's
-    working set plus the logits)."""
-    return Part(2 * tokens * c.d_model * c.vocab_size, FLOAT_BYTES * tokens * (c.vocab_size + 2 * c.d_model))
+    """Tied output projection hidden @ embedding^T, 2·T·d·vocab; live: the (T, vocab) logits twice
+    (the runtime's output buffer and the array handed back to the caller), the hidden states and their
+    final norm. Counted on top of the largest layer, not instead of it: ONNX Runtime's arena keeps the
+    layers' blocks, which a tensor of another shape cannot always reuse (a linear seq2seq at B=4,
+    N=1024, vocab 8000 peaked at its layer's working set plus about two logits tensors)."""
+    live = tokens * (2 * c.vocab_size + 2 * c.d_model)
+    return Part(2 * tokens * c.d_model * c.vocab_size, FLOAT_BYTES * live)
 
 
 def encoder_cost(c: EncoderConfig, shape: Shape, attend: Attend) -> Part:

@@ -213,8 +213,9 @@ def _bytes(variant: str, n: int, model: str = "encoder", **config) -> int:
 def test_memory_bound_is_quadratic_for_softmax_and_linear_for_linear_attention() -> None:
     assert _bytes("softmax", 32768) / _bytes("softmax", 16384) == pytest.approx(4, rel=0.01)
     assert _bytes("linear", 32768) / _bytes("linear", 16384) == pytest.approx(2, rel=0.01)
-    # softmax at N=16384, 8 heads: one layer's fp32 scores alone are 8 * 16384^2 * 4 B = 8.6 GB
-    assert _bytes("softmax", 16384) > 3 * 8 * 16384**2 * 4
+    # softmax at N=16384, 8 heads: one layer's fp32 scores alone are 8 * 16384^2 * 4 B = 8.6 GB, and two
+    # are live at once in a primitive body
+    assert _bytes("softmax", 16384) > 2 * 8 * 16384**2 * 4
 
 
 @pytest.mark.parametrize("model", ["lm", "seq2seq"])

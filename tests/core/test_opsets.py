@@ -55,16 +55,19 @@ def test_export_states_the_ir_version_of_its_opset(tmp_path, opset, lowering):
 
 def test_softmax_lm_at_opset_23_runs_and_decodes_on_the_attention_op(tmp_path):
     """Every graph (model, prefill, decode with its kv-cache) holds Attention nodes, states IR 11, and the
-    export verifies against torch in ONNX Runtime, the decode steps included."""
+    export verifies against torch in ONNX Runtime, the decode steps and onnxruntime-genai's layout included;
+    decode.onnx feeds its cache to Attention's past_key/past_value."""
     options = {**TINY, "export.opset": 23, "export.decode": True, "verify.seq_lens": [1, 6]}
     result = export("softmax", tmp_path / "out", model="lm", options=options)
     assert result.parity is not None and result.parity.passed, result.parity.to_dict()
-    assert {b.backend for b in result.parity.backends} >= {"ort-cpu", "ort-cpu decode"}
+    assert {b.backend for b in result.parity.backends} >= {"ort-cpu", "ort-cpu decode", "ort-cpu genai"}
     found = graphs(result.out)
     assert {"model.onnx", "prefill.onnx", "decode.onnx"} <= set(found)
     for name, model in found.items():
         assert model.ir_version == IR_VERSIONS[23] == result.manifest.ir_version, name
         assert attention_nodes(model), name
+    cached = [n for n in attention_nodes(found["decode.onnx"]) if len(n.input) > 4 and n.input[4]]
+    assert cached and all(len(n.output) >= 3 for n in cached)  # past_key/past_value in, present out
 
 
 def test_a_lowering_that_cannot_use_the_opset_is_one_line():

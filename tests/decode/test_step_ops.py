@@ -6,6 +6,8 @@ cosFormer (eq. 9-11, causal): the same with two pairs, sin and cos of a_p = pi/2
 positions p = 1, 2, ..., and the denominator clamped at eps.
 cosFormer cross step: target queries at positions position + 1, ... against every source key at
 1..n_k, as an explicit n_q x n_k matrix relu(q_i)·relu(k_j) cos(pi/2 (i - j)/M) over unpadded keys.
+softmax (a KV cache): n new queries after m - n cached tokens, an explicit float64 softmax over keys
+j <= i + m - n.
 """
 
 from __future__ import annotations
@@ -30,6 +32,10 @@ from attnx.plugins.cosformer.kernel import (
     cosformer_cross_attention_step,
 )
 from attnx.plugins.linear.kernel import LINEAR_OP, LINEAR_STEP_OP, linear_attention, linear_attention_step
+from attnx.plugins.softmax.kernel import SOFTMAX_STEP_OP, softmax_attention, softmax_attention_step
+from attnx.testing.onnx_op import OpSession
+from attnx.trt.graph import attention_nodes
+from tests.plugins import op_harness as harness
 
 EPS = 1e-6
 
@@ -321,6 +327,76 @@ def test_onnx_bodies_match_the_recurrence(lowering, variant, n):
     torch.testing.assert_close(got.double(), expected, atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(torch.from_numpy(S2).double(), expected_S, atol=1e-4, rtol=1e-5)
     torch.testing.assert_close(torch.from_numpy(Z2).double(), expected_Z, atol=1e-4, rtol=1e-5)
+
+
+# -- softmax: the KV cache (from opset 23 in Attention's past_key/past_value) -----------------------------
+
+SOFTMAX_SCALE = 0.3
+
+
+def naive_softmax_cached(q, keys, values, causal=True, scale=SOFTMAX_SCALE):
+    """The n queries are the last n of the m tokens: query i attends keys j <= i + m - n if causal, else
+    all m (float64)."""
+    q, keys, values = q.double(), keys.double(), values.double()
+    n, m = q.shape[-2], keys.shape[-2]
+    future = (torch.arange(m)[None, :] > torch.arange(n)[:, None] + (m - n)) & causal
+    scores = (q @ keys.transpose(-1, -2) * scale).masked_fill(future, -math.inf)
+    return torch.softmax(scores, -1) @ values
+
+
+@pytest.mark.parametrize(("batch", "heads", "n", "d", "pieces", "chunk"), CASES, ids=str)
+def test_softmax_step_matches_the_explicit_softmax_and_the_full_causal_op(batch, heads, n, d, pieces, chunk):
+    q, k, v = random_inputs(batch, heads, n, d, seed=n * 3 + d)
+    cache, outs = (None, None), []
+    for a, b in split(n, pieces):
+        out, *cache = softmax_attention_step(
+            q[..., a:b, :], k[..., a:b, :], v[..., a:b, :], *cache, True, SOFTMAX_SCALE
+        )
+        outs.append(out)
+    steps = torch.cat(outs, -2)
+    torch.testing.assert_close(steps.double(), naive_softmax_cached(q, k, v), atol=1e-5, rtol=1e-4)
+    full = softmax_attention(q, k, v, None, True, SOFTMAX_SCALE)
+    torch.testing.assert_close(steps, full, atol=1e-6, rtol=1e-5)
+    assert torch.equal(cache[0], k) and torch.equal(cache[1], v)  # the cache is the keys/values, appended
+
+
+@pytest.mark.parametrize("opset", [18, 23])
+@pytest.mark.parametrize("lowering", ["function", "decomposed"])
+@pytest.mark.parametrize(("n", "causal", "empty"), [(1, True, False), (6, True, True), (6, False, False)])
+def test_softmax_step_onnx_bodies_match_the_explicit_softmax(opset, lowering, n, causal, empty):
+    """A prompt of n tokens (after no cache, or a cache of length 0 as decode.onnx starts), then 3 tokens,
+    then 1 (q_len < kv_len) through each body: from opset 23 the function lowering's cache goes through
+    Attention's past_key/past_value."""
+    q, k, v = random_inputs(2, 3, n + 4, 8, seed=n + 40)
+    cache = (torch.zeros(2, 3, 0, 8), torch.zeros(2, 3, 0, 8)) if empty else (None, None)
+    for a, b in ((0, n), (n, n + 3), (n + 3, n + 4)):
+        args = (q[..., a:b, :], k[..., a:b, :], v[..., a:b, :], *cache, causal, SOFTMAX_SCALE)
+        call = harness.op_call(SOFTMAX_STEP_OP, *args)
+        session = OpSession(SOFTMAX_STEP_OP, call, lowering, opset)
+        standard = attention_nodes(session.model)
+        assert bool(standard) == (lowering == "function" and opset >= 23)
+        if standard and cache[0] is not None:
+            assert [i for i in standard[0].input if i][4:] and len(standard[0].output) >= 3  # past -> present
+        out, *cache = (torch.from_numpy(t) for t in session.run(call.bound()))
+        expected = naive_softmax_cached(q[..., a:b, :], k[..., :b, :], v[..., :b, :], causal)
+        torch.testing.assert_close(out.double(), expected, atol=1e-5, rtol=1e-4)
+    assert torch.equal(cache[0], k) and torch.equal(cache[1], v)
+
+
+@pytest.mark.parametrize("opset", [18, 23])
+def test_softmax_step_in_fp16_keeps_its_cache_exact_and_its_output_close(opset):
+    """fp16 (an fp16 export): the Attention op's step runs in the inputs' type, with no casts of the cache."""
+    q, k, v = (t.half() for t in random_inputs(1, 4, 9, 16, seed=77))
+    cache = (None, None)
+    for a, b in ((0, 5), (5, 8), (8, 9)):
+        args = (q[..., a:b, :], k[..., a:b, :], v[..., a:b, :], *cache, True, SOFTMAX_SCALE)
+        call = harness.op_call(SOFTMAX_STEP_OP, *args)
+        session = OpSession(SOFTMAX_STEP_OP, call, "function", opset)
+        out, *cache = (torch.from_numpy(t) for t in session.run(call.bound()))
+        assert out.dtype == cache[0].dtype == torch.float16
+        expected = naive_softmax_cached(q[..., a:b, :], k[..., :b, :], v[..., :b, :])
+        torch.testing.assert_close(out.double(), expected, atol=2e-3, rtol=2e-3)
+    assert torch.equal(cache[0], k) and torch.equal(cache[1], v)
 
 
 # -- the op contract: several outputs derived from the torch op -------------------------------------------
