@@ -444,7 +444,7 @@ def print_measurements(measured: list[Measurement], console: Console) -> None:
                 f"{m.min_s * 1e3:.1f}",
                 ratio,
                 peak,
-                f"{len(m.timings_s)} runs",
+                "; ".join([f"{len(m.timings_s)} runs", *([m.reason] if m.reason else [])]),
             )
         else:
             table.add_row(

@@ -7,7 +7,10 @@ and the timed runs go round the contenders: run ``i`` of every contender before 
 Inputs are fresh random arrays for every run, made outside the timed region. A contender that cannot
 run is a ``skipped`` :class:`Measurement` with the reason; one that raises is ``failed`` at that
 length and out of the later lengths' runs; neither stops the others. Before each length the memory
-guard skips a contender whose estimated peak exceeds ``limit``.
+guard skips a contender whose estimated peak exceeds ``limit``. A runtime keeps what its largest run
+allocated (ONNX Runtime's arena), so where the contenders' estimates together exceed ``limit`` they are
+timed one at a time instead, each loaded only while it runs (its row says so): softmax's ONNX Runtime
+sessions at N=16384, each fitting alone, held 24 GiB together.
 """
 
 from __future__ import annotations
@@ -79,25 +82,24 @@ def round_robin(
         by_name = {c.name: c for c in contenders}
         for n in sorted(seq_lens):
             running = [name for name in live if _guard(by_name[name], n, limit, rows[name, n])]
-            running = [
-                name for name in running if _warm_up(live[name], by_name[name], n, warmup, rng, rows[name, n])
-            ]
-            spent = dict.fromkeys(running, 0.0)
-            for _ in range(repeat):
-                for name in list(running):
-                    m = rows[name, n]
-                    if max_time is not None and len(m.timings_s) >= MIN_RUNS and spent[name] > max_time:
-                        continue
-                    feed = by_name[name].feed(n, rng)
-                    start = time.perf_counter()
-                    try:
-                        live[name].infer(feed, check_inputs=False)
-                    except Exception as exc:  # a contender failing is a row to report, not a crash
-                        _stop(m, first_line(exc, with_type=True), "failed")
-                        running.remove(name)
-                        continue
-                    m.timings_s.append(time.perf_counter() - start)
-                    spent[name] += m.timings_s[-1]
+            together = sum(rows[name, n].estimated_bytes or 0 for name in running)
+            alone = limit is not None and together > limit and len(running) > 1
+            if alone:
+                for runner in live.values():
+                    _deactivate(runner)
+            for turn in [[name] for name in running] if alone else [running]:
+                if alone:
+                    rows[turn[0], n].reason = f"timed alone: together {together / GiB:.1f} GiB > limit"
+                warm = [
+                    name
+                    for name in turn
+                    if _reactivate(live[name], rows[name, n])
+                    and _warm_up(live[name], by_name[name], n, warmup, rng, rows[name, n])
+                ]
+                _time_in_turns({name: live[name] for name in warm}, by_name, rows, n, repeat, rng, max_time)
+                if alone:
+                    _deactivate(live[turn[0]])
+                    gc.collect()
             for name in [name for name in live if rows[name, n].status == "failed"]:
                 _deactivate(live.pop(name))
                 for later in (k for k in seq_lens if k > n):
@@ -107,6 +109,35 @@ def round_robin(
             _deactivate(runner)
         gc.collect()
     return list(rows.values())
+
+
+def _time_in_turns(
+    runners: dict[str, BaseRunner],
+    by_name: dict[str, Contender],
+    rows: dict[tuple[str, int], Measurement],
+    n: int,
+    repeat: int,
+    rng: np.random.Generator,
+    max_time: float | None,
+) -> None:
+    """``repeat`` timed runs of each of ``runners`` at length ``n``, run i of every one before run i + 1
+    of any; one that has spent ``max_time`` after MIN_RUNS runs sits out the rest."""
+    running, spent = list(runners), dict.fromkeys(runners, 0.0)
+    for _ in range(repeat):
+        for name in list(running):
+            m = rows[name, n]
+            if max_time is not None and len(m.timings_s) >= MIN_RUNS and spent[name] > max_time:
+                continue
+            feed = by_name[name].feed(n, rng)
+            start = time.perf_counter()
+            try:
+                runners[name].infer(feed, check_inputs=False)
+            except Exception as exc:  # a contender failing is a row to report, not a crash
+                _stop(m, first_line(exc, with_type=True), "failed")
+                running.remove(name)
+                continue
+            m.timings_s.append(time.perf_counter() - start)
+            spent[name] += m.timings_s[-1]
 
 
 def _activate(c: Contender) -> tuple[str, BaseRunner | None]:
@@ -119,6 +150,17 @@ def _activate(c: Contender) -> tuple[str, BaseRunner | None]:
     except Exception as exc:  # a peer that will not build is a row to report
         return f"failed to load: {first_line(exc, with_type=True)}", None
     return "", runner
+
+
+def _reactivate(runner: BaseRunner, m: Measurement) -> bool:
+    """Load ``runner`` again if a turn alone unloaded it; False (``m`` failed) if it no longer loads."""
+    try:
+        if not runner.is_active:
+            runner.activate()
+    except Exception as exc:
+        _stop(m, f"failed to load again: {first_line(exc, with_type=True)}", "failed")
+        return False
+    return True
 
 
 def _guard(c: Contender, n: int, limit: int | None, m: Measurement) -> bool:

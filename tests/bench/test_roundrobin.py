@@ -18,10 +18,10 @@ class Recorder(BaseRunner):
         self.log, self.fail_at = log, fail_at
 
     def activate_impl(self) -> None:
-        pass
+        self.log.append(f"load {self.name}")
 
     def deactivate_impl(self) -> None:
-        pass
+        self.log.append(f"unload {self.name}")
 
     def get_input_metadata_impl(self):  # pragma: no cover - check_inputs=False never asks
         raise NotImplementedError
@@ -51,10 +51,25 @@ def test_contenders_take_turns_and_bad_ones_become_rows() -> None:
     rows = round_robin(contenders, [4, 8], warmup=1, repeat=3, threads=1, rng=np.random.default_rng(0),
                        limit=6000)
     by = {(m.backend, m.seq_len): m for m in rows}
-    assert log[:3] == ["a", "b", "big"] and log[3:9] == ["a", "b", "big"] * 2  # warm-ups, then turns
+    runs = [entry for entry in log if " " not in entry]
+    assert runs[:3] == ["a", "b", "big"] and runs[3:9] == ["a", "b", "big"] * 2  # warm-ups, then turns
     assert [len(by[name, 4].timings_s) for name in ("a", "b", "big")] == [3, 3, 3]
     assert by["a", 8].ok and len(by["a", 8].timings_s) == 3
     assert by["b", 8].status == "failed" and "cannot take 8 tokens" in by["b", 8].reason
     assert by["big", 8].status == "skipped" and by["big", 8].reason.startswith("memory guard")
     for n in (4, 8):
         assert by["absent", n].status == "skipped" and "not installed" in by["absent", n].reason
+
+
+def test_contenders_that_fit_only_alone_are_timed_one_at_a_time_each_loaded_only_while_it_runs() -> None:
+    """Each fits the limit, together they do not (a runtime keeps its largest run's memory)."""
+    log: list[str] = []
+    contenders = [contender(name, log, estimate=lambda n: 1000 * n) for name in ("a", "b")]
+    rows = round_robin(contenders, [2, 4], warmup=1, repeat=2, threads=1, rng=np.random.default_rng(0),
+                       limit=5000)
+    by = {(m.backend, m.seq_len): m for m in rows}
+    assert log[:2] == ["load a", "load b"] and log[2:8] == ["a", "b"] * 3  # N=2: together 4000, in turns
+    assert log[8:] == ["unload a", "unload b", "load a", "a", "a", "a", "unload a", "load b", "b", "b", "b",
+                       "unload b"]  # N=4: together 8000 > 5000, one at a time
+    assert all(by[name, 4].ok and len(by[name, 4].timings_s) == 2 for name in ("a", "b"))
+    assert by["a", 4].reason == "timed alone: together 0.0 GiB > limit" and by["a", 2].reason == ""
