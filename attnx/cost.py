@@ -85,13 +85,13 @@ def projections(s: Shape, queries: int, keys: int = 0) -> int:
 def dense_attention_cost(s: Shape) -> AttentionCost:
     """Attention that materialises every score: Q, O projections of the queries, K, V of the keys;
     Q K^T and P V are 2·B·H·N·M·d_h each, causal or not (every score is computed, then masked).
-    Memory: two (B, H, N, M) score tensors (the input and output of one step: scores -> biased ->
-    probabilities, each freed once used) plus the (B, 1, N, M) mask bias. Measured on softmax's default
-    encoder (d_model 256, 4 heads, 4 layers) at N=16384: ONNX Runtime's primitive body peaked at 8.6 GiB
-    against this bound's 9.0, the standard Attention op at 5.5, torch SDPA at 2.3. Also the memory bound
-    assumed for a variant without a cost model."""
+    Memory: two (B, H, N, M) score tensors (scores -> biased -> probabilities, each freed once used),
+    three when causal (ONNX Runtime keeps one more), plus the (B, 1, N, M) mask bias. Measured at N=16384
+    (d_model 256, 4 heads): softmax's default encoder peaked at 8.6 GiB in ONNX Runtime's primitive body
+    against this bound's 9.0 (the standard Attention op 5.5, torch SDPA 2.3); one causal layer at 12.7
+    against 13.0. Also the memory bound assumed for a variant without a cost model."""
     scores = s.batch * s.n_heads * s.seq * s.keys
-    working = FLOAT_BYTES * (2 * scores + s.batch * s.seq * s.keys)
+    working = FLOAT_BYTES * ((3 if s.causal else 2) * scores + s.batch * s.seq * s.keys)
     return AttentionCost(projections(s, 2, 2), 2 * (2 * scores * s.head_dim), working)
 
 

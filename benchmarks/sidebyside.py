@@ -102,7 +102,7 @@ def estimate(source: ExportDir, backend: Backend, n: int) -> int:
         return bound
     _, config, roles = source.specs()
     variant, variant_config = roles["self"]
-    shape = Shape(1, n, config.d_model, config.n_heads)
+    shape = Shape(1, n, config.d_model, config.n_heads, causal=getattr(config, "causal", False))
     cost = variant.cost(shape, variant_config) if variant.cost else dense_attention_cost(shape)
     return int(SAFETY * backend.memory_factor * cost.working_bytes)
 
@@ -378,7 +378,8 @@ def softmax_rows(measured: list[Measurement], n: int, long: int) -> list[dict[st
                 )
             )
     longest = [m for m in select(measured, "encoder", "softmax", long) if is_ort_fp32(m.backend)]
-    detail = "; ".join(f"{m.backend}: {m.status} {m.reason}".strip() for m in longest)
+    detail = "; ".join(f"{m.backend}: {m.status} ({m.reason})" if m.reason else f"{m.backend}: {m.status}"
+                       for m in longest)
     rows.append(
         target_row(
             f"softmax encoder ORT runs at N={long}",
