@@ -47,7 +47,7 @@ from attnx.bench.machine import machine_info
 from attnx.bench.report import Measurement
 from attnx.bench.roundrobin import Contender, round_robin
 from attnx.bench.timing import feed_for
-from attnx.cost import Shape, dense_attention_cost
+from attnx.cost import FLOAT_BYTES, Shape, dense_attention_cost
 from attnx.decode.export import decoders
 from attnx.errors import first_line
 from attnx.exporter.budget import ORT_MEMORY_FACTOR, SAFETY, model_cost
@@ -62,6 +62,8 @@ LOWERINGS = ("function", "decomposed")
 ATTENTION_OP = "function opset 23"  # softmax on the standard ONNX Attention op
 DECODE_POSITIONS = (128, 1024, 4096, 16384)
 DECODE_MODEL = {"vocab_size": 1000, "d_model": D_MODEL, "n_heads": N_HEADS, "n_layers": 1, "d_ff": 1024}
+# the input, q, k, v, the merged heads, the output, and the copies eager code and Inductor make of them
+LAYER_ACTIVATIONS = 8
 PEER_MEMORY_FACTOR = 4  # a peer's peak bound: attnx torch eager's estimate for the same case, times this
 EAGER, COMPILED, ORT = "attnx torch", "attnx torch.compile", "attnx ort"
 GiB, MiB = 1 << 30, 1 << 20
@@ -96,7 +98,9 @@ def export(variant: str, case: str, label: str, work: Path) -> ExportDir | str:
 
 def estimate(source: ExportDir, backend: Backend, n: int) -> int:
     """Peak bytes of ``source`` on ``backend`` at length ``n``: ``attnx bench``'s estimate, or for a
-    model without a cost model (the one-layer case) its attention's bound (quadratic when undeclared)."""
+    model without a cost model (the one-layer case) its attention's bound (quadratic when undeclared)
+    plus :data:`LAYER_ACTIVATIONS` (B, N, d_model) tensors around it (without them, torch eager's causal
+    linear and cosFormer layers peaked at up to 2x the estimate)."""
     bound = estimate_case(source, backend, 1, n)[0]
     if bound is not None:
         return bound
@@ -104,7 +108,8 @@ def estimate(source: ExportDir, backend: Backend, n: int) -> int:
     variant, variant_config = roles["self"]
     shape = Shape(1, n, config.d_model, config.n_heads, causal=getattr(config, "causal", False))
     cost = variant.cost(shape, variant_config) if variant.cost else dense_attention_cost(shape)
-    return int(SAFETY * backend.memory_factor * cost.working_bytes)
+    activations = LAYER_ACTIVATIONS * FLOAT_BYTES * n * config.d_model
+    return int(SAFETY * backend.memory_factor * (cost.working_bytes + activations))
 
 
 def backend_contender(name: str, backend: str, source: ExportDir, case: str, threads: int) -> Contender:
