@@ -203,9 +203,6 @@ def run_case(
     variant: str, case: str, args: argparse.Namespace, work: Path, rng: np.random.Generator, console: Console
 ) -> tuple[list[Measurement], dict]:
     console.print(f"· {variant} {case}: exporting", style="dim")
-    # Every case's model calls the same forward code; left to accumulate, Dynamo's compiled versions of it
-    # reach its recompile limit (8) a few cases in, and later compiled rows silently run eager.
-    torch._dynamo.reset()
     contenders, reference = attnx_contenders(variant, case, work, args.threads, not args.no_compile)
     reports: dict = {}
     if reference is not None and case == "encoder":

@@ -96,6 +96,10 @@ class TorchRunner(BaseRunner):
         if self.threads:
             torch.set_num_threads(self.threads)
         self.module.to(self.device).eval()
+        if self.compile:
+            # Every model attnx builds runs the same forward code; Dynamo keeps one compiled version of
+            # that code per model and shape, and past its recompile limit (8) it silently runs it eager.
+            torch.compiler.reset()
         self._call = torch.compile(self.module, dynamic=False) if self.compile else self.module
 
     @property

@@ -190,6 +190,29 @@ def test_torch_compile_failure_is_skipped_with_the_reason(tiny_out: Path, monkey
     assert m.reason == "torch.compile failed: RuntimeError: inductor could not codegen"
 
 
+def test_every_torch_compile_case_is_compiled_afresh(tiny_out: Path, monkeypatch) -> None:
+    """The cases share the model's forward code: without a fresh compile cache per runner, Dynamo stops
+    compiling it at its recompile limit and the later cases silently run eager."""
+    import torch
+
+    graphs = []
+
+    def counting(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    real_compile = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda module, **kw: real_compile(module, backend=counting, **kw))
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 2)
+    compiled = Backend("torch-compile", "", lambda export: None, BACKENDS["torch-compile"].runner)
+    monkeypatch.setitem(BACKENDS, "torch-compile", compiled)
+    attnx.bench(tiny_out, backends=["torch-compile"], seq_lens=[8], repeat=1)
+    per_case = len(graphs)
+    result = attnx.bench(tiny_out, backends=["torch-compile"], seq_lens=[8, 12, 16, 20], repeat=1)
+    assert per_case > 0 and all(m.status == "ok" for m in result.measurements)
+    assert len(graphs) == 5 * per_case
+
+
 def test_isolated_measurement_reports_the_whole_process_peak(tiny_out: Path) -> None:
     result = attnx.bench(tiny_out, backends=["ort-cpu"], seq_lens=[16], repeat=2, warmup=0, isolate=True)
     (m,) = result.measurements
