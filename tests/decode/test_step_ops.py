@@ -360,6 +360,19 @@ def test_softmax_step_matches_the_explicit_softmax_and_the_full_causal_op(batch,
     assert torch.equal(cache[0], k) and torch.equal(cache[1], v)  # the cache is the keys/values, appended
 
 
+def onnx_steps(q, k, v, cache, causal, lowering, opset, pieces):
+    """Feed the token ranges ``pieces`` of q, k, v one after another through SoftmaxAttentionStep's
+    one-node model, each after the cache the one before returned; yields (a, b, the session that ran,
+    the past it was given, its output, the cache it returned)."""
+    for a, b in pieces:
+        new = (q[..., a:b, :], k[..., a:b, :], v[..., a:b, :])
+        call = harness.op_call(SOFTMAX_STEP_OP, *new, *cache, causal, SOFTMAX_SCALE)
+        session = OpSession(SOFTMAX_STEP_OP, call, lowering, opset)
+        past = cache
+        out, *cache = (torch.from_numpy(t) for t in session.run(call.bound()))
+        yield a, b, session, past, out, cache
+
+
 @pytest.mark.parametrize("opset", [18, 23])
 @pytest.mark.parametrize("lowering", ["function", "decomposed"])
 @pytest.mark.parametrize(("n", "causal", "empty"), [(1, True, False), (6, True, True), (6, False, False)])
@@ -368,18 +381,16 @@ def test_softmax_step_onnx_bodies_match_the_explicit_softmax(opset, lowering, n,
     then 1 (q_len < kv_len) through each body: from opset 23 the function lowering's cache goes through
     Attention's past_key/past_value."""
     q, k, v = random_inputs(2, 3, n + 4, 8, seed=n + 40)
-    cache = (torch.zeros(2, 3, 0, 8), torch.zeros(2, 3, 0, 8)) if empty else (None, None)
-    for a, b in ((0, n), (n, n + 3), (n + 3, n + 4)):
-        args = (q[..., a:b, :], k[..., a:b, :], v[..., a:b, :], *cache, causal, SOFTMAX_SCALE)
-        call = harness.op_call(SOFTMAX_STEP_OP, *args)
-        session = OpSession(SOFTMAX_STEP_OP, call, lowering, opset)
+    start = (torch.zeros(2, 3, 0, 8), torch.zeros(2, 3, 0, 8)) if empty else (None, None)
+    pieces = ((0, n), (n, n + 3), (n + 3, n + 4))
+    for a, b, session, past, out, cache in onnx_steps(q, k, v, start, causal, lowering, opset, pieces):
         standard = attention_nodes(session.model)
         assert bool(standard) == (lowering == "function" and opset >= 23)
-        if standard and cache[0] is not None:
+        if standard and past[0] is not None:
             assert [i for i in standard[0].input if i][4:] and len(standard[0].output) >= 3  # past -> present
-        out, *cache = (torch.from_numpy(t) for t in session.run(call.bound()))
         expected = naive_softmax_cached(q[..., a:b, :], k[..., :b, :], v[..., :b, :], causal)
         torch.testing.assert_close(out.double(), expected, atol=1e-5, rtol=1e-4)
+        assert cache[0].shape[-2] == cache[1].shape[-2] == b  # every token so far
     assert torch.equal(cache[0], k) and torch.equal(cache[1], v)
 
 
@@ -387,12 +398,8 @@ def test_softmax_step_onnx_bodies_match_the_explicit_softmax(opset, lowering, n,
 def test_softmax_step_in_fp16_keeps_its_cache_exact_and_its_output_close(opset):
     """fp16 (an fp16 export): the Attention op's step runs in the inputs' type, with no casts of the cache."""
     q, k, v = (t.half() for t in random_inputs(1, 4, 9, 16, seed=77))
-    cache = (None, None)
-    for a, b in ((0, 5), (5, 8), (8, 9)):
-        args = (q[..., a:b, :], k[..., a:b, :], v[..., a:b, :], *cache, True, SOFTMAX_SCALE)
-        call = harness.op_call(SOFTMAX_STEP_OP, *args)
-        session = OpSession(SOFTMAX_STEP_OP, call, "function", opset)
-        out, *cache = (torch.from_numpy(t) for t in session.run(call.bound()))
+    pieces = ((0, 5), (5, 8), (8, 9))
+    for a, b, _, _, out, cache in onnx_steps(q, k, v, (None, None), True, "function", opset, pieces):
         assert out.dtype == cache[0].dtype == torch.float16
         expected = naive_softmax_cached(q[..., a:b, :], k[..., :b, :], v[..., :b, :])
         torch.testing.assert_close(out.double(), expected, atol=2e-3, rtol=2e-3)
