@@ -107,7 +107,8 @@ def export_module(
     the module's own forward.
 
     The same steps, lowerings, manifest and parity report as :func:`export`; the manifest's ``module``
-    section and ``reference.pt2`` (the adapted module's ``torch.export`` program) let ``attnx verify``
+    section and ``reference.json`` (the adapted module's ``torch.export`` program, its tensors in
+    ``reference.safetensors``: data, loaded without unpickling) let ``attnx verify``
     re-check it later without the module's code. See :mod:`attnx.exporter.module` for how inputs and
     outputs are named and docs/importing.md for the adapters.
 

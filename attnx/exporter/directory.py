@@ -124,9 +124,9 @@ class ExportDir:
         return self.path.name or str(self.path)
 
     def size(self, key: str) -> int:
-        """Bytes of file ``key`` (with external data ``<file>.data`` for an ONNX graph)."""
-        path = self.file(key)
-        return sum(p.stat().st_size for p in (path, path.with_name(path.name + ".data")) if p.is_file())
+        """Bytes of file ``key`` (with its external data, file ``<key>_data``, for a large ONNX graph)."""
+        keys = [key, f"{key}_data"] if self.has(f"{key}_data") else [key]
+        return sum(self.file(k).lstat().st_size for k in keys)
 
     def ops(self, registry: Registry | None = None) -> list[AttentionOp]:
         """The ``attnx::`` ops the export's graphs hold, from the installed plugins.

@@ -96,21 +96,26 @@ def _record(event: str, args: tuple) -> None:
 sys.addaudithook(_record)  # audit hooks cannot be removed; this one records only inside `opened`
 
 
-@pytest.fixture
-def opened() -> Iterator[Callable[[Path], list[str]]]:
-    """Records every file Python opens (``open``, ``os.open``) from here on; ``opened(path)`` lists the
-    opens that followed ``path`` (a link to it included), ``O_NOFOLLOW`` opens not counted."""
-    global _OPENED
-    _OPENED = []
+class Opened:
+    """Records every file Python opens (``open``, ``os.open``) after :meth:`start`."""
 
-    def following(target: Path) -> list[str]:
+    def start(self) -> None:
+        global _OPENED
+        _OPENED = []
+
+    def following(self, target: Path) -> list[str]:
+        """The opens that reached ``target`` (through a link to it too); ``O_NOFOLLOW`` opens do not."""
         real = os.path.realpath(target)
         records = list(_OPENED or [])
         return [
             path for path, flags in records if os.path.realpath(path) == real and not flags & os.O_NOFOLLOW
         ]
 
-    yield following
+
+@pytest.fixture
+def opened() -> Iterator[Opened]:
+    global _OPENED
+    yield Opened()
     _OPENED = None
 
 

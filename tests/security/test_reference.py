@@ -63,7 +63,8 @@ def test_torch_export_load_runs_a_pickle_planted_in_an_archive(tmp_path, workdir
     archive = tmp_path / "program.pt2"
     torch.export.save(tiny_program(), str(archive))
     plant_pickle(archive)
-    torch.export.load(str(archive))
+    with pytest.raises(Exception):  # noqa: B017 - torch fails after the payload ran (it returned an int)
+        torch.export.load(str(archive))
     assert (workdir / MARKER).exists()
 
 
@@ -158,7 +159,7 @@ def test_a_planted_reference_program_is_refused_and_nothing_runs(change, fragmen
         program.write_text(json.dumps(document))
     rehash(out, "reference")
     code, _, stderr = run_cli(READERS[0])
-    assert_one_line_error(code, stderr, str(program), fragment, "re-export")
+    assert_one_line_error(code, stderr, f"e/{PROGRAM_FILE}", fragment, "re-export")
     assert not (workdir / MARKER).exists()
 
 
@@ -216,7 +217,7 @@ def test_reference_tensors_with_a_lying_header_are_refused(copy, workdir):
     tensors.write_bytes(len(text).to_bytes(8, "little") + text.encode() + data[8 + header :])
     rehash(out, "reference_tensors")
     code, _, stderr = run_cli(READERS[0])
-    assert_one_line_error(code, stderr, str(tensors), "header lies", "re-export")
+    assert_one_line_error(code, stderr, "e/reference.safetensors", "header lies", "re-export")
 
 
 def test_the_reference_loads_and_verifies_with_nothing_pickled(copy, workdir, monkeypatch):
