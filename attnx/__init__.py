@@ -60,7 +60,7 @@ def __getattr__(name: str) -> Any:
 
         module_name, attribute = _LAZY[name]
         value = getattr(importlib.import_module(module_name), attribute)
-        checked = typed_arguments(value) if name in _CHECKED else value  # a wrong type: a TypeError naming it
+        checked = typed_arguments(value, name) if name in _CHECKED else value  # a wrong type: a TypeError
         globals()[name] = checked
         return checked
     if name in _SUBMODULES:

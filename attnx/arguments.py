@@ -26,25 +26,27 @@ class ArgumentTypeError(AttnxError, TypeError):
     """An argument of the wrong type: a ``TypeError``, and an :class:`AttnxError` (one line at the CLI)."""
 
 
-def typed_arguments(func: F) -> F:
-    """``func`` whose arguments are checked against its type hints on every call.
+def typed_arguments(func: F, name: str | None = None) -> F:
+    """``func`` whose arguments are checked against its type hints on every call (``name``: how errors
+    call it, default its own name).
 
     Raises (from the wrapper):
         ArgumentTypeError: "attnx.NAME: ARGUMENT must be WHAT, not TYPE".
     """
     signature = inspect.signature(func)
     hints = _hints(func)
+    called = f"attnx.{name or func.__name__}"
 
     @functools.wraps(func)
     def checked(*args: Any, **kwargs: Any) -> Any:
         try:
             bound = signature.bind(*args, **kwargs)
         except TypeError as exc:
-            raise ArgumentTypeError(f"attnx.{func.__name__}: {exc}") from None
-        for name, value in bound.arguments.items():
-            if name in hints and not _matches(value, hints[name]):
-                wanted, given = _describe(hints[name]), type(value).__name__
-                raise ArgumentTypeError(f"attnx.{func.__name__}: {name} must be {wanted}, not {given}")
+            raise ArgumentTypeError(f"{called}: {exc}") from None
+        for argument, value in bound.arguments.items():
+            if argument in hints and not _matches(value, hints[argument]):
+                wanted, given = _describe(hints[argument]), _given(value)
+                raise ArgumentTypeError(f"{called}: {argument} must be {wanted}, not {given}")
         return func(*args, **kwargs)
 
     return checked  # type: ignore[return-value]
@@ -95,6 +97,15 @@ def _matches(value: Any, hint: Any) -> bool:
     return True  # a generic this check does not know: not checked
 
 
+def _given(value: Any) -> str:
+    """The type of ``value`` in words ("list holding float" for a list with a float in it)."""
+    kind = type(value).__name__
+    if isinstance(value, (list, tuple)) and value:
+        held = sorted({type(v).__name__ for v in value})
+        return f"{kind} holding {' and '.join(held)}"
+    return kind
+
+
 def _describe(hint: Any) -> str:
     origin, args = get_origin(hint), get_args(hint)
     if origin in (Union, types.UnionType):
@@ -107,7 +118,8 @@ def _describe(hint: Any) -> str:
         return "a mapping (e.g. a dict)"
     if origin in (collections.abc.Sequence, list, tuple):
         item = args[0] if args else None
-        return f"a list of {_describe(item)}" if item in (int, str, float) else "a list or tuple"
+        names = {int: "int", str: "str", float: "number"}
+        return f"a list of {names[item]}" if item in names else "a list or tuple"
     if origin is collections.abc.Callable or hint is collections.abc.Callable:
         return "a callable"
     words = {int: "an int", float: "a number", str: "a str", bool: "a bool"}

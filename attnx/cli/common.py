@@ -103,10 +103,10 @@ def print_parity(report: Any) -> None:
         if backend.status == "skipped":
             click.echo(f"skipped {backend.backend}: {backend.reason}")
     if report.weights:
-        files = ", ".join(f"{w.graph} ({w.matched})" for w in report.weights)
-        click.echo(f"weights: the tensors of {files} are the model's")
+        counts = ", ".join(f"{w.graph} {w.matched}" for w in report.weights)
+        click.echo(f"weights matched with the torch model's: {counts}")
     for mismatch in report.weight_mismatches:
-        click.echo(f"FAIL: {mismatch}")
+        click.echo(f"FAIL weights: {mismatch}")
 
 
 def parity_summary(report: Any) -> str:

@@ -36,7 +36,7 @@ FACTORIES = {
         ],
     ),
     "exits": ("import sys\ndef make():\n    sys.exit(5)\n", ["raised SystemExit: 5", "f.py:3 in make"]),
-    "syntax": ("def make(:\n    pass\n", ["cannot import 'f.py' for --module", "SyntaxError", "line 1"]),
+    "syntax": ("def make(:\n    pass\n", ["importing 'f.py' for --module raised SyntaxError", "line 1"]),
     "raises-on-import": (
         "import json\njson.loads('{')\ndef make():\n    pass\n",
         ["importing 'f.py' for --module raised JSONDecodeError", "f.py:2 in <module>"],
@@ -175,7 +175,10 @@ WRONG_TYPES = [
     ),
     (lambda: attnx.export(["softmax"], "out"), "attnx.export: variant must be a str or None, not list"),
     (lambda: attnx.verify("e", backends="ort-cpu"), "attnx.verify: backends must be a list of str, not str"),
-    (lambda: attnx.verify("e", seq_lens=[1.5]), "attnx.verify: seq_lens must be a list of int"),
+    (
+        lambda: attnx.verify("e", seq_lens=[1.5]),
+        "attnx.verify: seq_lens must be a list of int or None, not list holding float",
+    ),
     (lambda: attnx.verify(3), "attnx.verify: out must be a str or Path, not int"),
     (lambda: attnx.generate("e", "1,2,3"), "attnx.generate: prompt_ids must be a list of int, not str"),
     (lambda: attnx.triton("e", "r", instances="2"), "attnx.triton: instances must be an int, not str"),

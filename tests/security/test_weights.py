@@ -117,9 +117,10 @@ def test_a_stored_weight_that_is_none_of_the_models_fails(copy, workdir):
 
 
 def test_int8_and_fp16_graphs_match_to_their_rounding(made, tmp_path):
-    """Optimised exports: int8 weights dequantised within half a step, fp16 to fp16 rounding."""
+    """Optimised exports: int8 weights dequantised within half a step, fp16 to fp16 rounding, slimmed
+    graphs (folded constants) exactly."""
     pytest.importorskip("onnxruntime.quantization")
-    for flag in ("--int8", "--fp16"):
+    for flag in ("--int8", "--fp16", "--slim"):
         target = tmp_path / flag.strip("-")
         code, stdout, stderr = run_cli(["optimize", str(made("lm")), "-o", str(target), flag, "--seed", "0"])
         assert code in (0, 1), stderr
