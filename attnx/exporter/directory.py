@@ -90,9 +90,9 @@ class ExportDir:
         if suffix is not None and path.suffix != suffix:
             raise AttnxError(f"{MANIFEST} lists {key} as {record.path}, not a {suffix} file; re-export")
         listed = [r.path for r in self.manifest.files.values()]
-        if key in self._graph_io():
-            inputs, outputs = self._graph_io()[key]
-            _check_io(path, check_onnx(path, set(listed)), inputs, outputs)
+        declared = self._graph_io().get(key)
+        if declared is not None:
+            _check_io(path, check_onnx(path, set(listed)), *declared)
         else:
             check_content(path, listed)
 

@@ -11,7 +11,8 @@ So attnx stores the program as torch.export's JSON (``reference.json``, from
 ``torch._export.serde.serialize``) and its parameters, buffers and constants in safetensors
 (``reference.safetensors``), and :func:`load_program` loads them only after :func:`check_program`
 has accepted every string of the JSON: symbolic shapes in sympy's ``srepr`` form made of a few
-constructors, names of letters, digits and ``_.+-``, tree specs of plain tuples, lists and dicts,
+constructors, variable names that are Python identifiers, other strings of letters, digits and
+``_.+-``, tree specs of plain tuples, lists and dicts,
 targets of ``aten``, ``prims`` and ``attnx`` ops (none that takes a file name), ``operator`` and
 ``torch.sym_*``. Source locations and guards are dropped (the reference needs neither); no sample
 inputs are stored (so no guard function is generated).
@@ -34,6 +35,9 @@ TENSORS_FILE = "reference.safetensors"
 _STATE, _CONSTANT = "state_dict:", "constants:"
 # Any string of the program but the ones checked below: names, dtypes, devices, versions.
 _PLAIN = re.compile(r"[A-Za-z0-9_.+\-]{0,400}")
+# Names FX turns into Python variables (a dot would assign to an attribute of a module in scope).
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,200}")
+_IDENTIFIER_KEYS = ("name", "forward_arg_names")
 _TARGET = re.compile(r"torch\.ops\.(aten|prims|attnx)\.\w+(\.\w+)?|_operator\.\w+|torch\.sym_\w+")
 _OPS_NAMESPACES = ("aten", "prims", "attnx")
 _OPERATORS = tuple((
@@ -153,6 +157,8 @@ def check_program(document: dict[str, Any], where: str) -> None:
             problem = _tree_problem(text)
         elif key == "target" and "nodes" in path:
             problem = None if _TARGET.fullmatch(text) else "a call attnx does not run"
+        elif key in _IDENTIFIER_KEYS:
+            problem = None if _IDENTIFIER.fullmatch(text) else "not a Python name"
         else:
             problem = None if _PLAIN.fullmatch(text) else "not a plain name"
         if problem:

@@ -550,7 +550,7 @@ EXPORTS = [
     Case("verify-batch-zero", ("verify", "e", "--batch", "0"), ("batch must be >= 1",), ENC),
     Case("bench-unknown-backend", ("bench", "e", "--backends", "ort-gpu"), ("did you mean 'ort-cpu'",), ENC),
     Case("generate-id-out-of-range", ("generate", "e", "--prompt-ids", "99"), ("ids are 0..49",), {"e": LM}),
-    Case("generate-zero-tokens", ("generate", "e", "--prompt-ids", "1", "-n", "0"), (">= 1",), {"e": LM}),
+    Case("generate-zero-tokens", ("generate", "e", "--prompt-ids", "1", "-n", "0"), ("1<=x<=",), {"e": LM}),
     Case(
         "generate-engine-backend",
         ("generate", "e", "--prompt-ids", "1", "--backend", "trt"),
