@@ -16,7 +16,7 @@ from polygraphy.backend.base import BaseRunner
 
 from attnx.bench.machine import MemoryProbe
 from attnx.bench.report import Measurement
-from attnx.errors import AttnxError, first_line
+from attnx.errors import first_line
 from attnx.exporter.directory import ExportDir
 from attnx.exporter.inputs import random_feed
 from attnx.parity.backends import Backend
@@ -84,8 +84,6 @@ def measure(
                 break
     except BackendSkipped as exc:
         result.status, result.reason = "skipped", str(exc)
-    except AttnxError:  # the export itself is refused (e.g. its reference): bad input, exit 2
-        raise
     except Exception as exc:  # a backend failing on a model is a result to report (exit 1), not a crash
         result.status, result.reason = "failed", first_line(exc, with_type=True)
     finally:

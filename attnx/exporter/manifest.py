@@ -361,7 +361,13 @@ class Manifest:
             manifest.decode.check()
         module = manifest.module
         for key in () if module is None else (module.program, module.tensors):
-            if key is not None and key not in manifest.files:
+            if key is None:  # an older attnx's export: its program is a pickled archive
+                raise AttnxError(
+                    f"{where}: this module export's reference ({manifest.files[module.program].path}) is a "
+                    "pickled torch.export archive, which attnx no longer loads (unpickling can run code): "
+                    "re-export the module with this attnx"
+                )
+            if key not in manifest.files:
                 raise AttnxError(
                     f"{where}: the module section's file {key!r} is not a listed file; re-export"
                 )

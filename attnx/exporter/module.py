@@ -405,21 +405,14 @@ def load_reference(export: ExportDir, registry: Registry | None = None) -> Modul
     """The stored reference of a module export, its variants' plugins imported first.
 
     Raises:
-        AttnxError: a variant that is not installed, a reference in an older attnx's pickled form, or a
-            program that attnx does not load.
+        AttnxError: a variant that is not installed, or a program that attnx does not load.
     """
     registry = registry or get_registry()
     manifest = export.manifest
     section = manifest.module
     variants = [registry.variant(name) for name in section.variants]
     impls = {v.name: v.load() for v in variants}  # registers the attnx:: torch ops the program calls
-    path = export.file(section.program)
-    if section.tensors is None:
-        raise AttnxError(
-            f"{path} is an older attnx's module reference, a pickled torch.export archive, which attnx no "
-            "longer loads (unpickling can run code); re-export the module with this attnx"
-        )
-    program = load_program(path, export.file(section.tensors))
+    program = load_program(export.file(section.program), export.file(str(section.tensors)))
     return ModuleAssembly(
         module=ProgramModule(program),
         adapted=None,
