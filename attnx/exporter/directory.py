@@ -2,7 +2,7 @@
 
 ``ExportDir.open(OUT)`` reads ``attnx.json`` strictly and checks that every file it lists is a plain
 file inside OUT (no symbolic link is followed), has the recorded SHA-256 and holds what it claims
-(:mod:`attnx.exporter.files`; the graphs' inputs and outputs are the manifest's), so verify, bench,
+(:mod:`attnx.exporter.files`; model.onnx's inputs and outputs are the manifest's), so verify, bench,
 generate, build and serving configs never read a file the manifest does not describe, nor one
 outside OUT. It answers "which ops does this export use" (from the manifest, resolved through the
 installed plugins) and rebuilds the torch model (a module export's from data: nothing is unpickled).
@@ -90,20 +90,10 @@ class ExportDir:
         if suffix is not None and path.suffix != suffix:
             raise AttnxError(f"{MANIFEST} lists {key} as {record.path}, not a {suffix} file; re-export")
         listed = [r.path for r in self.manifest.files.values()]
-        declared = self._graph_io().get(key)
-        if declared is not None:
-            _check_io(path, check_onnx(path, set(listed)), *declared)
+        if key == "model":  # the decode graphs' inputs are checked by the decode runtime, naming both sides
+            _check_io(path, check_onnx(path, set(listed)), self.manifest.inputs, self.manifest.outputs)
         else:
             check_content(path, listed)
-
-    def _graph_io(self) -> dict[str, tuple[list[TensorSpec], list[TensorSpec]]]:
-        """The inputs and outputs the manifest declares per graph file key."""
-        io = {"model": (self.manifest.inputs, self.manifest.outputs)}
-        if self.manifest.decode is not None:
-            for key in ("prefill", "decode"):
-                graph = getattr(self.manifest.decode, key)
-                io[key] = (graph.inputs, graph.outputs)
-        return io
 
     def has(self, key: str) -> bool:
         return key in self.manifest.files
