@@ -48,7 +48,6 @@ _LAZY = {
 }
 
 
-_CHECKED = ("export", "export_module", "verify", "optimize", "generate", "bench", "triton", "save_checkpoint")
 _SUBMODULES = ("nn",)  # attnx.nn.Attention(...) after a plain `import attnx`
 
 
@@ -56,13 +55,8 @@ def __getattr__(name: str) -> Any:
     import importlib
 
     if name in _LAZY:
-        from attnx.arguments import typed_arguments
-
         module_name, attribute = _LAZY[name]
-        value = getattr(importlib.import_module(module_name), attribute)
-        checked = typed_arguments(value, name) if name in _CHECKED else value  # a wrong type: a TypeError
-        globals()[name] = checked
-        return checked
+        return getattr(importlib.import_module(module_name), attribute)
     if name in _SUBMODULES:
         return importlib.import_module(f"attnx.{name}")
     raise AttributeError(f"module 'attnx' has no attribute '{name}'")

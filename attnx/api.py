@@ -17,6 +17,7 @@ from typing import Any
 
 import onnx
 
+from attnx.arguments import typed_arguments
 from attnx.checkpoint import save_checkpoint as write_checkpoint
 from attnx.decode.export import DECODE_GRAPHS
 from attnx.decode.parity import DECODE_PARITY
@@ -52,6 +53,7 @@ class ExportResult:
     parity: ParityReport | None
 
 
+@typed_arguments
 def export(
     variant: str | None = None,
     out: str | Path = "out",
@@ -90,6 +92,7 @@ def export(
     return run_export(job, progress)
 
 
+@typed_arguments
 def export_module(
     module: Any,
     example_inputs: Mapping[str, Any] | Sequence[Any],
@@ -160,6 +163,7 @@ def run_export(job: ExportJob, progress: Progress | None = None) -> ExportResult
     return ExportResult(job.out, written.manifest, nodes, parity)
 
 
+@typed_arguments
 def verify(
     out: str | Path,
     *,
@@ -207,7 +211,7 @@ def verify(
 
 # attnx.triton(out, repo, *, name, max_batch, batching, instances, force): a Triton model repository
 # serving the export (docs/deploying.md); the serving layer does the whole job.
-triton = write_repository
+triton = typed_arguments(write_repository, "triton")
 
 
 def _tolerance(atol: float | None, rtol: float | None, export: ExportDir) -> Tolerance | None:

@@ -34,8 +34,8 @@ def typed_arguments(func: F, name: str | None = None) -> F:
         ArgumentTypeError: "attnx.NAME: ARGUMENT must be WHAT, not TYPE".
     """
     signature = inspect.signature(func)
-    hints = _hints(func)
     called = f"attnx.{name or func.__name__}"
+    hints = functools.cache(lambda: _hints(func))  # on first call: the module has all its names then
 
     @functools.wraps(func)
     def checked(*args: Any, **kwargs: Any) -> Any:
@@ -44,8 +44,9 @@ def typed_arguments(func: F, name: str | None = None) -> F:
         except TypeError as exc:
             raise ArgumentTypeError(f"{called}: {exc}") from None
         for argument, value in bound.arguments.items():
-            if argument in hints and not _matches(value, hints[argument]):
-                wanted, given = _describe(hints[argument]), _given(value)
+            hint = hints().get(argument)
+            if hint is not None and not _matches(value, hint):
+                wanted, given = _describe(hint), _given(value)
                 raise ArgumentTypeError(f"{called}: {argument} must be {wanted}, not {given}")
         return func(*args, **kwargs)
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from attnx.arguments import typed_arguments
 from attnx.decode.runtime import decode_section, open_stepper
 from attnx.errors import AttnxError
 from attnx.exporter.directory import ExportDir
@@ -100,6 +101,7 @@ def check_prompt(prompt_ids: Sequence[Any], vocab_size: int, what: str = "prompt
     return ids
 
 
+@typed_arguments
 def generate(
     out: str | Path,
     prompt_ids: Sequence[int],
