@@ -38,10 +38,21 @@ __all__ = [
     "GATED_DELTA_RULE_OP",
     "GATED_DELTA_RULE_STEP_OP",
     "ORT_BODIES",
+    "default_chunk_size",
     "gated_delta_rule",
     "gated_delta_rule_step",
     "naive_gated_delta_rule",
 ]
+
+
+# Chunk sizes measured fastest for the portable body in ONNX Runtime (docs/variants/gated.md), by
+# (delta, per-key decay); a variant's config defaults to these.
+DEFAULT_CHUNK_SIZES = {(False, False): 64, (False, True): 64, (True, False): 32, (True, True): 32}
+
+
+def default_chunk_size(delta: bool, per_key: bool) -> int:
+    """The default ``chunk_size`` for the delta (or additive) rule with a per-key (or scalar) decay."""
+    return DEFAULT_CHUNK_SIZES[(delta, per_key)]
 
 
 def check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor) -> None:

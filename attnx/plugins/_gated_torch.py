@@ -96,7 +96,7 @@ def gated_chunks(
         updates, retrieve = rate * values, None
     states, updates, final = carry(start, updates, retrieve, to_end, last.exp().transpose(-1, -2))
     out = scale * ((queries * decay.exp()) @ states + inner @ updates)
-    return out.flatten(3, 4)[..., :n, :].flatten(1, 2), final.flatten(1, 2)
+    return out.flatten(3, 4)[..., :n, :].flatten(1, 2).contiguous(), final.flatten(1, 2).contiguous()
 
 
 def carry(
