@@ -69,7 +69,11 @@ def inputs(rule: str, n: int, seed: int) -> Inputs:
     k = F.normalize(torch.randn(1, HK, n, DIM, generator=gen), dim=-1)
     v = torch.randn(1, HV, n, DIM, generator=gen)
     g = -F.softplus(torch.randn(1, HV, n, DIM if per_key else 1, generator=gen) - 2) * decayed
-    beta = torch.sigmoid(torch.randn(1, HV, n, generator=gen)) if delta or rule != "linear" else torch.ones(1, HV, n)
+    beta = (
+        torch.sigmoid(torch.randn(1, HV, n, generator=gen))
+        if delta or rule != "linear"
+        else torch.ones(1, HV, n)
+    )
     return Inputs(q, k, v, g, beta, delta)
 
 
@@ -82,7 +86,9 @@ def onnx_runner(x: Inputs, chunk_size: int, threads: int, bodies: tuple | None) 
     model = lower(node_model(op, call), [op], "function")
     model.opset_import.append(onnx_opset("com.microsoft"))
     session = onnxruntime.InferenceSession(model.SerializeToString(), ort_session_options(threads))
-    feed = {name: value.numpy() for name, value in call.bound().items() if name in ("q", "k", "v", "g", "beta")}
+    feed = {
+        name: value.numpy() for name, value in call.bound().items() if name in ("q", "k", "v", "g", "beta")
+    }
     return lambda: session.run(None, feed)
 
 
@@ -121,7 +127,9 @@ def best_of(runners: dict[str, Callable[[], object]], rounds: int) -> dict[str, 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--seq-lens", default="1024,4096")
     parser.add_argument("--rules", default=",".join(RULES))
     parser.add_argument("--candidates", default="portable,ort,hf,torch")
@@ -146,7 +154,7 @@ def main() -> None:
             if "hf" in candidates and (hf := hf_runner(x, default)) is not None:
                 runners["hf"] = hf
             if "torch" in candidates:
-                runners["torch"] = lambda x=x: gated_delta_rule(*x.args(default))
+                runners["torch"] = lambda x=x, c=default: gated_delta_rule(*x.args(c))
             with torch.no_grad():
                 best = best_of(runners, args.rounds)
             line = "  ".join(f"{name} {ms:9.2f} ms" for name, ms in best.items())

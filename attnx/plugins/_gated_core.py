@@ -55,7 +55,9 @@ def default_chunk_size(delta: bool, per_key: bool) -> int:
     return DEFAULT_CHUNK_SIZES[(delta, per_key)]
 
 
-def check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor) -> None:
+def check_shapes(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor
+) -> None:
     """Raise ValueError unless the shapes fit the op's contract (module docstring)."""
     batch, hk, n, dk = q.shape
     hv = v.shape[1]

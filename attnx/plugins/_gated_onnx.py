@@ -1,5 +1,5 @@
-"""Portable ONNX bodies of ``attnx::GatedDeltaRule(Step)``: the chunked form of :mod:`attnx.plugins._gated_torch`
-in standard ops (ai.onnx opset 18), run by ONNX Runtime as they are.
+"""Portable ONNX bodies of ``attnx::GatedDeltaRule(Step)``: the chunked form of
+:mod:`attnx.plugins._gated_torch` in standard ops (ai.onnx opset 18), which ONNX Runtime runs as they are.
 
 The layout is the torch code's: (b, hk, r, n_chunks, C, d), q and k with r = 1 (broadcast to the value
 heads they serve). Everything inside a chunk is computed for all chunks at once; a ``Scan`` over the
@@ -51,15 +51,23 @@ def GatedChunkLength(n: INT64, chunk_size: INT64, per_key: BOOL) -> tuple[INT64,
 def GatedGroup(x: FLOAT, heads: INT64) -> FLOAT:
     """(b, hv, n, d) -> (b, hk, r, n, d): value head j = i * r + t as (i, t)."""
     return op.Reshape(
-        x, op.Concat(op.Shape(x, start=0, end=1), heads, op.Constant(value_ints=[-1]), op.Shape(x, start=2), axis=0)
+        x,
+        op.Concat(
+            op.Shape(x, start=0, end=1), heads, op.Constant(value_ints=[-1]), op.Shape(x, start=2), axis=0
+        ),
     )
 
 
 @onnxscript.script(LIBRARY, default_opset=op)
 def GatedChunks(x: FLOAT, pad: INT64, chunk: INT64) -> FLOAT:
     """(b, hk, r, n, d) -> (b, hk, r, n_chunks, C, d), zeros appended to the sequence (axis 3)."""
-    padded = op.Pad(x, op.Concat(op.Constant(value_ints=[0, 0, 0, 0, 0, 0, 0, 0]), pad, op.Constant(value_ints=[0]), axis=0))
-    shape = op.Concat(op.Shape(x, start=0, end=3), op.Constant(value_ints=[-1]), chunk, op.Shape(x, start=4), axis=0)
+    padded = op.Pad(
+        x,
+        op.Concat(op.Constant(value_ints=[0, 0, 0, 0, 0, 0, 0, 0]), pad, op.Constant(value_ints=[0]), axis=0),
+    )
+    shape = op.Concat(
+        op.Shape(x, start=0, end=3), op.Constant(value_ints=[-1]), chunk, op.Shape(x, start=4), axis=0
+    )
     return op.Reshape(padded, shape)
 
 
@@ -80,7 +88,9 @@ def GatedLowerMask(length: INT64, diagonal: int) -> BOOL:
 @onnxscript.script(LIBRARY, default_opset=op)
 def GatedScalarScores(rows: FLOAT, keys: FLOAT, cumulated: FLOAT, diagonal: int) -> FLOAT:
     """rows_i . keys_j exp(G_i - G_j) for j <= i + ``diagonal``, else 0; G (..., C, 1): (..., C, C)."""
-    decay = op.Squeeze(op.Slice(cumulated, op.Constant(value_ints=[0]), op.Constant(value_ints=[1]), [-1]), [-1])
+    decay = op.Squeeze(
+        op.Slice(cumulated, op.Constant(value_ints=[0]), op.Constant(value_ints=[1]), [-1]), [-1]
+    )
     difference = op.Sub(op.Unsqueeze(decay, [-1]), op.Unsqueeze(decay, [-2]))
     keep = GatedLowerMask(op.Shape(decay, start=-1), diagonal=diagonal)
     pairwise = op.Exp(op.Where(keep, difference, op.CastLike(op.Constant(value=_NEG_INF), difference)))
@@ -104,7 +114,9 @@ def GatedPerKeyScores(rows: FLOAT, keys: FLOAT, cumulated: FLOAT, size: INT64, d
     last = op.Sub(size, op.Constant(value_ints=[1]))
     ends = op.Gather(decay_blocks, op.Squeeze(last, [0]), axis=5)  # G at each block's end (..., m, dk)
     earlier_ends = op.Slice(ends, op.Constant(value_ints=[0]), op.Constant(value_ints=[-1]), [4])
-    before = op.Pad(earlier_ends, op.Constant(value_ints=[0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0]))  # G before each block
+    before = op.Pad(
+        earlier_ends, op.Constant(value_ints=[0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0])
+    )  # G before each block
     scaled_rows = op.Mul(row_blocks, op.Exp(op.Sub(decay_blocks, op.Unsqueeze(before, [5]))))
     # exp(min(G_before(block) - G_j, 0)): pairs j in the block or after it are masked below
     gap = op.Neg(op.Relu(op.Sub(op.Unsqueeze(cumulated, [4]), op.Unsqueeze(before, [5]))))
@@ -113,30 +125,44 @@ def GatedPerKeyScores(rows: FLOAT, keys: FLOAT, cumulated: FLOAT, size: INT64, d
     length = op.Shape(cumulated, start=4, end=5)
     square = op.Concat(op.Shape(earlier, start=0, end=4), length, length, axis=0)
     n_blocks = op.Div(length, size)
-    block_pairs = op.Concat(n_blocks, op.Constant(value_ints=[1]), n_blocks, op.Constant(value_ints=[1]), axis=0)
+    block_pairs = op.Concat(
+        n_blocks, op.Constant(value_ints=[1]), n_blocks, op.Constant(value_ints=[1]), axis=0
+    )
     spread = op.Concat(n_blocks, size, n_blocks, size, axis=0)
-    block_lower = op.Reshape(op.Expand(op.Reshape(GatedLowerMask(n_blocks, diagonal=-1), block_pairs), spread),
-                             op.Concat(length, length, axis=0))
+    block_lower = op.Reshape(
+        op.Expand(op.Reshape(GatedLowerMask(n_blocks, diagonal=-1), block_pairs), spread),
+        op.Concat(length, length, axis=0),
+    )
     earlier = op.Mul(op.Reshape(earlier, square), op.CastLike(block_lower, earlier))
     keep = op.Unsqueeze(GatedLowerMask(size, diagonal=diagonal), [-1])
-    difference = op.Sub(op.Unsqueeze(decay_blocks, [6]), op.Unsqueeze(decay_blocks, [5]))  # (..., m, s, s, dk)
+    difference = op.Sub(
+        op.Unsqueeze(decay_blocks, [6]), op.Unsqueeze(decay_blocks, [5])
+    )  # (..., m, s, s, dk)
     pairwise = op.Exp(op.Where(keep, difference, op.CastLike(op.Constant(value=_NEG_INF), difference)))
     products = op.Mul(op.Mul(op.Unsqueeze(row_blocks, [6]), op.Unsqueeze(key_blocks, [5])), pairwise)
     within = op.ReduceSum(products, op.Constant(value_ints=[-1]), keepdims=0)  # (..., m, s, s)
-    eye = op.EyeLike(op.Expand(op.CastLike(op.Constant(value_float=0.0), within), op.Concat(n_blocks, n_blocks, axis=0)))
+    eye = op.EyeLike(
+        op.Expand(op.CastLike(op.Constant(value_float=0.0), within), op.Concat(n_blocks, n_blocks, axis=0))
+    )
     diagonal_blocks = op.Mul(op.Unsqueeze(within, [6]), op.Reshape(eye, block_pairs))  # (..., m, s, m, s)
     return op.Add(earlier, op.Reshape(diagonal_blocks, square))
 
 
 @onnxscript.script(LIBRARY, default_opset=op)
-def GatedScores(rows: FLOAT, keys: FLOAT, cumulated: FLOAT, size: INT64, per_key: BOOL, diagonal: int) -> FLOAT:
+def GatedScores(
+    rows: FLOAT, keys: FLOAT, cumulated: FLOAT, size: INT64, per_key: BOOL, diagonal: int
+) -> FLOAT:
     """The decayed scores (..., n_chunks, C, C) in the form g's width asks for; the other runs on no chunk."""
     scalar = op.Not(per_key)
     by_scalar = GatedScalarScores(
         GatedTake(rows, scalar), GatedTake(keys, scalar), GatedTake(cumulated, scalar), diagonal=diagonal
     )
     by_key = GatedPerKeyScores(
-        GatedTake(rows, per_key), GatedTake(keys, per_key), GatedTake(cumulated, per_key), size, diagonal=diagonal
+        GatedTake(rows, per_key),
+        GatedTake(keys, per_key),
+        GatedTake(cumulated, per_key),
+        size,
+        diagonal=diagonal,
     )
     return op.Concat(by_scalar, by_key, axis=3)
 
@@ -158,8 +184,15 @@ def GatedInverse(weights: FLOAT) -> FLOAT:
 
 @onnxscript.script(LIBRARY, default_opset=op)
 def GatedDeltaCarry(
-    keys: FLOAT, values: FLOAT, rate: FLOAT, cumulated: FLOAT, to_end: FLOAT, chunk_decay: FLOAT,
-    start: FLOAT, size: INT64, per_key: BOOL,
+    keys: FLOAT,
+    values: FLOAT,
+    rate: FLOAT,
+    cumulated: FLOAT,
+    to_end: FLOAT,
+    chunk_decay: FLOAT,
+    start: FLOAT,
+    size: INT64,
+    per_key: BOOL,
 ) -> tuple[FLOAT, FLOAT, FLOAT]:
     """The delta rule: U = U_b - W S per chunk. Returns the states before each chunk
     (..., n_chunks, dk, dv), U (..., n_chunks, C, dv) and the last state."""
@@ -175,14 +208,23 @@ def GatedDeltaCarry(
         return grown, op.Identity(state), solved
 
     final, states, solved = op.Scan(
-        start, updates, retrieve, to_end, chunk_decay,
-        body=step, num_scan_inputs=4, scan_input_axes=[3, 3, 3, 3], scan_output_axes=[3, 3],
+        start,
+        updates,
+        retrieve,
+        to_end,
+        chunk_decay,
+        body=step,
+        num_scan_inputs=4,
+        scan_input_axes=[3, 3, 3, 3],
+        scan_output_axes=[3, 3],
     )
     return states, solved, final
 
 
 @onnxscript.script(LIBRARY, default_opset=op)
-def GatedAdditiveCarry(updates: FLOAT, to_end: FLOAT, chunk_decay: FLOAT, start: FLOAT) -> tuple[FLOAT, FLOAT, FLOAT]:
+def GatedAdditiveCarry(
+    updates: FLOAT, to_end: FLOAT, chunk_decay: FLOAT, start: FLOAT
+) -> tuple[FLOAT, FLOAT, FLOAT]:
     """The additive rule: U = diag(beta) V, known before the loop, which adds each chunk's K~^T U."""
     increments = op.MatMul(op.Transpose(to_end, perm=[0, 1, 2, 3, 5, 4]), updates)
 
@@ -191,14 +233,28 @@ def GatedAdditiveCarry(updates: FLOAT, to_end: FLOAT, chunk_decay: FLOAT, start:
         return op.Add(op.Mul(decay, state), increment), op.Identity(state)
 
     final, states = op.Scan(
-        start, increments, chunk_decay, body=step, num_scan_inputs=2, scan_input_axes=[3, 3], scan_output_axes=[3]
+        start,
+        increments,
+        chunk_decay,
+        body=step,
+        num_scan_inputs=2,
+        scan_input_axes=[3, 3],
+        scan_output_axes=[3],
     )
     return states, updates, final
 
 
 @onnxscript.script(LIBRARY, default_opset=op)
 def GatedCore(
-    q: FLOAT, k: FLOAT, v: FLOAT, g: FLOAT, beta: FLOAT, state: FLOAT, delta: int, scale: float, chunk_size: int
+    q: FLOAT,
+    k: FLOAT,
+    v: FLOAT,
+    g: FLOAT,
+    beta: FLOAT,
+    state: FLOAT,
+    delta: int,
+    scale: float,
+    chunk_size: int,
 ) -> tuple[FLOAT, FLOAT]:
     """The recurrence after ``state`` (b, hk, r, dk, dv), all inputs widened: (out (b, hv, n, dv), state')."""
     heads = op.Shape(q, start=1, end=2)
@@ -212,12 +268,16 @@ def GatedCore(
     cumulated = op.CumSum(GatedChunks(GatedGroup(g, heads), pad, chunk), op.Constant(value_int=4))
     rate = GatedChunks(GatedGroup(op.Unsqueeze(beta, [-1]), heads), pad, chunk)
     inner = GatedScores(queries, keys, cumulated, size, per_key, diagonal=0)  # P
-    last = op.Slice(cumulated, op.Constant(value_ints=[-1]), op.Constant(value_ints=[9223372036854775807]), [4])
+    last = op.Slice(
+        cumulated, op.Constant(value_ints=[-1]), op.Constant(value_ints=[9223372036854775807]), [4]
+    )
     to_end = op.Mul(keys, op.Exp(op.Sub(last, cumulated)))  # K~
     chunk_decay = op.Exp(op.Transpose(last, perm=[0, 1, 2, 3, 5, 4]))  # (..., nc, dg, 1)
     use_delta = op.Cast(op.Constant(value_int=delta), to=BOOL.dtype)
     if use_delta:
-        states, updates, final = GatedDeltaCarry(keys, values, rate, cumulated, to_end, chunk_decay, state, size, per_key)
+        states, updates, final = GatedDeltaCarry(
+            keys, values, rate, cumulated, to_end, chunk_decay, state, size, per_key
+        )
     else:
         states, updates, final = GatedAdditiveCarry(op.Mul(rate, values), to_end, chunk_decay, state)
     read = op.MatMul(op.Mul(queries, op.Exp(cumulated)), states)
@@ -231,34 +291,64 @@ def GatedCore(
 def GatedEmptyState(q: FLOAT, v: FLOAT) -> FLOAT:
     """Zeros (b, hk, r, dk, dv) in q's type."""
     shape = op.Concat(
-        op.Shape(q, start=0, end=2), op.Constant(value_ints=[-1]), op.Shape(q, start=3), op.Shape(v, start=3), axis=0
+        op.Shape(q, start=0, end=2),
+        op.Constant(value_ints=[-1]),
+        op.Shape(q, start=3),
+        op.Shape(v, start=3),
+        axis=0,
     )
     heads = op.Concat(op.Shape(v, start=0, end=2), op.Shape(q, start=3), op.Shape(v, start=3), axis=0)
     return op.Reshape(op.Expand(op.CastLike(op.Constant(value_float=0.0), q), heads), shape)
 
 
 @onnxscript.script(OPSET, default_opset=op)
-def GatedDeltaRule(q: FLOAT, k: FLOAT, v: FLOAT, g: FLOAT, beta: FLOAT, delta: int, scale: float, chunk_size: int) -> FLOAT:
+def GatedDeltaRule(
+    q: FLOAT, k: FLOAT, v: FLOAT, g: FLOAT, beta: FLOAT, delta: int, scale: float, chunk_size: int
+) -> FLOAT:
     wide = AttnxWiden(q)
     out, _ = GatedCore(
-        wide, AttnxWiden(k), AttnxWiden(v), AttnxWiden(g), AttnxWiden(beta), GatedEmptyState(wide, v),
-        delta=delta, scale=scale, chunk_size=chunk_size,
+        wide,
+        AttnxWiden(k),
+        AttnxWiden(v),
+        AttnxWiden(g),
+        AttnxWiden(beta),
+        GatedEmptyState(wide, v),
+        delta=delta,
+        scale=scale,
+        chunk_size=chunk_size,
     )
     return op.CastLike(out, v)
 
 
 @onnxscript.script(OPSET, default_opset=op)
 def GatedDeltaRuleStep(
-    q: FLOAT, k: FLOAT, v: FLOAT, g: FLOAT, beta: FLOAT, state: FLOAT, delta: int, scale: float, chunk_size: int
+    q: FLOAT,
+    k: FLOAT,
+    v: FLOAT,
+    g: FLOAT,
+    beta: FLOAT,
+    state: FLOAT,
+    delta: int,
+    scale: float,
+    chunk_size: int,
 ) -> tuple[FLOAT, FLOAT]:
     wide = AttnxWiden(q)
     start = op.Reshape(
         op.CastLike(state, wide),
-        op.Concat(op.Shape(q, start=0, end=2), op.Constant(value_ints=[-1]), op.Shape(state, start=2), axis=0),
+        op.Concat(
+            op.Shape(q, start=0, end=2), op.Constant(value_ints=[-1]), op.Shape(state, start=2), axis=0
+        ),
     )
     out, grown = GatedCore(
-        wide, AttnxWiden(k), AttnxWiden(v), AttnxWiden(g), AttnxWiden(beta), start,
-        delta=delta, scale=scale, chunk_size=chunk_size,
+        wide,
+        AttnxWiden(k),
+        AttnxWiden(v),
+        AttnxWiden(g),
+        AttnxWiden(beta),
+        start,
+        delta=delta,
+        scale=scale,
+        chunk_size=chunk_size,
     )
     return op.CastLike(out, v), op.CastLike(grown, state)
 
@@ -269,7 +359,14 @@ def GatedDeltaRuleStepFirst(
 ) -> tuple[FLOAT, FLOAT]:
     wide = AttnxWiden(q)
     out, grown = GatedCore(
-        wide, AttnxWiden(k), AttnxWiden(v), AttnxWiden(g), AttnxWiden(beta), GatedEmptyState(wide, v),
-        delta=delta, scale=scale, chunk_size=chunk_size,
+        wide,
+        AttnxWiden(k),
+        AttnxWiden(v),
+        AttnxWiden(g),
+        AttnxWiden(beta),
+        GatedEmptyState(wide, v),
+        delta=delta,
+        scale=scale,
+        chunk_size=chunk_size,
     )
     return op.CastLike(out, v), grown

@@ -35,7 +35,9 @@ MICROSOFT = onnxscript.values.Opset("com.microsoft", 1)
 def OrtNetDelta(
     q: FLOAT, k: FLOAT, v: FLOAT, g: FLOAT, beta: FLOAT, state: FLOAT, scale: float
 ) -> tuple[FLOAT, FLOAT]:
-    out, final = MICROSOFT.GatedDeltaNet(q, k, v, None, g, beta, state, update_rule="gated_delta", scale=scale)
+    out, final = MICROSOFT.GatedDeltaNet(
+        q, k, v, None, g, beta, state, update_rule="gated_delta", scale=scale
+    )
     return out, final
 
 
@@ -50,8 +52,17 @@ def OrtLinearDelta(
     q: FLOAT, k: FLOAT, v: FLOAT, state: FLOAT, g: FLOAT, beta: FLOAT, scale: float, chunk_size: int
 ) -> tuple[FLOAT, FLOAT]:
     out, final = MICROSOFT.LinearAttention(
-        q, k, v, state, g, beta,
-        q_num_heads=1, kv_num_heads=1, update_rule="gated_delta", scale=scale, chunk_size=chunk_size,
+        q,
+        k,
+        v,
+        state,
+        g,
+        beta,
+        q_num_heads=1,
+        kv_num_heads=1,
+        update_rule="gated_delta",
+        scale=scale,
+        chunk_size=chunk_size,
     )
     return out, final
 
@@ -61,7 +72,16 @@ def OrtLinearAdditive(
     q: FLOAT, k: FLOAT, v: FLOAT, state: FLOAT, g: FLOAT, scale: float, chunk_size: int
 ) -> tuple[FLOAT, FLOAT]:
     out, final = MICROSOFT.LinearAttention(
-        q, k, v, state, g, q_num_heads=1, kv_num_heads=1, update_rule="gated", scale=scale, chunk_size=chunk_size
+        q,
+        k,
+        v,
+        state,
+        g,
+        q_num_heads=1,
+        kv_num_heads=1,
+        update_rule="gated",
+        scale=scale,
+        chunk_size=chunk_size,
     )
     return out, final
 
@@ -74,7 +94,7 @@ def OrtScaled(out: FLOAT, scale: float) -> FLOAT:
     """``out``, or zeros when ``scale`` is 0 (the kernels read 0 as 1/sqrt(dk)); an If on a constant."""
     factor = op.CastLike(op.Constant(value_float=scale), out)
     zero = op.Equal(factor, op.CastLike(op.Constant(value_float=0.0), out))
-    if zero:
+    if zero:  # noqa: SIM108 (onnxscript makes an If of an if statement only)
         result = op.Mul(out, factor)
     else:
         result = op.Identity(out)
@@ -89,11 +109,16 @@ def OrtHeadsToBatch(x: FLOAT) -> FLOAT:
 
 @onnxscript.script(LIBRARY, default_opset=op)
 def OrtRepeatHeads(x: FLOAT, like: FLOAT) -> FLOAT:
-    """q or k (b, hk, n, d) repeated to the value heads of ``like`` (b, hv, ...), each head r times in a row."""
-    grouped = op.Concat(op.Shape(x, start=0, end=2), op.Constant(value_ints=[-1]), op.Shape(x, start=2), axis=0)
+    """q or k (b, hk, n, d) repeated to the value heads of ``like`` (b, hv, ...), each r times in a row."""
+    grouped = op.Concat(
+        op.Shape(x, start=0, end=2), op.Constant(value_ints=[-1]), op.Shape(x, start=2), axis=0
+    )
     heads = op.Div(op.Shape(like, start=1, end=2), op.Shape(x, start=1, end=2))
     wide = op.Concat(op.Shape(x, start=0, end=2), heads, op.Shape(x, start=2), axis=0)
-    return op.Reshape(op.Expand(op.Reshape(x, grouped), wide), op.Concat(op.Shape(like, start=0, end=2), op.Shape(x, start=2), axis=0))
+    return op.Reshape(
+        op.Expand(op.Reshape(x, grouped), wide),
+        op.Concat(op.Shape(like, start=0, end=2), op.Shape(x, start=2), axis=0),
+    )
 
 
 @onnxscript.script(LIBRARY, default_opset=op)
@@ -110,16 +135,28 @@ def OrtNetCore(
     queries, keys = op.Transpose(q, perm=[0, 2, 1, 3]), op.Transpose(k, perm=[0, 2, 1, 3])
     use_delta = op.Cast(op.Constant(value_int=delta), to=BOOL.dtype)
     if use_delta:
-        out, final = OrtNetDelta(queries, keys, op.Transpose(v, perm=[0, 2, 1, 3]), decay, rate, v_major, scale=scale)
+        out, final = OrtNetDelta(
+            queries, keys, op.Transpose(v, perm=[0, 2, 1, 3]), decay, rate, v_major, scale=scale
+        )
     else:
         values = op.Transpose(op.Mul(v, op.Unsqueeze(beta, [-1])), perm=[0, 2, 1, 3])
         out, final = OrtNetAdditive(queries, keys, values, decay, v_major, scale=scale)
-    return OrtScaled(op.Transpose(out, perm=[0, 2, 1, 3]), scale=scale), op.Transpose(final, perm=[0, 1, 3, 2])
+    return OrtScaled(op.Transpose(out, perm=[0, 2, 1, 3]), scale=scale), op.Transpose(
+        final, perm=[0, 1, 3, 2]
+    )
 
 
 @onnxscript.script(LIBRARY, default_opset=op)
 def OrtLinearCore(
-    q: FLOAT, k: FLOAT, v: FLOAT, g: FLOAT, beta: FLOAT, state: FLOAT, delta: int, scale: float, chunk_size: int
+    q: FLOAT,
+    k: FLOAT,
+    v: FLOAT,
+    g: FLOAT,
+    beta: FLOAT,
+    state: FLOAT,
+    delta: int,
+    scale: float,
+    chunk_size: int,
 ) -> tuple[FLOAT, FLOAT]:
     """Widened (b, h, n, d) inputs and state (b, hv, dk, dv) through ``LinearAttention``: (out, state')."""
     queries, keys = OrtHeadsToBatch(OrtRepeatHeads(q, v)), OrtHeadsToBatch(OrtRepeatHeads(k, v))
@@ -127,7 +164,12 @@ def OrtLinearCore(
     rows = op.Reshape(state, op.Concat(op.Constant(value_ints=[-1, 1]), op.Shape(state, start=2), axis=0))
     use_delta = op.Cast(op.Constant(value_int=delta), to=BOOL.dtype)
     if use_delta:
-        rate = op.Reshape(beta, op.Concat(op.Constant(value_ints=[-1]), op.Shape(beta, start=2), op.Constant(value_ints=[1]), axis=0))
+        rate = op.Reshape(
+            beta,
+            op.Concat(
+                op.Constant(value_ints=[-1]), op.Shape(beta, start=2), op.Constant(value_ints=[1]), axis=0
+            ),
+        )
         out, final = OrtLinearDelta(
             queries, keys, OrtHeadsToBatch(v), rows, decay, rate, scale=scale, chunk_size=chunk_size
         )
@@ -154,20 +196,40 @@ def OrtNetRule(
 ) -> FLOAT:
     wide = AttnxWiden(q)
     out, _ = OrtNetCore(
-        wide, AttnxWiden(k), AttnxWiden(v), AttnxWiden(g), AttnxWiden(beta), OrtEmptyState(wide, v),
-        delta=delta, scale=scale,
+        wide,
+        AttnxWiden(k),
+        AttnxWiden(v),
+        AttnxWiden(g),
+        AttnxWiden(beta),
+        OrtEmptyState(wide, v),
+        delta=delta,
+        scale=scale,
     )
     return op.CastLike(out, v)
 
 
 @onnxscript.script(OPSET, default_opset=op)
 def OrtNetStep(
-    q: FLOAT, k: FLOAT, v: FLOAT, g: FLOAT, beta: FLOAT, state: FLOAT, delta: int, scale: float, chunk_size: int
+    q: FLOAT,
+    k: FLOAT,
+    v: FLOAT,
+    g: FLOAT,
+    beta: FLOAT,
+    state: FLOAT,
+    delta: int,
+    scale: float,
+    chunk_size: int,
 ) -> tuple[FLOAT, FLOAT]:
     wide = AttnxWiden(q)
     out, final = OrtNetCore(
-        wide, AttnxWiden(k), AttnxWiden(v), AttnxWiden(g), AttnxWiden(beta), op.CastLike(state, wide),
-        delta=delta, scale=scale,
+        wide,
+        AttnxWiden(k),
+        AttnxWiden(v),
+        AttnxWiden(g),
+        AttnxWiden(beta),
+        op.CastLike(state, wide),
+        delta=delta,
+        scale=scale,
     )
     return op.CastLike(out, v), op.CastLike(final, state)
 
@@ -178,8 +240,14 @@ def OrtNetStepFirst(
 ) -> tuple[FLOAT, FLOAT]:
     wide = AttnxWiden(q)
     out, final = OrtNetCore(
-        wide, AttnxWiden(k), AttnxWiden(v), AttnxWiden(g), AttnxWiden(beta), OrtEmptyState(wide, v),
-        delta=delta, scale=scale,
+        wide,
+        AttnxWiden(k),
+        AttnxWiden(v),
+        AttnxWiden(g),
+        AttnxWiden(beta),
+        OrtEmptyState(wide, v),
+        delta=delta,
+        scale=scale,
     )
     return op.CastLike(out, v), final
 
@@ -190,20 +258,42 @@ def OrtLinearRule(
 ) -> FLOAT:
     wide = AttnxWiden(q)
     out, _ = OrtLinearCore(
-        wide, AttnxWiden(k), AttnxWiden(v), AttnxWiden(g), AttnxWiden(beta), OrtEmptyState(wide, v),
-        delta=delta, scale=scale, chunk_size=chunk_size,
+        wide,
+        AttnxWiden(k),
+        AttnxWiden(v),
+        AttnxWiden(g),
+        AttnxWiden(beta),
+        OrtEmptyState(wide, v),
+        delta=delta,
+        scale=scale,
+        chunk_size=chunk_size,
     )
     return op.CastLike(out, v)
 
 
 @onnxscript.script(OPSET, default_opset=op)
 def OrtLinearStep(
-    q: FLOAT, k: FLOAT, v: FLOAT, g: FLOAT, beta: FLOAT, state: FLOAT, delta: int, scale: float, chunk_size: int
+    q: FLOAT,
+    k: FLOAT,
+    v: FLOAT,
+    g: FLOAT,
+    beta: FLOAT,
+    state: FLOAT,
+    delta: int,
+    scale: float,
+    chunk_size: int,
 ) -> tuple[FLOAT, FLOAT]:
     wide = AttnxWiden(q)
     out, final = OrtLinearCore(
-        wide, AttnxWiden(k), AttnxWiden(v), AttnxWiden(g), AttnxWiden(beta), op.CastLike(state, wide),
-        delta=delta, scale=scale, chunk_size=chunk_size,
+        wide,
+        AttnxWiden(k),
+        AttnxWiden(v),
+        AttnxWiden(g),
+        AttnxWiden(beta),
+        op.CastLike(state, wide),
+        delta=delta,
+        scale=scale,
+        chunk_size=chunk_size,
     )
     return op.CastLike(out, v), op.CastLike(final, state)
 
@@ -214,14 +304,24 @@ def OrtLinearStepFirst(
 ) -> tuple[FLOAT, FLOAT]:
     wide = AttnxWiden(q)
     out, final = OrtLinearCore(
-        wide, AttnxWiden(k), AttnxWiden(v), AttnxWiden(g), AttnxWiden(beta), OrtEmptyState(wide, v),
-        delta=delta, scale=scale, chunk_size=chunk_size,
+        wide,
+        AttnxWiden(k),
+        AttnxWiden(v),
+        AttnxWiden(g),
+        AttnxWiden(beta),
+        OrtEmptyState(wide, v),
+        delta=delta,
+        scale=scale,
+        chunk_size=chunk_size,
     )
     return op.CastLike(out, v), final
 
 
 # The bodies by op name, in AttentionOp.bodies order (all inputs first, then without the state).
-ORT_GATED_DELTA_NET_BODIES = {"GatedDeltaRule": (OrtNetRule,), "GatedDeltaRuleStep": (OrtNetStep, OrtNetStepFirst)}
+ORT_GATED_DELTA_NET_BODIES = {
+    "GatedDeltaRule": (OrtNetRule,),
+    "GatedDeltaRuleStep": (OrtNetStep, OrtNetStepFirst),
+}
 ORT_LINEAR_ATTENTION_BODIES = {
     "GatedDeltaRule": (OrtLinearRule,),
     "GatedDeltaRuleStep": (OrtLinearStep, OrtLinearStepFirst),

@@ -7,8 +7,8 @@ Per batch row and value head, with S the (d_k, d_v) state, D_t = diag(exp(g_t)),
 
 A chunk of C tokens after the state S_0, with G_t = g_1 + ... + g_t (cumulated inside the chunk), is
 
-    S_C = diag(exp(G_C)) S_0 + K~^T U,        K~_j = exp(G_C - G_j) * k_j,
-    O   = scale (Q^ S_0 + P U),               Q^_i = exp(G_i) * q_i,   P_ij = q_i . (exp(G_i - G_j) * k_j), j <= i,
+    S_C = diag(exp(G_C)) S_0 + K~^T U,   K~_j = exp(G_C - G_j) * k_j,
+    O   = scale (Q^ S_0 + P U),          Q^_i = exp(G_i) * q_i,   P_ij = q_i . (exp(G_i - G_j) * k_j), j <= i,
 
 and the delta rule's U solves (I + A) U = diag(beta) (V - (exp(G) * K) S_0) with A strictly lower
 triangular, A_ij = beta_i k_i . (exp(G_i - G_j) * k_j) (the WY/UT form): U = U_b - W S_0 with
@@ -127,7 +127,9 @@ def carry(
     return torch.stack(before, dim=-3), torch.stack(solved, dim=-3), start
 
 
-def scalar_scores(rows: torch.Tensor, keys: torch.Tensor, decay: torch.Tensor, inclusive: bool) -> torch.Tensor:
+def scalar_scores(
+    rows: torch.Tensor, keys: torch.Tensor, decay: torch.Tensor, inclusive: bool
+) -> torch.Tensor:
     """rows_i . (exp(G_i - G_j) keys_j) for j <= i (j < i unless ``inclusive``), 0 elsewhere, with the
     cumulated decay G (..., C, 1) one scalar per token: (..., C, C)."""
     cumulated = decay[..., 0]
@@ -146,17 +148,21 @@ def per_key_scores(
     exp(G_b - G_j), G_b the decay before i's block, so the rows scaled once per block meet the keys scaled
     once per later block in one product; inside a block the pairs are summed per key dimension.
     """
-    length, dim = decay.shape[-2], decay.shape[-1]
+    length = decay.shape[-2]
     size = block_size(length)
     n_blocks = length // size
     blocked = [x.unflatten(-2, (n_blocks, size)) for x in (rows, keys, decay)]  # (..., m, s, d)
     row_blocks, key_blocks, decay_blocks = blocked
     before = F.pad(decay_blocks[..., :-1, -1, :], (0, 0, 1, 0))  # G before each block (..., m, dk)
     scaled_rows = row_blocks * (decay_blocks - before[..., None, :]).exp()
-    scaled_keys = keys[..., None, :, :] * (before[..., :, None, :] - decay[..., None, :, :]).clamp(max=0).exp()
+    scaled_keys = (
+        keys[..., None, :, :] * (before[..., :, None, :] - decay[..., None, :, :]).clamp(max=0).exp()
+    )
     blocks = torch.ones(n_blocks, n_blocks, dtype=rows.dtype, device=rows.device).tril(-1)
     earlier = (scaled_rows @ scaled_keys.transpose(-1, -2)).flatten(-3, -2)  # (..., C, C), block j < block i
-    earlier = earlier * blocks[:, None, :, None].expand(n_blocks, size, n_blocks, size).reshape(length, length)
+    earlier = earlier * blocks[:, None, :, None].expand(n_blocks, size, n_blocks, size).reshape(
+        length, length
+    )
     keep = torch.ones(size, size, dtype=torch.bool, device=rows.device).tril(0 if inclusive else -1)
     pairwise = decay_blocks[..., :, None, :] - decay_blocks[..., None, :, :]  # (..., m, s, s, dk)
     pairwise = pairwise.masked_fill(~keep[..., None], float("-inf")).exp()

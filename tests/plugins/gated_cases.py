@@ -28,7 +28,8 @@ class Shape:
         decay = "key" if self.per_key else "scalar"
         rule = "delta" if self.delta else "additive"
         state = "-state" if self.state else ""
-        return f"{self.batch}x{self.hk}/{self.hv}x{self.n}x{self.dk}/{self.dv}-{decay}-{rule}-C{self.chunk}{state}"
+        sizes = f"{self.batch}x{self.hk}/{self.hv}x{self.n}x{self.dk}/{self.dv}"
+        return f"{sizes}-{decay}-{rule}-C{self.chunk}{state}"
 
 
 def draw(

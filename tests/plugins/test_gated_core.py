@@ -35,7 +35,9 @@ def explicit_additive(q, k, v, g, beta, state, scale):
     cumulated = g.double().cumsum(2).expand(*v.shape[:3], q.shape[-1])  # (b, hv, n, dk)
     n = q.shape[2]
     causal = torch.ones(n, n, dtype=torch.bool).tril()
-    decay = (cumulated[:, :, :, None] - cumulated[:, :, None, :]).masked_fill(~causal[..., None], float("-inf"))
+    decay = (cumulated[:, :, :, None] - cumulated[:, :, None, :]).masked_fill(
+        ~causal[..., None], float("-inf")
+    )
     scores = (q[:, :, :, None] * k[:, :, None] * decay.exp()).sum(-1)  # (b, hv, n, n)
     out = scores @ (beta.double()[..., None] * v.double())
     if state is not None:
@@ -53,7 +55,8 @@ def test_reference_additive_rule_is_the_unrolled_sum(per_key, with_state):
 
 
 def test_reference_delta_rule_overwrites_the_value_of_a_unit_key():
-    """beta = 1, |k| = 1, no decay: after (k, v) is written the state answers v to the query k, whatever it held."""
+    """beta = 1, |k| = 1, no decay: once (k, v) is written the state answers v to the query k, whatever it
+    held before."""
     shape = Shape(batch=2, hk=1, hv=2, n=6, dk=5, dv=3, state=True)
     q, k, v, g, beta, state = draw(shape, seed=2, dtype=torch.float64)
     q = k.clone()
@@ -254,13 +257,17 @@ def test_gradients_match_autograd_through_the_recurrence(shape):
     expected_out, expected_state = naive_gated_delta_rule(
         *inputs[:5], inputs[5] if shape.state else None, shape.delta, SCALE
     )
-    cotangents = [torch.randn(t.shape, generator=gen, dtype=torch.float64) for t in (expected_out, expected_state)]
+    cotangents = [
+        torch.randn(t.shape, generator=gen, dtype=torch.float64) for t in (expected_out, expected_state)
+    ]
     expected = torch.autograd.grad((expected_out, expected_state), inputs, cotangents)
     bound_scale = max(float(e.abs().max()) for e in expected)
     for dtype, rel in ((torch.float64, 1e-7), (torch.float32, 1e-4)):
         cast = [t.detach().to(dtype).requires_grad_() for t in inputs]
         outputs = step_op(shape, *cast)
-        found = torch.autograd.grad(outputs, cast, [c.to(o.dtype) for c, o in zip(cotangents, outputs, strict=True)])
+        found = torch.autograd.grad(
+            outputs, cast, [c.to(o.dtype) for c, o in zip(cotangents, outputs, strict=True)]
+        )
         for index, (a, e) in enumerate(zip(found, expected, strict=True)):
             error = float((a.double() - e).abs().max())
             assert error <= rel * bound_scale, f"{dtype} input {index}: {error:.3g}"

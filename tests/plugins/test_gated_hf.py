@@ -53,8 +53,14 @@ def test_qwen3_next_gated_delta_rule(form, batch, hk, hv, n, dk, dv, with_state)
     function = getattr(qwen3_next, f"torch_{form}_gated_delta_rule")
     hq, hk_, hv_ = hf_layout(q, k, v)
     expected, expected_state = function(
-        hq, hk_, hv_, g[..., 0].transpose(1, 2), beta.transpose(1, 2),
-        initial_state=state, output_final_state=True, use_qk_l2norm_in_kernel=True,
+        hq,
+        hk_,
+        hv_,
+        g[..., 0].transpose(1, 2),
+        beta.transpose(1, 2),
+        initial_state=state,
+        output_final_state=True,
+        use_qk_l2norm_in_kernel=True,
     )
     out, grown = gated_delta_rule_step(l2norm(q), l2norm(k), v, g, beta, state, True, dk**-0.5, 32)
     torch.testing.assert_close(out, expected.transpose(1, 2), atol=2e-5, rtol=1e-4)
@@ -74,8 +80,14 @@ def test_kimi_delta_attention(form, batch, heads, n, dk, dv, with_state):
     function = getattr(kimi_linear, f"{form}_kimi_delta_attention")
     hq, hk, hv, hg = hf_layout(q, k, v, g)
     expected, expected_state = function(
-        hq, hk, hv, hg, beta.transpose(1, 2),
-        initial_state=state, output_final_state=True, use_qk_l2norm_in_kernel=True,
+        hq,
+        hk,
+        hv,
+        hg,
+        beta.transpose(1, 2),
+        initial_state=state,
+        output_final_state=True,
+        use_qk_l2norm_in_kernel=True,
     )
     out, grown = gated_delta_rule_step(l2norm(q), l2norm(k), v, g, beta, state, True, 1 / math.sqrt(dk), 16)
     torch.testing.assert_close(out, expected.transpose(1, 2), atol=2e-5, rtol=1e-4)
