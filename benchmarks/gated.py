@@ -16,7 +16,8 @@ torch     the torch op, eager
 
 ONNX Runtime and torch get ``--threads`` intra-op threads. Each (rule, N) times its candidates in turn,
 round after round, so all of them see the same load on a shared machine; the minimum over rounds is
-printed (and written with ``--json``).
+printed (and written with ``--json``). ``--cpu-time`` times the process's CPU time instead of the wall
+clock: with ``--threads 1`` the work itself, which other load on a shared machine inflates far less.
 """
 
 from __future__ import annotations
@@ -114,15 +115,17 @@ def hf_runner(x: Inputs, chunk_size: int) -> Callable[[], object] | None:
     return lambda: chunk_kimi_delta_attention(q, k, v, g, beta, chunk_size=64)
 
 
-def best_of(runners: dict[str, Callable[[], object]], rounds: int) -> dict[str, float]:
+def best_of(
+    runners: dict[str, Callable[[], object]], rounds: int, clock: Callable[[], float]
+) -> dict[str, float]:
     for run in runners.values():
         run()  # warm-up
     times: dict[str, list[float]] = {name: [] for name in runners}
     for _ in range(rounds):
         for name, run in runners.items():
-            start = time.perf_counter()
+            start = clock()
             run()
-            times[name].append(time.perf_counter() - start)
+            times[name].append(clock() - start)
     return {name: min(values) * 1e3 for name, values in times.items()}
 
 
@@ -136,6 +139,7 @@ def main() -> None:
     parser.add_argument("--chunk-sizes", default="", help="portable body chunk sizes (default: the op's)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--cpu-time", action="store_true", help="process CPU time instead of wall time")
     parser.add_argument("--json", default="")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -156,13 +160,15 @@ def main() -> None:
             if "torch" in candidates:
                 runners["torch"] = lambda x=x, c=default: gated_delta_rule(*x.args(c))
             with torch.no_grad():
-                best = best_of(runners, args.rounds)
+                best = best_of(
+                    runners, args.rounds, time.process_time if args.cpu_time else time.perf_counter
+                )
             line = "  ".join(f"{name} {ms:9.2f} ms" for name, ms in best.items())
             print(f"{rule:12s} N={n:6d}  {line}", flush=True)
             results.append({"rule": rule, "n": n, "ms": best})
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"threads": args.threads, "results": results}, f, indent=1)
+            json.dump({"threads": args.threads, "cpu_time": args.cpu_time, "results": results}, f, indent=1)
 
 
 def default_chunk(rule: str) -> int:

@@ -7,10 +7,12 @@ chunk axis carries the state (a ``Scan`` rather than a ``Loop``: it slices its i
 outputs along the chunk axis itself, so the loop body is the two products of the recurrence and
 nothing else). Choices in the graph:
 
-* delta or additive rule: an ``If`` on the constant ``delta`` attribute (ONNX Runtime folds it); no op
-  that fp16 converters wrap in Casts (CumSum, Min, Max) sits inside a branch or loop body.
-* scalar or per-key decay (known only from g's shape when it runs): both score forms are in the graph
-  and the one not chosen runs on zero chunks (a ``Slice`` along the chunk axis), as in the linear core.
+* delta or additive rule: an ``If`` on the constant ``delta`` attribute (ONNX Runtime folds it).
+* scalar or per-key decay, known from g's width only when the graph runs: an ``If`` on it; a scalar
+  decay pays nothing per key dimension. The scores of P and A share their decays.
+* no op that fp16 converters wrap in Casts (CumSum, Min, Max, Range) sits inside a branch or loop body
+  (ONNX Runtime's converter misplaces those Casts there): ``Clip`` clamps, the cumulated decay is
+  computed before any branch.
 * (I + A)^-1, A strictly lower triangular (C x C), is the product (I - A)(I + A^2)(I + A^4)...: with
   N = -A nilpotent (N^C = 0), sum_{i < 2^L} N^i = prod_{j < L} (I + N^(2^j)), exact once 2^L >= C, so
   ceil(log2 C) - 1 squarings and products in a ``Loop`` whose trip count comes from C (a decoded token,
@@ -72,13 +74,6 @@ def GatedChunks(x: FLOAT, pad: INT64, chunk: INT64) -> FLOAT:
 
 
 @onnxscript.script(LIBRARY, default_opset=op)
-def GatedTake(x: FLOAT, taken: BOOL) -> FLOAT:
-    """x, or its empty prefix along the chunk axis (3) when not ``taken``."""
-    end = op.Mul(op.Constant(value_ints=[9223372036854775807]), op.Cast(taken, to=INT64.dtype))
-    return op.Slice(x, op.Constant(value_ints=[0]), end, op.Constant(value_ints=[3]))
-
-
-@onnxscript.script(LIBRARY, default_opset=op)
 def GatedLowerMask(length: INT64, diagonal: int) -> BOOL:
     """(length, length) bool, True on and below the diagonal ``diagonal`` (0: inclusive, -1: strict)."""
     ones = op.Expand(op.Constant(value=onnxscript.ir.tensor([True])), op.Concat(length, length, axis=0))
@@ -86,43 +81,70 @@ def GatedLowerMask(length: INT64, diagonal: int) -> BOOL:
 
 
 @onnxscript.script(LIBRARY, default_opset=op)
-def GatedScalarScores(rows: FLOAT, keys: FLOAT, cumulated: FLOAT, diagonal: int) -> FLOAT:
-    """rows_i . keys_j exp(G_i - G_j) for j <= i + ``diagonal``, else 0; G (..., C, 1): (..., C, C)."""
-    decay = op.Squeeze(
-        op.Slice(cumulated, op.Constant(value_ints=[0]), op.Constant(value_ints=[1]), [-1]), [-1]
-    )
+def GatedStrict(scores: FLOAT) -> FLOAT:
+    """scores (..., L, L) with 0 on and above the diagonal."""
+    keep = GatedLowerMask(op.Shape(scores, start=-1), diagonal=-1)
+    return op.Where(keep, scores, op.CastLike(op.Constant(value_float=0.0), scores))
+
+
+@onnxscript.script(LIBRARY, default_opset=op)
+def GatedScalarScores(queries: FLOAT, keys: FLOAT, cumulated: FLOAT, delta: int) -> tuple[FLOAT, FLOAT]:
+    """q_i . k_j exp(G_i - G_j) and k_i . k_j exp(G_i - G_j) (the latter for the delta rule only) for j <= i,
+    0 above, G (..., C, 1) one value per token: (..., C, C) each; one decay matrix serves both."""
+    decay = op.Squeeze(cumulated, [-1])
     difference = op.Sub(op.Unsqueeze(decay, [-1]), op.Unsqueeze(decay, [-2]))
-    keep = GatedLowerMask(op.Shape(decay, start=-1), diagonal=diagonal)
+    keep = GatedLowerMask(op.Shape(decay, start=-1), diagonal=0)
     pairwise = op.Exp(op.Where(keep, difference, op.CastLike(op.Constant(value=_NEG_INF), difference)))
-    return op.Mul(op.MatMul(rows, op.Transpose(keys, perm=[0, 1, 2, 3, 5, 4])), pairwise)
+    keys_t = op.Transpose(keys, perm=[0, 1, 2, 3, 5, 4])
+    inner = op.Mul(op.MatMul(queries, keys_t), pairwise)
+    use_delta = op.Cast(op.Constant(value_int=delta), to=BOOL.dtype)
+    if use_delta:  # noqa: SIM108 (onnxscript makes an If of an if statement only)
+        among_keys = op.Mul(op.MatMul(keys, keys_t), pairwise)
+    else:
+        among_keys = op.Identity(inner)
+    return inner, among_keys
 
 
 @onnxscript.script(LIBRARY, default_opset=op)
 def GatedBlocks(x: FLOAT, size: INT64) -> FLOAT:
-    """(..., n_chunks, C, d) -> (..., n_chunks, C / s, s, d) (no -1: the chunk axis may be empty)."""
+    """(..., n_chunks, C, d) -> (..., n_chunks, C / s, s, d)."""
     n_blocks = op.Div(op.Shape(x, start=4, end=5), size)
     return op.Reshape(x, op.Concat(op.Shape(x, start=0, end=4), n_blocks, size, op.Shape(x, start=5), axis=0))
 
 
 @onnxscript.script(LIBRARY, default_opset=op)
-def GatedPerKeyScores(rows: FLOAT, keys: FLOAT, cumulated: FLOAT, size: INT64, diagonal: int) -> FLOAT:
-    """:func:`GatedScalarScores` with G (..., C, dk) per key dimension, in blocks of s tokens
-    (``attnx.plugins._gated_torch.per_key_scores``): (..., C, C)."""
-    row_blocks = GatedBlocks(rows, size)
-    key_blocks = GatedBlocks(keys, size)
+def GatedPerKeyTerms(keys: FLOAT, cumulated: FLOAT, size: INT64) -> tuple[FLOAT, FLOAT, FLOAT]:
+    """The decays of ``attnx.plugins._gated_torch.per_key_scores`` for G (..., C, dk), in blocks of s tokens:
+    exp(G_i - G_b) (..., m, s, dk) for the rows (G_b: before i's block), the keys times exp(G_b - G_j) for
+    every block (..., m, C, dk), and the keys times exp(G_i - G_j) in each block (..., m, s, s, dk); every
+    exponent <= 0, pairs in no order clamped to exp(0) (their scores are masked)."""
     decay_blocks = GatedBlocks(cumulated, size)  # (b, hk, r, nc, m, s, dk)
-    last = op.Sub(size, op.Constant(value_ints=[1]))
-    ends = op.Gather(decay_blocks, op.Squeeze(last, [0]), axis=5)  # G at each block's end (..., m, dk)
+    last = op.Squeeze(op.Sub(size, op.Constant(value_ints=[1])), [0])
+    ends = op.Gather(decay_blocks, last, axis=5)  # G at each block's end (..., m, dk)
     earlier_ends = op.Slice(ends, op.Constant(value_ints=[0]), op.Constant(value_ints=[-1]), [4])
-    before = op.Pad(
-        earlier_ends, op.Constant(value_ints=[0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0])
-    )  # G before each block
-    scaled_rows = op.Mul(row_blocks, op.Exp(op.Sub(decay_blocks, op.Unsqueeze(before, [5]))))
-    # exp(min(G_before(block) - G_j, 0)): pairs j in the block or after it are masked below
-    gap = op.Neg(op.Relu(op.Sub(op.Unsqueeze(cumulated, [4]), op.Unsqueeze(before, [5]))))
-    scaled_keys = op.Mul(op.Unsqueeze(keys, [4]), op.Exp(gap))  # (..., m, C, dk)
-    earlier = op.MatMul(scaled_rows, op.Transpose(scaled_keys, perm=[0, 1, 2, 3, 4, 6, 5]))  # (..., m, s, C)
-    length = op.Shape(cumulated, start=4, end=5)
+    before = op.Unsqueeze(
+        op.Pad(earlier_ends, op.Constant(value_ints=[0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0])), [5]
+    )
+    row_decay = op.Exp(op.Sub(decay_blocks, before))
+    zero = op.CastLike(op.Constant(value_float=0.0), cumulated)
+    gap = op.Clip(op.Sub(before, op.Unsqueeze(cumulated, [4])), None, zero)  # min(G_b - G_j, 0)
+    scaled_keys = op.Mul(op.Unsqueeze(keys, [4]), op.Exp(gap))
+    # [i, j] = min(G_i - G_j, 0) inside each block
+    pair_gap = op.Clip(op.Sub(op.Unsqueeze(decay_blocks, [6]), op.Unsqueeze(decay_blocks, [5])), None, zero)
+    paired_keys = op.Mul(op.Unsqueeze(GatedBlocks(keys, size), [5]), op.Exp(pair_gap))
+    return row_decay, scaled_keys, paired_keys
+
+
+@onnxscript.script(LIBRARY, default_opset=op)
+def GatedPerKeyRows(
+    rows: FLOAT, row_decay: FLOAT, scaled_keys: FLOAT, paired_keys: FLOAT, size: INT64
+) -> FLOAT:
+    """rows_i . (exp(G_i - G_j) * k_j) for j <= i, 0 above, from :func:`GatedPerKeyTerms`: (..., C, C)."""
+    row_blocks = GatedBlocks(rows, size)
+    earlier = op.MatMul(
+        op.Mul(row_blocks, row_decay), op.Transpose(scaled_keys, perm=[0, 1, 2, 3, 4, 6, 5])
+    )  # (..., m, s, C): keys of earlier blocks
+    length = op.Shape(scaled_keys, start=5, end=6)
     square = op.Concat(op.Shape(earlier, start=0, end=4), length, length, axis=0)
     n_blocks = op.Div(length, size)
     block_pairs = op.Concat(
@@ -134,37 +156,31 @@ def GatedPerKeyScores(rows: FLOAT, keys: FLOAT, cumulated: FLOAT, size: INT64, d
         op.Concat(length, length, axis=0),
     )
     earlier = op.Mul(op.Reshape(earlier, square), op.CastLike(block_lower, earlier))
-    keep = op.Unsqueeze(GatedLowerMask(size, diagonal=diagonal), [-1])
-    difference = op.Sub(
-        op.Unsqueeze(decay_blocks, [6]), op.Unsqueeze(decay_blocks, [5])
-    )  # (..., m, s, s, dk)
-    pairwise = op.Exp(op.Where(keep, difference, op.CastLike(op.Constant(value=_NEG_INF), difference)))
-    products = op.Mul(op.Mul(op.Unsqueeze(row_blocks, [6]), op.Unsqueeze(key_blocks, [5])), pairwise)
+    products = op.Mul(op.Unsqueeze(row_blocks, [6]), paired_keys)
     within = op.ReduceSum(products, op.Constant(value_ints=[-1]), keepdims=0)  # (..., m, s, s)
-    eye = op.EyeLike(
-        op.Expand(op.CastLike(op.Constant(value_float=0.0), within), op.Concat(n_blocks, n_blocks, axis=0))
+    within = op.Where(
+        GatedLowerMask(size, diagonal=0), within, op.CastLike(op.Constant(value_float=0.0), within)
     )
-    diagonal_blocks = op.Mul(op.Unsqueeze(within, [6]), op.Reshape(eye, block_pairs))  # (..., m, s, m, s)
-    return op.Add(earlier, op.Reshape(diagonal_blocks, square))
+    zeros = op.Expand(
+        op.CastLike(op.Constant(value_float=0.0), within), op.Concat(n_blocks, n_blocks, axis=0)
+    )
+    diagonal_blocks = op.Mul(op.Unsqueeze(within, [6]), op.Reshape(op.EyeLike(zeros), block_pairs))
+    return op.Add(earlier, op.Reshape(diagonal_blocks, square))  # diagonal_blocks: (..., m, s, m, s)
 
 
 @onnxscript.script(LIBRARY, default_opset=op)
-def GatedScores(
-    rows: FLOAT, keys: FLOAT, cumulated: FLOAT, size: INT64, per_key: BOOL, diagonal: int
-) -> FLOAT:
-    """The decayed scores (..., n_chunks, C, C) in the form g's width asks for; the other runs on no chunk."""
-    scalar = op.Not(per_key)
-    by_scalar = GatedScalarScores(
-        GatedTake(rows, scalar), GatedTake(keys, scalar), GatedTake(cumulated, scalar), diagonal=diagonal
-    )
-    by_key = GatedPerKeyScores(
-        GatedTake(rows, per_key),
-        GatedTake(keys, per_key),
-        GatedTake(cumulated, per_key),
-        size,
-        diagonal=diagonal,
-    )
-    return op.Concat(by_scalar, by_key, axis=3)
+def GatedPerKeyScores(
+    queries: FLOAT, keys: FLOAT, cumulated: FLOAT, size: INT64, delta: int
+) -> tuple[FLOAT, FLOAT]:
+    """:func:`GatedScalarScores` for G (..., C, dk) per key dimension; both share the decays."""
+    row_decay, scaled_keys, paired_keys = GatedPerKeyTerms(keys, cumulated, size)
+    inner = GatedPerKeyRows(queries, row_decay, scaled_keys, paired_keys, size)
+    use_delta = op.Cast(op.Constant(value_int=delta), to=BOOL.dtype)
+    if use_delta:
+        among_keys = GatedPerKeyRows(keys, row_decay, scaled_keys, paired_keys, size)
+    else:
+        among_keys = op.Identity(inner)
+    return inner, among_keys
 
 
 @onnxscript.script(LIBRARY, default_opset=op)
@@ -184,6 +200,7 @@ def GatedInverse(weights: FLOAT) -> FLOAT:
 
 @onnxscript.script(LIBRARY, default_opset=op)
 def GatedDeltaCarry(
+    among_keys: FLOAT,
     keys: FLOAT,
     values: FLOAT,
     rate: FLOAT,
@@ -191,13 +208,10 @@ def GatedDeltaCarry(
     to_end: FLOAT,
     chunk_decay: FLOAT,
     start: FLOAT,
-    size: INT64,
-    per_key: BOOL,
 ) -> tuple[FLOAT, FLOAT, FLOAT]:
-    """The delta rule: U = U_b - W S per chunk. Returns the states before each chunk
-    (..., n_chunks, dk, dv), U (..., n_chunks, C, dv) and the last state."""
-    weights = op.Mul(rate, GatedScores(keys, keys, cumulated, size, per_key, diagonal=-1))  # A
-    inverse = GatedInverse(weights)
+    """The delta rule: U = U_b - W S per chunk, A = diag(beta) ``among_keys`` below the diagonal. Returns the
+    states before each chunk (..., n_chunks, dk, dv), U (..., n_chunks, C, dv) and the last state."""
+    inverse = GatedInverse(op.Mul(rate, GatedStrict(among_keys)))
     updates = op.MatMul(inverse, op.Mul(rate, values))  # U_b
     retrieve = op.MatMul(inverse, op.Mul(op.Mul(rate, op.Exp(cumulated)), keys))  # W
 
@@ -259,15 +273,19 @@ def GatedCore(
     """The recurrence after ``state`` (b, hk, r, dk, dv), all inputs widened: (out (b, hv, n, dv), state')."""
     heads = op.Shape(q, start=1, end=2)
     n = op.Shape(v, start=2, end=3)
-    per_key = op.Greater(op.Shape(g, start=3), op.Constant(value_ints=[1]))
-    chunk, size = GatedChunkLength(n, op.Reshape(op.Constant(value_int=chunk_size), [1]), per_key)
+    wide_decay = op.Greater(op.Shape(g, start=3), op.Constant(value_ints=[1]))
+    chunk, size = GatedChunkLength(n, op.Reshape(op.Constant(value_int=chunk_size), [1]), wide_decay)
+    per_key = op.Squeeze(wide_decay, [0])
     pad = op.Sub(op.Mul(op.Div(op.Sub(op.Add(n, chunk), op.Constant(value_ints=[1])), chunk), chunk), n)
     queries = GatedChunks(op.Unsqueeze(q, [2]), pad, chunk)  # (b, hk, 1, nc, C, dk)
     keys = GatedChunks(op.Unsqueeze(k, [2]), pad, chunk)
     values = GatedChunks(GatedGroup(v, heads), pad, chunk)  # (b, hk, r, nc, C, dv)
     cumulated = op.CumSum(GatedChunks(GatedGroup(g, heads), pad, chunk), op.Constant(value_int=4))
     rate = GatedChunks(GatedGroup(op.Unsqueeze(beta, [-1]), heads), pad, chunk)
-    inner = GatedScores(queries, keys, cumulated, size, per_key, diagonal=0)  # P
+    if per_key:  # P, and the keys' scores for A
+        inner, among_keys = GatedPerKeyScores(queries, keys, cumulated, size, delta=delta)
+    else:
+        inner, among_keys = GatedScalarScores(queries, keys, cumulated, delta=delta)
     last = op.Slice(
         cumulated, op.Constant(value_ints=[-1]), op.Constant(value_ints=[9223372036854775807]), [4]
     )
@@ -276,7 +294,7 @@ def GatedCore(
     use_delta = op.Cast(op.Constant(value_int=delta), to=BOOL.dtype)
     if use_delta:
         states, updates, final = GatedDeltaCarry(
-            keys, values, rate, cumulated, to_end, chunk_decay, state, size, per_key
+            among_keys, keys, values, rate, cumulated, to_end, chunk_decay, state
         )
     else:
         states, updates, final = GatedAdditiveCarry(op.Mul(rate, values), to_end, chunk_decay, state)

@@ -84,11 +84,11 @@ def gated_chunks(
     values, decay = chunks(grouped(v)), chunks(grouped(g)).cumsum(-2)  # (b, hk, r, nc, C, d)
     rate = chunks(grouped(beta).unsqueeze(-1))  # (b, hk, r, nc, C, 1)
     scores = per_key_scores if per_key else scalar_scores
-    inner = scores(queries, keys, decay, inclusive=True)  # P
+    inner, *among_keys = scores([queries, keys] if delta else [queries], keys, decay)  # P, and A's scores
     last = decay[..., -1:, :]
     to_end = keys * (last - decay).exp()  # K~
     if delta:
-        weights = rate * scores(keys, keys, decay, inclusive=False)  # A
+        weights = rate * among_keys[0].tril(-1)  # A
         known = torch.cat((rate * values, rate * decay.exp() * keys), dim=-1)
         solved = torch.linalg.solve_triangular(weights, known, upper=False, unitriangular=True)
         updates, retrieve = solved.split((dv, dk), dim=-1)  # U_b, W
@@ -127,45 +127,45 @@ def carry(
     return torch.stack(before, dim=-3), torch.stack(solved, dim=-3), start
 
 
-def scalar_scores(
-    rows: torch.Tensor, keys: torch.Tensor, decay: torch.Tensor, inclusive: bool
-) -> torch.Tensor:
-    """rows_i . (exp(G_i - G_j) keys_j) for j <= i (j < i unless ``inclusive``), 0 elsewhere, with the
-    cumulated decay G (..., C, 1) one scalar per token: (..., C, C)."""
+def scalar_scores(rows: list[torch.Tensor], keys: torch.Tensor, decay: torch.Tensor) -> list[torch.Tensor]:
+    """row_i . (exp(G_i - G_j) keys_j) for j <= i, 0 above, for each of ``rows``, with the cumulated decay G
+    (..., C, 1) one scalar per token: (..., C, C) each, from one decay matrix."""
     cumulated = decay[..., 0]
-    keep = torch.ones(cumulated.shape[-1], cumulated.shape[-1], dtype=torch.bool, device=rows.device)
-    keep = keep.tril(0 if inclusive else -1)
+    keep = torch.ones(cumulated.shape[-1], cumulated.shape[-1], dtype=torch.bool, device=keys.device).tril()
     pairwise = (cumulated[..., :, None] - cumulated[..., None, :]).masked_fill(~keep, float("-inf")).exp()
-    return (rows @ keys.transpose(-1, -2)) * pairwise
+    keys_t = keys.transpose(-1, -2)
+    return [(x @ keys_t) * pairwise for x in rows]
 
 
-def per_key_scores(
-    rows: torch.Tensor, keys: torch.Tensor, decay: torch.Tensor, inclusive: bool
-) -> torch.Tensor:
+def per_key_scores(rows: list[torch.Tensor], keys: torch.Tensor, decay: torch.Tensor) -> list[torch.Tensor]:
     """:func:`scalar_scores` with the cumulated decay G (..., C, dk) one value per key dimension.
 
     In blocks of s tokens: for key j in an earlier block than row i, exp(G_i - G_j) = exp(G_i - G_b)
     exp(G_b - G_j), G_b the decay before i's block, so the rows scaled once per block meet the keys scaled
-    once per later block in one product; inside a block the pairs are summed per key dimension.
+    once per later block in one product; inside a block the pairs are summed per key dimension. Every
+    exponent is <= 0 (pairs in no order are clamped to exp(0), then masked).
     """
     length = decay.shape[-2]
     size = block_size(length)
     n_blocks = length // size
-    blocked = [x.unflatten(-2, (n_blocks, size)) for x in (rows, keys, decay)]  # (..., m, s, d)
-    row_blocks, key_blocks, decay_blocks = blocked
-    before = F.pad(decay_blocks[..., :-1, -1, :], (0, 0, 1, 0))  # G before each block (..., m, dk)
-    scaled_rows = row_blocks * (decay_blocks - before[..., None, :]).exp()
+    key_blocks, decay_blocks = (x.unflatten(-2, (n_blocks, size)) for x in (keys, decay))  # (..., m, s, d)
+    before = F.pad(decay_blocks[..., :-1, -1, :], (0, 0, 1, 0))[..., None, :]  # G before each block
+    row_decay = (decay_blocks - before).exp()
     scaled_keys = (
-        keys[..., None, :, :] * (before[..., :, None, :] - decay[..., None, :, :]).clamp(max=0).exp()
-    )
-    blocks = torch.ones(n_blocks, n_blocks, dtype=rows.dtype, device=rows.device).tril(-1)
-    earlier = (scaled_rows @ scaled_keys.transpose(-1, -2)).flatten(-3, -2)  # (..., C, C), block j < block i
-    earlier = earlier * blocks[:, None, :, None].expand(n_blocks, size, n_blocks, size).reshape(
-        length, length
-    )
-    keep = torch.ones(size, size, dtype=torch.bool, device=rows.device).tril(0 if inclusive else -1)
-    pairwise = decay_blocks[..., :, None, :] - decay_blocks[..., None, :, :]  # (..., m, s, s, dk)
-    pairwise = pairwise.masked_fill(~keep[..., None], float("-inf")).exp()
-    within = (row_blocks[..., :, None, :] * key_blocks[..., None, :, :] * pairwise).sum(-1)  # (..., m, s, s)
-    diagonal = torch.eye(n_blocks, dtype=rows.dtype, device=rows.device)[:, None, :, None]  # (m, 1, m, 1)
-    return earlier + (within.unsqueeze(-2) * diagonal).flatten(-4, -3).flatten(-2, -1)
+        keys[..., None, :, :] * (before - decay[..., None, :, :]).clamp(max=0).exp()
+    )  # (..., m, C, dk)
+    pair_gap = decay_blocks[..., :, None, :] - decay_blocks[..., None, :, :]  # [i, j] = G_i - G_j
+    paired_keys = key_blocks[..., None, :, :] * pair_gap.clamp(max=0).exp()  # (..., m, s, s, dk)
+    options = {"dtype": keys.dtype, "device": keys.device}
+    blocks = torch.ones(n_blocks, n_blocks, **options).tril(-1)[:, None, :, None]
+    earlier_blocks = blocks.expand(n_blocks, size, n_blocks, size).reshape(length, length)
+    keep = torch.ones(size, size, dtype=torch.bool, device=keys.device).tril()
+    diagonal = torch.eye(n_blocks, **options)[:, None, :, None]  # (m, 1, m, 1)
+
+    def scores(x: torch.Tensor) -> torch.Tensor:
+        x_blocks = x.unflatten(-2, (n_blocks, size))
+        earlier = ((x_blocks * row_decay) @ scaled_keys.transpose(-1, -2)).flatten(-3, -2) * earlier_blocks
+        within = (x_blocks[..., :, None, :] * paired_keys).sum(-1).masked_fill(~keep, 0.0)  # (..., m, s, s)
+        return earlier + (within.unsqueeze(-2) * diagonal).flatten(-4, -3).flatten(-2, -1)
+
+    return [scores(x) for x in rows]
