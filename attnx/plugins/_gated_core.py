@@ -37,6 +37,7 @@ STATE_OUTPUT_TYPE = {"new_state": "tensor(float)"}
 __all__ = [
     "GATED_DELTA_RULE_OP",
     "GATED_DELTA_RULE_STEP_OP",
+    "MAX_CHUNK_SIZE",
     "ORT_BODIES",
     "default_chunk_size",
     "gated_delta_rule",
@@ -47,7 +48,7 @@ __all__ = [
 
 # Chunk sizes measured fastest for the portable body in ONNX Runtime (docs/variants/gated.md), by
 # (delta, per-key decay); a variant's config defaults to these.
-DEFAULT_CHUNK_SIZES = {(False, False): 64, (False, True): 64, (True, False): 32, (True, True): 32}
+DEFAULT_CHUNK_SIZES = {(False, False): 64, (False, True): 16, (True, False): 32, (True, True): 16}
 
 
 def default_chunk_size(delta: bool, per_key: bool) -> int:
@@ -74,9 +75,14 @@ def check_shapes(
         raise ValueError("gated_delta_rule: " + "; ".join(problems))
 
 
+# The ONNX bodies' inverse takes ceil(log2 C) - 1 squarings from a table of powers up to 2^14, exact for
+# chunks of up to 2^15 tokens (a chunk that long would cost far more than it saves anyway).
+MAX_CHUNK_SIZE = 32768
+
+
 def _check_chunk_size(chunk_size: int) -> None:
-    if chunk_size < 1:
-        raise ValueError(f"gated_delta_rule: chunk_size={chunk_size} must be >= 1")
+    if not 1 <= chunk_size <= MAX_CHUNK_SIZE:
+        raise ValueError(f"gated_delta_rule: chunk_size={chunk_size} must be in 1..{MAX_CHUNK_SIZE}")
 
 
 @trainable_op("attnx::gated_delta_rule")

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from attnx.plugins._gated_core import (
+    MAX_CHUNK_SIZE,
     default_chunk_size,
     gated_delta_rule,
     gated_delta_rule_step,
@@ -193,8 +194,9 @@ def test_bad_shapes_are_refused():
         gated_delta_rule(q, k, v[:, :3], g[:, :3], beta[:, :3], True, SCALE, 8)
     with pytest.raises(ValueError, match="g .* must be"):
         gated_delta_rule(q, k, v, g.expand(-1, -1, -1, 3), beta, True, SCALE, 8)
-    with pytest.raises(ValueError, match="chunk_size=0"):
-        gated_delta_rule(q, k, v, g, beta, True, SCALE, 0)
+    for chunk in (0, MAX_CHUNK_SIZE + 1):
+        with pytest.raises(ValueError, match=f"chunk_size={chunk} must be in 1..{MAX_CHUNK_SIZE}"):
+            gated_delta_rule(q, k, v, g, beta, True, SCALE, chunk)
 
 
 # -- torch machinery: one node, trainable ----------------------------------------------------------------
