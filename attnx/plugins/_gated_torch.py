@@ -38,11 +38,12 @@ def block_size(chunk_size: int) -> int:
     return size
 
 
-def chunk_length(n: int, chunk_size: int, per_key: bool) -> int:
-    """Tokens per chunk for n tokens: chunk_size, or fewer for a short input (a decoded token is one
-    chunk of 1); with a per-key decay a multiple of :func:`block_size` (chunk_size rounded up to one)."""
-    step = block_size(chunk_size) if per_key else 1
-    return min(-(-chunk_size // step) * step, -(-n // step) * step)
+def chunk_plan(n: int, chunk_size: int, per_key: bool) -> tuple[int, int]:
+    """(C, s) for n tokens: C = min(chunk_size, n) tokens per chunk (a decoded token is one chunk of 1) and,
+    for a per-key decay, blocks of s = :func:`block_size` (C) tokens, C rounded up to a multiple of s."""
+    length = min(chunk_size, max(n, 1))
+    size = block_size(length) if per_key else 1
+    return -(-length // size) * size, size
 
 
 def gated_chunks(
@@ -74,7 +75,7 @@ def gated_chunks(
     start = q.new_zeros((batch, hk, hv // hk, dk, dv), dtype=dtype) if state is None else grouped(state)
     if n == 0:
         return v.new_zeros(v.shape, dtype=dtype), start.flatten(1, 2).clone()
-    length = chunk_length(n, chunk_size, per_key)
+    length, size = chunk_plan(n, chunk_size, per_key)
     pad = -n % length
 
     def chunks(x: torch.Tensor) -> torch.Tensor:  # (..., n, d) -> (..., n_chunks, C, d)
@@ -83,8 +84,10 @@ def gated_chunks(
     queries, keys = (chunks(x.to(dtype).unsqueeze(2)) for x in (q, k))  # (b, hk, 1, nc, C, dk)
     values, decay = chunks(grouped(v)), chunks(grouped(g)).cumsum(-2)  # (b, hk, r, nc, C, d)
     rate = chunks(grouped(beta).unsqueeze(-1))  # (b, hk, r, nc, C, 1)
-    scores = per_key_scores if per_key else scalar_scores
-    inner, *among_keys = scores([queries, keys] if delta else [queries], keys, decay)  # P, and A's scores
+    rows = [queries, keys] if delta else [queries]
+    inner, *among_keys = (
+        per_key_scores(rows, keys, decay, size) if per_key else scalar_scores(rows, keys, decay)
+    )
     last = decay[..., -1:, :]
     to_end = keys * (last - decay).exp()  # K~
     if delta:
@@ -137,7 +140,9 @@ def scalar_scores(rows: list[torch.Tensor], keys: torch.Tensor, decay: torch.Ten
     return [(x @ keys_t) * pairwise for x in rows]
 
 
-def per_key_scores(rows: list[torch.Tensor], keys: torch.Tensor, decay: torch.Tensor) -> list[torch.Tensor]:
+def per_key_scores(
+    rows: list[torch.Tensor], keys: torch.Tensor, decay: torch.Tensor, size: int
+) -> list[torch.Tensor]:
     """:func:`scalar_scores` with the cumulated decay G (..., C, dk) one value per key dimension.
 
     In blocks of s tokens: for key j in an earlier block than row i, exp(G_i - G_j) = exp(G_i - G_b)
@@ -146,7 +151,6 @@ def per_key_scores(rows: list[torch.Tensor], keys: torch.Tensor, decay: torch.Te
     exponent is <= 0 (pairs in no order are clamped to exp(0), then masked).
     """
     length = decay.shape[-2]
-    size = block_size(length)
     n_blocks = length // size
     key_blocks, decay_blocks = (x.unflatten(-2, (n_blocks, size)) for x in (keys, decay))  # (..., m, s, d)
     before = F.pad(decay_blocks[..., :-1, -1, :], (0, 0, 1, 0))[..., None, :]  # G before each block

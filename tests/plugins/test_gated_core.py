@@ -21,7 +21,7 @@ from attnx.plugins._gated_core import (
     gated_delta_rule_step,
     naive_gated_delta_rule,
 )
-from attnx.plugins._gated_torch import block_size, chunk_length
+from attnx.plugins._gated_torch import block_size, chunk_plan
 from tests.helpers import assert_unchanged
 from tests.plugins.gated_cases import SCALE, Shape, boundary_lengths, draw
 
@@ -90,7 +90,7 @@ def cases() -> list[Shape]:
         Shape(1, 2, 2, 70, 8, 8, True, True, 64, state=True),  # per-key blocks of 8
         Shape(2, 1, 3, 23, 3, 7, True, False, 7, state=True),  # C = 7 -> 8 (blocks of 2), dk < dv
         Shape(1, 3, 6, 17, 5, 2, False, True, 1),  # one token per chunk
-        Shape(1, 2, 2, 40, 4, 4, True, True, 48),  # C = 48: blocks of 4
+        Shape(1, 2, 2, 40, 4, 4, True, True, 48),  # one chunk of 40 < 48, blocks of 4
     ]
     return found
 
@@ -179,11 +179,12 @@ def test_half_precision_inputs_recur_in_float32(dtype):
 
 def test_block_and_chunk_lengths():
     assert [block_size(c) for c in (1, 3, 4, 15, 16, 48, 64, 100)] == [1, 1, 2, 2, 4, 4, 8, 8]
-    assert chunk_length(1, 64, per_key=False) == 1  # a decoded token is one chunk of 1
-    assert chunk_length(1, 64, per_key=True) == 8  # ... or of one block
-    assert chunk_length(1000, 64, per_key=True) == 64
-    assert chunk_length(1000, 7, per_key=True) == 8  # rounded up to a multiple of the blocks (2)
-    assert chunk_length(5, 64, per_key=False) == 5
+    assert chunk_plan(1, 64, per_key=False) == (1, 1)  # a decoded token is one chunk of 1
+    assert chunk_plan(1, 64, per_key=True) == (1, 1)
+    assert chunk_plan(1000, 64, per_key=True) == (64, 8)
+    assert chunk_plan(1000, 7, per_key=True) == (8, 2)  # rounded up to a multiple of the blocks
+    assert chunk_plan(5, 64, per_key=False) == (5, 1)
+    assert chunk_plan(15, 64, per_key=True) == (16, 2)
     assert default_chunk_size(True, False) in (16, 32, 64)
 
 
