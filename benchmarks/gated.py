@@ -9,7 +9,8 @@ Shapes: 4 q/k heads and 8 value heads of 64 (grouped as Qwen3-Next), L2-normalis
 -softplus, beta from a sigmoid. Candidates:
 
 portable  the op's portable ONNX body (one-node model, function lowering) in ONNX Runtime
-ort       the body on ONNX Runtime's own kernel (``GatedDeltaNet``, attnx.plugins._gated_ort.ORT_BODIES)
+ort       the body on ONNX Runtime's ``LinearAttention`` kernel (attnx.plugins._gated_ort.ORT_BODIES)
+ort-gdn   the body on ONNX Runtime's ``GatedDeltaNet`` kernel
 hf        Hugging Face transformers' reference: ``torch_chunk_gated_delta_rule`` (Qwen3-Next; scalar decay)
           or ``chunk_kimi_delta_attention`` (Kimi; per-key decay), delta rules only
 torch     the torch op, eager
@@ -36,6 +37,7 @@ import torch.nn.functional as F
 from attnx.exporter.lowering import lower
 from attnx.parity.runners import ort_session_options
 from attnx.plugins._gated_core import GATED_DELTA_RULE_OP, ORT_BODIES, gated_delta_rule
+from attnx.plugins._gated_ort import ORT_GATED_DELTA_NET_BODIES
 from attnx.testing.onnx_op import node_model
 from attnx.testing.subject import Case, OpCall
 
@@ -135,7 +137,7 @@ def main() -> None:
     )
     parser.add_argument("--seq-lens", default="1024,4096")
     parser.add_argument("--rules", default=",".join(RULES))
-    parser.add_argument("--candidates", default="portable,ort,hf,torch")
+    parser.add_argument("--candidates", default="portable,ort,ort-gdn,hf,torch")
     parser.add_argument("--chunk-sizes", default="", help="portable body chunk sizes (default: the op's)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3)
@@ -155,6 +157,9 @@ def main() -> None:
                 runners[f"portable@{size}"] = onnx_runner(x, size, args.threads, None)
             if "ort" in candidates:
                 runners["ort"] = onnx_runner(x, default, args.threads, ORT_BODIES["GatedDeltaRule"])
+            if "ort-gdn" in candidates:
+                bodies = ORT_GATED_DELTA_NET_BODIES["GatedDeltaRule"]
+                runners["ort-gdn"] = onnx_runner(x, default, args.threads, bodies)
             if "hf" in candidates and (hf := hf_runner(x, default)) is not None:
                 runners["hf"] = hf
             if "torch" in candidates:

@@ -198,6 +198,18 @@ def GatedInverse(weights: FLOAT) -> FLOAT:
 
 
 @onnxscript.script(LIBRARY, default_opset=op)
+def GatedChunksFirst(x: FLOAT) -> FLOAT:
+    """(b, hk, r, n_chunks, ...) -> (n_chunks, b, hk, r, ...): ONNX Runtime's Scan slices its inputs and
+    stacks its outputs along axis 0 at half the cost of another axis (measured)."""
+    return op.Transpose(x, perm=[3, 0, 1, 2, 4, 5])
+
+
+@onnxscript.script(LIBRARY, default_opset=op)
+def GatedChunksBack(x: FLOAT) -> FLOAT:
+    return op.Transpose(x, perm=[1, 2, 3, 0, 4, 5])
+
+
+@onnxscript.script(LIBRARY, default_opset=op)
 def GatedDeltaCarry(
     among_keys: FLOAT,
     keys: FLOAT,
@@ -222,16 +234,14 @@ def GatedDeltaCarry(
 
     final, states, solved = op.Scan(
         start,
-        updates,
-        retrieve,
-        to_end,
-        chunk_decay,
+        GatedChunksFirst(updates),
+        GatedChunksFirst(retrieve),
+        GatedChunksFirst(to_end),
+        GatedChunksFirst(chunk_decay),
         body=step,
         num_scan_inputs=4,
-        scan_input_axes=[3, 3, 3, 3],
-        scan_output_axes=[3, 3],
     )
-    return states, solved, final
+    return GatedChunksBack(states), GatedChunksBack(solved), final
 
 
 @onnxscript.script(LIBRARY, default_opset=op)
@@ -246,15 +256,9 @@ def GatedAdditiveCarry(
         return op.Add(op.Mul(decay, state), increment), op.Identity(state)
 
     final, states = op.Scan(
-        start,
-        increments,
-        chunk_decay,
-        body=step,
-        num_scan_inputs=2,
-        scan_input_axes=[3, 3],
-        scan_output_axes=[3],
+        start, GatedChunksFirst(increments), GatedChunksFirst(chunk_decay), body=step, num_scan_inputs=2
     )
-    return states, updates, final
+    return GatedChunksBack(states), updates, final
 
 
 @onnxscript.script(LIBRARY, default_opset=op)

@@ -8,12 +8,17 @@ and fp16 models made by the usual converters), and the rules the bodies keep for
 
 from __future__ import annotations
 
+import dataclasses
+
 import onnx
 import onnxruntime
 import pytest
 import torch
 
+from attnx.exporter.export import export_onnx
 from attnx.exporter.lowering import function_protos, lower
+from attnx.exporter.signature import dynamic_shapes
+from attnx.models.spec import TensorSpec
 from attnx.plugins._gated_core import (
     GATED_DELTA_RULE_OP,
     GATED_DELTA_RULE_STEP_OP,
@@ -186,3 +191,41 @@ def test_loop_and_branch_bodies_hold_no_op_that_converters_wrap_in_casts():
                     if attribute.type == onnx.AttributeProto.GRAPH:
                         inside = {n.op_type for n in nodes(list(attribute.g.node))}
                         assert not inside & CONVERTER_WRAPPED, (function.name, node.op_type, inside)
+
+
+class Layer(torch.nn.Module):
+    """Calls all three overloads: the full op, the step after a state and the step from none."""
+
+    def forward(self, q, k, v, g, beta, state):
+        out, grown = gated_delta_rule_step(q, k, v, g, beta, state, True, SCALE, 8)
+        first, _ = gated_delta_rule_step(q, k, v, g, beta, None, False, SCALE, 8)
+        return out + first + gated_delta_rule(q, k, v, g, beta, True, SCALE, 8), grown
+
+
+@pytest.mark.parametrize("lowering", ["function", "decomposed"])
+def test_a_module_exports_through_the_translations(lowering):
+    """torch.onnx export with attnx's derived translations: one attnx:: node per call (the stateless step
+    with its state input omitted), lowered onto the bodies, at two lengths of the dynamic sequence axis."""
+    ops = [GATED_DELTA_RULE_OP, GATED_DELTA_RULE_STEP_OP]
+    axes = {"q": ("batch", 2, "n", 6), "k": ("batch", 2, "n", 6), "v": ("batch", 4, "n", 5)}
+    axes |= {"g": ("batch", 4, "n", 6), "beta": ("batch", 4, "n"), "state": ("batch", 4, 6, 5)}
+    inputs = [TensorSpec(name, "float32", shape) for name, shape in axes.items()]
+    outputs = [TensorSpec("out", "float32", ("batch", 4, "n", 5)), TensorSpec("grown", "float32", (4, 6, 5))]
+    shape = Shape(2, 2, 4, 11, 6, 5, True, True, 8, state=True)
+    example = draw(shape, seed=11)
+    proto = export_onnx(Layer(), example, ops, 18, inputs, outputs, dynamic_shapes(inputs))
+    nodes_by_type = [
+        (n.op_type, len([i for i in n.input if i])) for n in proto.graph.node if n.domain == "attnx"
+    ]
+    assert sorted(nodes_by_type) == [
+        ("GatedDeltaRule", 5),
+        ("GatedDeltaRuleStep", 5),
+        ("GatedDeltaRuleStep", 6),
+    ]
+    model = lower(proto, ops, lowering)
+    session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for n in (11, 30):
+        values = draw(dataclasses.replace(shape, n=n), seed=n)
+        found = session.run(None, {spec.name: t.numpy() for spec, t in zip(inputs, values, strict=True)})
+        for result, expected in zip(found, Layer()(*values), strict=True):
+            torch.testing.assert_close(torch.from_numpy(result), expected, **TOLERANCE)

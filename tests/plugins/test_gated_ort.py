@@ -106,7 +106,7 @@ def test_fp16_inputs(kernel):
 
 
 def test_ort_bodies_cover_both_ops_in_their_input_order():
-    assert ORT_BODIES is ORT_GATED_DELTA_NET_BODIES
+    assert ORT_BODIES is ORT_LINEAR_ATTENTION_BODIES
     for bodies in KERNELS.values():
         for op in (GATED_DELTA_RULE_OP, GATED_DELTA_RULE_STEP_OP):
             found = [[p.name for p in body.function_ir.inputs] for body in bodies[op.name]]
