@@ -22,11 +22,13 @@ from attnx.models.spec import TensorSpec
 from attnx.plugins._gated_core import (
     GATED_DELTA_RULE_OP,
     GATED_DELTA_RULE_STEP_OP,
-    ORT_BODIES,
     gated_delta_rule,
     gated_delta_rule_step,
     naive_gated_delta_rule,
 )
+from attnx.plugins._gated_ort import ORT_GATED_DELTA_NET_BODIES, ORT_LINEAR_ATTENTION_BODIES
+from attnx.plugins.linear.kernel import LINEAR_OP, LINEAR_STEP_OP
+from attnx.plugins.linear.ort import LINEAR_ORT_BODIES
 from attnx.testing.checks.fp16_convert import converters
 from attnx.testing.onnx_op import node_model
 from tests.plugins import op_harness as harness
@@ -160,16 +162,15 @@ def test_fp16_converted_models_run(delta, per_key, lowering):
         torch.testing.assert_close(torch.from_numpy(out).double(), expected, atol=1e-2, rtol=1e-2, msg=name)
 
 
-BODY_OPS = [
-    pytest.param(GATED_DELTA_RULE_OP, id="GatedDeltaRule"),
-    pytest.param(GATED_DELTA_RULE_STEP_OP, id="GatedDeltaRuleStep"),
-    *(
-        pytest.param(
-            GATED_DELTA_RULE_OP.__class__(**{**GATED_DELTA_RULE_OP.__dict__, "bodies": bodies}),
-            id=f"ort-{name}",
-        )
-        for name, bodies in ORT_BODIES.items()
-    ),
+ORT_TARGETS = {
+    "GatedDeltaNet": ORT_GATED_DELTA_NET_BODIES,
+    "LinearAttention": ORT_LINEAR_ATTENTION_BODIES | LINEAR_ORT_BODIES,
+}
+BODY_OPS = [pytest.param(op, id=op.name) for op in (GATED_DELTA_RULE_OP, GATED_DELTA_RULE_STEP_OP)] + [
+    pytest.param(dataclasses.replace(op, bodies=bodies[op.name]), id=f"{kernel}-{op.name}")
+    for kernel, bodies in ORT_TARGETS.items()
+    for op in (GATED_DELTA_RULE_OP, GATED_DELTA_RULE_STEP_OP, LINEAR_OP, LINEAR_STEP_OP)
+    if op.name in bodies
 ]
 
 
