@@ -234,7 +234,7 @@ def command(
         if result.manifest.decode:
             section = result.manifest.decode
             click.echo(
-                f"wrote {result.out}/prefill.onnx and {result.out}/decode.onnx ({section.mode} state, "
+                f"wrote {result.out}/prefill.onnx and {result.out}/decode.onnx ({section.summary()}, "
                 f"{len(section.state)} tensors; run `attnx generate {result.out} --prompt-ids 1,2,3`)"
             )
         if result.manifest.genai:

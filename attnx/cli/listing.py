@@ -83,13 +83,14 @@ def command(as_json: bool) -> None:
 
     out = console()
     table = Table(title="attention variants")
-    for column in ("variant", "causal", "cross", "pad mask", "decode", "fp16", "paper"):
+    for column in ("variant", "bidirectional", "causal", "cross", "pad mask", "decode", "fp16", "paper"):
         table.add_column(column)
     yes = {True: "yes", False: "-"}
     for v in data["variants"]:
         caps = v["capabilities"]
         table.add_row(
             v["name"],
+            yes[caps["bidirectional"]],
             yes[caps["causal"]],
             yes[caps["cross"]],
             yes[caps["key_padding_mask"]],

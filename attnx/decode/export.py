@@ -51,10 +51,10 @@ def decoders() -> list[str]:
 
 
 def layout_of(assembly: Assembly | ModuleAssembly) -> DecodeLayout:
-    """The decode layout of a built model (its variant's decode mode) or of an adapted module."""
+    """The decode layout of a built model or of an adapted module (each layer's declared state)."""
     if isinstance(assembly, ModuleAssembly):
         return module_layout(assembly)
-    return DecodeLayout.of(assembly.module, assembly.variant.capabilities.decode)
+    return DecodeLayout.of(assembly.module)
 
 
 def step_model(assembly: Assembly | ModuleAssembly, layout: DecodeLayout, with_past: bool) -> nn.Module:

@@ -102,7 +102,9 @@ def construct(
         try:
             chosen.check_spec(spec)
         except AttnxError as exc:
-            raise AttnxError(f"model '{model_spec.name}' needs {_describe_need(spec)}: {exc}") from None
+            able = _able(registry, spec)
+            can = f"; variants that can: {', '.join(able)}" if able else ""
+            raise AttnxError(f"model '{model_spec.name}' needs {_describe_need(spec)}: {exc}{can}") from None
         return impls[chosen.name].build(config, spec)
 
     import torch
@@ -190,6 +192,18 @@ def _unknown_option(key: str, specs: Mapping[str, Any], fields: Mapping[str, set
         if spec is not None
     ]
     return AttnxError(f"unknown option '{key}'{hint} ({'; '.join(listed)})")
+
+
+def _able(registry: Registry, spec: AttentionSpec) -> list[str]:
+    """The registered variants whose capabilities serve ``spec``."""
+    able = []
+    for name, variant in sorted(registry.variants.items()):
+        try:
+            variant.check_spec(spec)
+        except AttnxError:
+            continue
+        able.append(name)
+    return able
 
 
 def _describe_need(spec: AttentionSpec) -> str:
