@@ -9,11 +9,15 @@ needs more than q, k, v (gates from ``x``, a convolution carry, an output gate) 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 
-from attnx.state import Step
 from attnx.variant import AttentionSpec
+
+if TYPE_CHECKING:
+    from attnx.state import Step
 
 # Score bias of padded keys: the most negative fp16 value, so the same constant is
 # exact in fp16 and fp32 and a query whose keys are all padded stays finite.

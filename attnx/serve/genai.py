@@ -42,6 +42,7 @@ from attnx.errors import AttnxError
 from attnx.exporter.assemble import Assembly
 from attnx.exporter.export import ExportJob, ExtraGraphs, attnx_ops, save_onnx
 from attnx.exporter.manifest import DecodeSection, GenaiSection, GenaiState, StatePair
+from attnx.exporter.module import ModuleAssembly
 from attnx.recipes import ExportSettings
 from attnx.serve.layout import Layout, value
 from attnx.serve.tokenizer import CONFIG_FILE, TOKENIZER_FILE, describe, load_tokenizer
@@ -61,14 +62,14 @@ PLACEHOLDER_CONV = (1, 1)  # (channels, kernel - 1) of the conv genai needs besi
 DEFAULT_CONTEXT = 4096  # max_length when the positions are unbounded (sinusoidal)
 
 
-def blocker(model: str, section: DecodeSection | None) -> str | None:
+def blocker(section: DecodeSection | None) -> str | None:
     """Why onnxruntime-genai cannot run this decode export (None: it can)."""
     if section is None:
         return "it has no decode graphs; re-export with --decode"
-    if model != "lm":
+    if section.context:
         return (
-            f"onnxruntime-genai's generic 'decoder' model is decoder-only; a {model} decoder needs its "
-            "encoder's output at every step (genai runs encoder-decoders only for built-in model types)"
+            "onnxruntime-genai's generic 'decoder' model is decoder-only; this decoder needs its encoder's "
+            "output at every step (genai runs encoder-decoders only for built-in model types)"
         )
     try:
         genai_state(section)
@@ -187,7 +188,7 @@ def _rename(layout: Layout, state: GenaiState, pair: StatePair) -> None:
     layout.inputs.append(value(state.past, pair.dtype, _dims(source_in)))
     layout.node("Identity", [state.past], layout.feed(pair.input))
     layout.outputs.append(value(state.present, pair.dtype, _dims(source_out)))
-    layout.node("Identity", [pair.output], state.present, after=True)
+    layout.node("Identity", [layout.take(pair.output)], state.present, after=True)
 
 
 def _pack(layout: Layout, state: GenaiState, section: DecodeSection) -> None:
@@ -207,15 +208,14 @@ def _pack(layout: Layout, state: GenaiState, section: DecodeSection) -> None:
             layout.constant(f"{pair.input}/{end}", [bound])
             for end, bound in (("start", start), ("end", start + width))
         ]
+        output = layout.take(pair.output)  # genai's name may be the decode graph's own (past.0.recurrent)
         if len(pair.axes) == rank:
             layout.node("Slice", [state.past, *bounds, last], layout.feed(pair.input))
-            parts.append(pair.output)
+            parts.append(output)
         else:
             sliced = layout.node("Slice", [state.past, *bounds, last], f"serve/{pair.input}/sliced")
             layout.node("Squeeze", [sliced, last], layout.feed(pair.input))
-            parts.append(
-                layout.node("Unsqueeze", [pair.output, last], f"serve/{pair.output}/packed", after=True)
-            )
+            parts.append(layout.node("Unsqueeze", [output, last], f"{output}/packed", after=True))
         start += width
     layout.node("Concat", parts, state.present, after=True, axis=rank - 1)
 
@@ -231,27 +231,33 @@ def _dims(spec: onnx.ValueInfoProto) -> list[str | int]:
     return [d.dim_param or d.dim_value for d in spec.type.tensor_type.shape.dim]
 
 
+def _heads(section: DecodeSection) -> tuple[int, int]:
+    """(heads, head size) of the KV cache (genai sizes its cache by them), else of the recurrent state."""
+    by_role = {role: [p for p in section.state if p.role == role] for role in ("key", "recurrent")}
+    axes = (by_role["key"] or by_role["recurrent"])[0].axes
+    return int(axes[1]), int(axes[-1]) if len(axes) == 4 else 1
+
+
 def genai_config(
-    assembly: Assembly, section: DecodeSection, state: Sequence[GenaiState], specials: dict[str, Any]
+    section: DecodeSection, state: Sequence[GenaiState], context: int, specials: dict[str, Any]
 ) -> dict[str, Any]:
-    """``genai_config.json`` of an lm decode export (``specials``: bos/eos/pad ids, None unknown); the
-    state name templates are those of the roles ``state`` holds."""
-    config = assembly.model_config
-    heads = config.n_heads
-    context = assembly.variant.position_limit(assembly.variant_config) or DEFAULT_CONTEXT
+    """``genai_config.json`` of an lm decode export, from its decode section: ``state`` its genai state
+    (the name templates are those of the roles it holds), ``context`` the longest sequence, ``specials``
+    the tokenizer's bos/eos/pad ids (None unknown)."""
+    heads, head_size = _heads(section)
     roles = [role for role in PAST if any(s.role == role for s in state)]
     model: dict[str, Any] = {
         "type": "decoder",
-        "vocab_size": config.vocab_size,
+        "vocab_size": section.vocab_size,
         "context_length": context,
-        # No known end token: genai stops at max_length, as `attnx generate` does.
+        # No known end token: genai then ends at its pad_token_id (0) or at max_length.
         "eos_token_id": specials.get("eos_token_id") if specials.get("eos_token_id") is not None else [],
         **{k: specials[k] for k in ("bos_token_id", "pad_token_id") if specials.get(k) is not None},
         "decoder": {
             "filename": GENAI_FILE,
             "session_options": {"log_id": "attnx", "provider_options": []},
-            "hidden_size": config.d_model,
-            "head_size": config.d_model // heads,
+            "hidden_size": heads * head_size,
+            "head_size": head_size,
             "num_attention_heads": heads,
             "num_key_value_heads": heads,
             "num_hidden_layers": len(section.layers),
@@ -270,22 +276,32 @@ def genai_config(
     return {"model": model, "search": search}
 
 
+def context_length(assembly: Assembly | ModuleAssembly) -> int:
+    """The longest sequence genai may generate: the variant's position limit, else :data:`DEFAULT_CONTEXT`."""
+    if isinstance(assembly, ModuleAssembly):
+        return DEFAULT_CONTEXT
+    return assembly.variant.position_limit(assembly.variant_config) or DEFAULT_CONTEXT
+
+
 class GenaiDecoder:
-    """The onnxruntime-genai extension of an lm decode export (manifest section ``genai``)."""
+    """The onnxruntime-genai extension of an lm decode export, attnx's or a module's (manifest section
+    ``genai``)."""
 
     name = "genai"
 
     def wanted(self, job: ExportJob) -> bool:
-        return job.settings.decode and job.plan.model == "lm" and job.module is None
+        return job.settings.decode and (job.plan.model == "lm" or job.module is not None)
 
     def check(self, job: ExportJob) -> None:
         """Nothing beyond the decode extension's checks."""
 
-    def export(self, assembly: Assembly, directory: Path, settings: ExportSettings) -> ExtraGraphs:
+    def export(
+        self, assembly: Assembly | ModuleAssembly, directory: Path, settings: ExportSettings
+    ) -> ExtraGraphs:
         """Write genai.onnx and genai_config.json from the decode graph already in ``directory``
         (nothing, and no section, when :func:`blocker` names a reason)."""
         section = layout_of(assembly).describe()
-        if blocker("lm", section) is not None:
+        if blocker(section) is not None:
             return ExtraGraphs({}, [], None)
         proto = genai_layout(onnx.load(str(directory / DECODE_FILE)), section)
         save_onnx(proto, directory / GENAI_FILE)
@@ -293,9 +309,10 @@ class GenaiDecoder:
         if (directory / TOKENIZER_FILE).is_file():
             config = json.loads((directory / CONFIG_FILE).read_text(encoding="utf-8"))
             tokenizer = load_tokenizer(directory / TOKENIZER_FILE)
-            specials = vars(describe(tokenizer, config, assembly.model_config.vocab_size, TOKENIZER_FILE))
+            specials = vars(describe(tokenizer, config, section.vocab_size, TOKENIZER_FILE))
         state = genai_state(section)
-        text = json.dumps(genai_config(assembly, section, state, specials), indent=2) + "\n"
+        config = genai_config(section, state, context_length(assembly), specials)
+        text = json.dumps(config, indent=2) + "\n"
         (directory / GENAI_CONFIG).write_text(text, encoding="utf-8")
         files = {"genai": GENAI_FILE, "genai_config": GENAI_CONFIG}
         return ExtraGraphs(files, attnx_ops(proto), GenaiSection(state))

@@ -39,9 +39,9 @@ def _causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> 
 
 
 def _define_ops(flaw: str) -> tuple[object, object]:
-    namespace = f"attnx_seeded_decode_{flaw}"
+    prefix = f"attnx::seeded_decode_{flaw}"  # attnx's namespace: module exports look ops up there
 
-    @torch.library.custom_op(f"{namespace}::running_attention", mutates_args=())
+    @torch.library.custom_op(f"{prefix}_running_attention", mutates_args=())
     def running(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
         return _causal(q, k, v, scale)
 
@@ -49,7 +49,7 @@ def _define_ops(flaw: str) -> tuple[object, object]:
     def _(q, k, v, scale):
         return q.new_empty((*q.shape[:-1], v.shape[-1]))
 
-    @torch.library.custom_op(f"{namespace}::running_attention_step", mutates_args=())
+    @torch.library.custom_op(f"{prefix}_running_attention_step", mutates_args=())
     def step(
         q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: torch.Tensor | None, scale: float
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -125,7 +125,6 @@ class SeededDecodeLayer(MultiHeadAttention):
         super().__init__(spec)
         self.flaw, self.scale = flaw, 1.0 / math.sqrt(spec.head_dim)
         self.conv = nn.Conv1d(spec.d_model, spec.d_model, KERNEL, groups=spec.d_model, bias=False)
-        self.running, self.running_step = (op.torch_op for op in OPS[flaw])
 
     def convolve(self, x: torch.Tensor, carry: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """The convolution of ``x`` (batch, n, d) after ``carry`` (the last inputs; None: zeros)."""
@@ -140,7 +139,7 @@ class SeededDecodeLayer(MultiHeadAttention):
         return super().forward(self.convolve(x, None)[0], context, key_padding_mask)
 
     def attend(self, q, k, v, key_padding_mask):
-        return self.running(q, k, v, self.scale)
+        return OPS[self.flaw][0].torch_op(q, k, v, self.scale)
 
     def decode_state(self) -> list[StateTensor]:
         heads, d = self.spec.n_heads, self.spec.head_dim
@@ -154,7 +153,7 @@ class SeededDecodeLayer(MultiHeadAttention):
         return y, (carry, recurrent)
 
     def attend_step(self, q, k, v, state, position):
-        out, grown = self.running_step(q, k, v, None if state is None else state[0], self.scale)
+        out, grown = OPS[self.flaw][1].torch_op(q, k, v, None if state is None else state[0], self.scale)
         return out, (grown,)
 
 
