@@ -30,6 +30,7 @@ Examples:
   attnx export --recipe linear-lm --decode -o lm-decode
   attnx export --variant linear --model lm --dtype fp16 -o lm-fp16
   attnx export --recipe tiny-lm --decode --tokenizer tokenizer.json -o chat   # + genai, text in/out
+  attnx export --variant myplugin --model lm --target ort -o fused     # ONNX Runtime's own kernels
   attnx export --module mymodels.py:linear_lm --decode -o my-lm     # any nn.Module (docs/importing.md)
 """
 
@@ -66,6 +67,12 @@ Examples:
 )
 @click.option("--out", "-o", default="out", show_default=True, type=click.Path(), help="Output directory.")
 @click.option("--lowering", "-l", default=None, help="function | decomposed | plugin.  [default: function]")
+@click.option(
+    "--target",
+    default=None,
+    help="portable | ort: bodies of standard ONNX ops, or of ONNX Runtime's own kernels (com.microsoft) for "
+    "the ops that declare them (see `attnx list`).  [default: portable]",
+)
 @click.option(
     "--set",
     "assignments",
@@ -134,6 +141,7 @@ def command(
     source: str | None,
     out: str,
     lowering: str | None,
+    target: str | None,
     assignments: tuple[str, ...],
     opset: int | None,
     dtype: str | None,
@@ -161,6 +169,7 @@ def command(
 
     flags = {
         "export.lowering": lowering,
+        "export.target": target,
         "export.opset": opset,
         "export.dtype": dtype,
         "export.seed": seed,
@@ -231,6 +240,9 @@ def command(
             f"wrote {result.out}/model.onnx ({describe_source(manifest)}, {manifest.dtype}, "
             f"{manifest.lowering} lowering, {result.attnx_nodes} attnx nodes, opset {manifest.opset})"
         )
+        if manifest.target:
+            lowered = ", ".join(manifest.target.ops)
+            click.echo(f"target {manifest.target.name}: {lowered} on {manifest.target.runtime}'s own kernels")
         if result.manifest.decode:
             section = result.manifest.decode
             click.echo(

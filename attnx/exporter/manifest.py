@@ -307,6 +307,18 @@ class OptimizedSection:
     tools: dict[str, str | None]
 
 
+@dataclasses.dataclass
+class TargetSection:
+    """The lowering target the export was made for (``attnx export --target``, :mod:`attnx.targets`; no
+    section: ``portable``): ``runtime`` and its version at export, whose kernels the target's bodies call,
+    and ``ops``, the ``attnx::`` ops lowered with those bodies (every other op has its portable body)."""
+
+    name: str
+    runtime: str
+    runtime_version: str | None
+    ops: list[str]
+
+
 @dataclasses.dataclass(frozen=True)
 class ModuleConfig(Config):
     """A module export has no model options: its layers carry their own."""
@@ -344,6 +356,7 @@ class Manifest:
     genai: GenaiSection | None = None
     module: ModuleSection | None = None  # the reference is a user's module, not model + model_config
     optimized: OptimizedSection | None = None  # written by `attnx optimize` from another export
+    target: TargetSection | None = None  # the lowering target's runtime kernels (None: portable bodies)
 
     def to_json(self) -> str:
         data = _plain(self)
