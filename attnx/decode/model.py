@@ -29,8 +29,6 @@ recurrent state and a convolution carry there) mix freely.
 from __future__ import annotations
 
 import dataclasses
-import functools
-import inspect
 from collections.abc import Sequence
 from typing import Any
 
@@ -40,6 +38,7 @@ from torch import nn
 from attnx.attention import MultiHeadAttention, merge_heads, split_heads
 from attnx.errors import AttnxError
 from attnx.exporter.manifest import ContextInput, DecodeSection, GraphIO, StatePair
+from attnx.exporter.signature import fixed_arity
 from attnx.models.spec import ModelSpec, TensorSpec
 from attnx.state import GROWING, DecodableLayer, PositionalCrossAttention, StateTensor, layer_kind
 from attnx.variant import Variant
@@ -302,14 +301,7 @@ class StepModel(nn.Module):
         self.model, self.layout, self.with_past = model, layout, with_past
         self.names = [s.name for s in layout.inputs(with_past)]
         self.layers = len(causal_stack(model).blocks)
-        # torch.export matches dynamic shapes to forward's parameters: give it one per graph input.
-        self.forward = functools.partial(self.step)
-        self.forward.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
-            [
-                inspect.Parameter(f"input_{i}", inspect.Parameter.POSITIONAL_ONLY)
-                for i in range(len(self.names))
-            ]
-        )
+        fixed_arity(self, self.step, len(self.names))
 
     def step(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
         given = dict(zip(self.names, inputs, strict=True))
