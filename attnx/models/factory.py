@@ -102,9 +102,7 @@ def construct(
         try:
             chosen.check_spec(spec)
         except AttnxError as exc:
-            able = _able(registry, spec)
-            can = f"; variants that can: {', '.join(able)}" if able else ""
-            raise AttnxError(f"model '{model_spec.name}' needs {_describe_need(spec)}: {exc}{can}") from None
+            raise _cannot_serve(registry, model_spec.name, spec, exc) from None
         return impls[chosen.name].build(config, spec)
 
     import torch
@@ -194,8 +192,8 @@ def _unknown_option(key: str, specs: Mapping[str, Any], fields: Mapping[str, set
     return AttnxError(f"unknown option '{key}'{hint} ({'; '.join(listed)})")
 
 
-def _able(registry: Registry, spec: AttentionSpec) -> list[str]:
-    """The registered variants whose capabilities serve ``spec``."""
+def _cannot_serve(registry: Registry, model: str, spec: AttentionSpec, why: AttnxError) -> AttnxError:
+    """The one-line refusal of a variant that cannot serve ``spec``, naming the variants that can."""
     able = []
     for name, variant in sorted(registry.variants.items()):
         try:
@@ -203,7 +201,8 @@ def _able(registry: Registry, spec: AttentionSpec) -> list[str]:
         except AttnxError:
             continue
         able.append(name)
-    return able
+    can = f"; variants that can: {', '.join(able)}" if able else ""
+    return AttnxError(f"model '{model}' needs {_describe_need(spec)}: {why}{can}")
 
 
 def _describe_need(spec: AttentionSpec) -> str:

@@ -110,3 +110,26 @@ def test_the_cli_says_which_ops_run_on_the_targets_kernels_and_list_names_the_ta
     assert "target ort: attnx::TargetRunningAttention on onnxruntime's own kernels" in stdout
     code, stdout, _ = run_cli(["list", "--json"])
     assert set(json.loads(stdout)["targets"]) == {"portable", "ort"}
+
+
+def test_a_causal_only_variant_is_refused_for_an_encoder_naming_those_that_can(targets, tmp_path):
+    """The gated and delta rules are causal only (Capabilities(bidirectional=False)), as the test op is."""
+    from attnx.exporter.assemble import assemble
+    from attnx.registry import get_registry
+    from attnx.variant import describe
+
+    caps = get_registry().variant("target_running").capabilities
+    assert describe(caps) == "supports: causal, fp32 only"
+    able = sorted(n for n, v in get_registry().variants.items() if v.capabilities.bidirectional)
+    out = tmp_path / "out"
+    args = ["export", "--variant", "target_running", "-o", str(out), "--set", "attention_mask=false"]
+    code, _, stderr = run_cli(args)
+    assert_one_line_error(
+        code,
+        stderr,
+        "model 'encoder' needs bidirectional self-attention: variant 'target_running' does not support "
+        "bidirectional attention",
+        f"variants that can: {', '.join(able)}",
+    )
+    assert not out.exists()
+    assert assemble("target_running", "lm", TINY).module is not None  # causal: an lm is fine
