@@ -48,6 +48,12 @@ class Layout:
         self.renamed[name] = f"{PREFIX}{name}"
         return self.renamed[name]
 
+    def take(self, name: str) -> str:
+        """Take source output ``name`` off the graph's outputs (so an adapter output may reuse the name);
+        returns the value that holds it for the nodes after the source graph."""
+        self.renamed[name] = f"{PREFIX}{name}"
+        return self.renamed[name]
+
     def keep(self, name: str) -> None:
         """Keep source input or output ``name`` as it is."""
         spec = self.source(name)
@@ -90,11 +96,14 @@ class Layout:
 
 
 def _renamed(node: onnx.NodeProto, names: dict[str, str]) -> onnx.NodeProto:
-    """``node`` reading ``names[x]`` wherever it read ``x`` (subgraphs too, which may read outer values)."""
+    """``node`` reading and writing ``names[x]`` wherever it read or wrote ``x`` (subgraphs too, which may
+    read outer values)."""
     copy = onnx.NodeProto()
     copy.CopyFrom(node)
     for i, name in enumerate(copy.input):
         copy.input[i] = names.get(name, name)
+    for i, name in enumerate(copy.output):
+        copy.output[i] = names.get(name, name)
     for attribute in copy.attribute:
         for graph in [attribute.g, *attribute.graphs]:
             for j, inner in enumerate(graph.node):

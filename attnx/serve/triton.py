@@ -217,7 +217,7 @@ def sequence_blocker(export: ExportDir) -> str | None:
     """Why sequence batching cannot serve ``export`` (None: it can)."""
     if export.manifest.decode is None:
         return "it has no decode graphs; re-export with --decode"
-    if export.manifest.model != "lm":
+    if export.manifest.decode.context:  # a seq2seq decoder (an lm, attnx's or a module, has no context)
         return (
             f"a {export.manifest.model} decoder needs its source at every step (cached cross-attention "
             "context), which implicit state does not carry; serve model.onnx with --batching dynamic"
