@@ -45,8 +45,12 @@ def default_cache() -> Path:
 
 
 def requirements() -> list[str]:
-    """What ``model.py`` imports: numpy below 2 and the onnxruntime attnx itself runs."""
-    return ["numpy<2", f"onnxruntime=={metadata.version('onnxruntime')}"]
+    """What ``model.py`` imports: numpy below 2 and onnxruntime at the version attnx itself runs (whose
+    CPU package the environment gets, also where attnx runs ``onnxruntime-gpu``)."""
+    for distribution in ("onnxruntime", "onnxruntime-gpu"):
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            return ["numpy<2", f"onnxruntime=={metadata.version(distribution)}"]
+    raise AttnxError("onnxruntime is not installed next to attnx; reinstall attnx (pip install attnx)")
 
 
 def python_version() -> str:

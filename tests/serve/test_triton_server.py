@@ -136,25 +136,15 @@ def test_bad_requests_get_tritons_errors_and_the_server_stays_up(client, triton_
     from tritonclient.utils import InferenceServerException
 
     ids = np.zeros((1, 4), dtype=np.int64)
-    bad = [
-        (
-            "encoder",
-            {"input_ids": ids[None], "attention_mask": np.ones((1, 1, 4), bool)},
-            {},
-            "unexpected shape",
-        ),
+    start, start_end = {"sequence_start": True}, {"sequence_start": True, "sequence_end": True}
+    bad = [  # model, inputs, sequence flags, the error
+        ("encoder", {"input_ids": ids[None], "attention_mask": ids[None] == 0}, {}, "unexpected shape"),
         ("encoder", {"input_ids": ids.astype(np.float32), "attention_mask": ids == 0}, {}, "(?i)data.?type"),
         ("kv", {"input_ids": ids}, {"sequence_id": 999}, "must specify the START flag"),
-        ("kv", {"input_ids": ids + 50}, {"sequence_id": 5, "sequence_start": True}, "ids outside 0..49"),
-        (
-            "kv",
-            np.zeros((2, 3), dtype=np.int64),
-            {"sequence_id": 6, "sequence_start": True},
-            "unexpected shape",
-        ),
+        ("kv", {"input_ids": ids + 50}, {"sequence_id": 5, **start_end}, "ids outside 0..49"),
+        ("kv", {"input_ids": np.zeros((2, 3), np.int64)}, {"sequence_id": 6, **start}, "unexpected shape"),
     ]
     for model, feed, sequence, fragment in bad:
-        feed = feed if isinstance(feed, dict) else {"input_ids": feed}
         with pytest.raises(InferenceServerException, match=fragment):
             client.infer(model, feed, ["logits"], **sequence)
         assert triton_server.alive()

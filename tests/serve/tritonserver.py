@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import fcntl
 import os
 import shutil
 import signal
@@ -48,31 +49,18 @@ def server_build(cache: Path) -> Path:
     if not sys.platform.startswith("linux") or os.uname().machine != "x86_64":
         raise Unavailable(f"{WHEEL} is a Linux x86_64 wheel (this is {sys.platform} {os.uname().machine})")
     target = cache / WHEEL.replace("==", "-")
-    if not (target / ".complete").is_file():
-        partial = target.with_name(target.name + ".partial")
-        shutil.rmtree(partial, ignore_errors=True)
-        command = [sys.executable, "-m", "pip", "install", "--no-deps", "--disable-pip-version-check"]
-        command += ["--no-input", "--timeout", "30", "--target", str(partial), WHEEL]
-        try:
-            done = subprocess.run(command, capture_output=True, text=True, timeout=FETCH_SECONDS)
-        except subprocess.TimeoutExpired:
-            raise Unavailable(f"pip did not fetch {WHEEL} in {FETCH_SECONDS} s") from None
-        if done.returncode != 0:
-            errors = [line for line in done.stderr.splitlines() if line.startswith("ERROR")]
-            raise Unavailable(
-                f"pip cannot fetch {WHEEL}: {(errors or ['exit code ' + str(done.returncode)])[-1]}"
-            )
-        shutil.rmtree(target, ignore_errors=True)
-        partial.rename(target)
-        (target / ".complete").write_text(WHEEL + "\n")
     build = target / "pytriton" / "tritonserver"
     version = f"{sys.version_info.major}.{sys.version_info.minor}"
-    stub = build / "python_backend_stubs" / version / "triton_python_backend_stub"
-    if not stub.is_file():
-        raise Unavailable(f"{WHEEL} has no python backend stub for Python {version}")
-    installed = build / "backends" / "python" / stub.name
-    if not installed.is_file():
-        shutil.copy2(stub, installed)
+    with open(cache / ".wheel.lock", "a") as lock:  # one test session installs it at a time
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (target / ".complete").is_file():
+            _install(target)
+        stub = build / "python_backend_stubs" / version / "triton_python_backend_stub"
+        if not stub.is_file():
+            raise Unavailable(f"{WHEEL} has no python backend stub for Python {version}")
+        installed = build / "backends" / "python" / stub.name
+        if not installed.is_file():
+            shutil.copy2(stub, installed)
     return build
 
 
@@ -80,6 +68,30 @@ def _stop_with_parent() -> None:
     """In the server's process, before exec: SIGTERM when the test process dies (PR_SET_PDEATHSIG), so
     a killed test run leaves no server behind."""
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
+
+
+def _install(target: Path) -> None:
+    """pip install --no-deps --target: the wheel's files only, none of its dependencies.
+
+    Raises:
+        Unavailable: pip cannot fetch it.
+    """
+    partial = target.with_name(target.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    command = [sys.executable, "-m", "pip", "install", "--no-deps", "--disable-pip-version-check"]
+    command += ["--no-input", "--timeout", "30", "--target", str(partial), WHEEL]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=FETCH_SECONDS)
+    except subprocess.TimeoutExpired:
+        raise Unavailable(f"pip did not fetch {WHEEL} in {FETCH_SECONDS} s") from None
+    if done.returncode != 0:
+        errors = [line for line in done.stderr.splitlines() if line.startswith("ERROR")]
+        raise Unavailable(
+            f"pip cannot fetch {WHEEL}: {(errors or ['exit code ' + str(done.returncode)])[-1]}"
+        )
+    shutil.rmtree(target, ignore_errors=True)
+    partial.rename(target)
+    (target / ".complete").write_text(WHEEL + "\n")
 
 
 def free_port() -> int:
@@ -106,7 +118,7 @@ class TritonServer:
             f"--http-port={self.http_port}",
             f"--grpc-port={self.grpc_port}",
             f"--metrics-port={self.metrics_port}",
-            "--exit-timeout-secs=10",
+            "--exit-timeout-secs=5",
         ]
 
     @property
