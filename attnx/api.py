@@ -17,6 +17,7 @@ from typing import Any
 
 import onnx
 
+from attnx.arguments import typed_arguments
 from attnx.checkpoint import save_checkpoint as write_checkpoint
 from attnx.decode.export import DECODE_GRAPHS
 from attnx.decode.parity import DECODE_PARITY
@@ -52,6 +53,7 @@ class ExportResult:
     parity: ParityReport | None
 
 
+@typed_arguments
 def export(
     variant: str | None = None,
     out: str | Path = "out",
@@ -90,6 +92,7 @@ def export(
     return run_export(job, progress)
 
 
+@typed_arguments
 def export_module(
     module: Any,
     example_inputs: Mapping[str, Any] | Sequence[Any],
@@ -107,7 +110,8 @@ def export_module(
     the module's own forward.
 
     The same steps, lowerings, manifest and parity report as :func:`export`; the manifest's ``module``
-    section and ``reference.pt2`` (the adapted module's ``torch.export`` program) let ``attnx verify``
+    section and ``reference.json`` (the adapted module's ``torch.export`` program, its tensors in
+    ``reference.safetensors``: data, loaded without unpickling) let ``attnx verify``
     re-check it later without the module's code. See :mod:`attnx.exporter.module` for how inputs and
     outputs are named and docs/importing.md for the adapters.
 
@@ -159,6 +163,7 @@ def run_export(job: ExportJob, progress: Progress | None = None) -> ExportResult
     return ExportResult(job.out, written.manifest, nodes, parity)
 
 
+@typed_arguments
 def verify(
     out: str | Path,
     *,
@@ -206,7 +211,7 @@ def verify(
 
 # attnx.triton(out, repo, *, name, max_batch, batching, instances, force, backend, env_cache, progress): a
 # Triton model repository serving the export (docs/deploying.md); the serving layer does the whole job.
-triton = write_repository
+triton = typed_arguments(write_repository, "triton")
 
 
 def _tolerance(atol: float | None, rtol: float | None, export: ExportDir) -> Tolerance | None:

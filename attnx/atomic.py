@@ -187,7 +187,12 @@ def _exclusive(path: Path, shown: str | Path) -> Iterator[None]:
     """
     lock = path.parent / f".{path.name}.lock"
     while True:
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
+        except OSError as exc:  # a directory that holds no files (/proc, /sys) or refuses them
+            raise AttnxError(
+                f"cannot write to '{path.parent}' ({exc.strerror}), so not '{shown}'; choose another path"
+            ) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

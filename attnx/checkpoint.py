@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from attnx.arguments import typed_arguments
 from attnx.atomic import check_output_file, write_atomic
 from attnx.errors import AttnxError
 
@@ -109,6 +110,7 @@ def load_checkpoint(module: nn.Module, path: str | Path) -> None:
     module.load_state_dict(state, strict=True)
 
 
+@typed_arguments
 def save_checkpoint(model: Any, path: str | Path) -> Path:
     """Write the weights of ``model`` (an ``nn.Module`` or an export ``Assembly``) to ``path``, atomically.
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from attnx.arguments import typed_arguments
 from attnx.bench.machine import available_memory, default_threads, machine_info
 from attnx.bench.report import BenchReport, Measurement
 from attnx.bench.timing import measure
@@ -34,6 +35,7 @@ def default_memory_limit() -> int | None:
     return None if available is None else int(MEMORY_FRACTION * available)
 
 
+@typed_arguments
 def bench(
     outs: str | Path | Sequence[str | Path],
     *,

@@ -2,7 +2,8 @@
 
 Every command turns :class:`attnx.AttnxError` and Click usage errors into one
 line on stderr and exit code 2; a failed check (parity) exits with 1. Ctrl-C
-prints "Interrupted." and exits with 130 (what was being written is removed); a
+prints "Interrupted." and exits with 130, SIGTERM (``docker stop``, Kubernetes) "Terminated."
+and 143 (what was being written is removed, the lock on OUT released); a
 reader that closes stdout early (``attnx list | head -1``) ends the command
 quietly with exit code 0.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -24,6 +26,8 @@ from attnx.registry import get_registry
 
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
+EXIT_TERMINATED = 143  # 128 + SIGTERM
+_received: list[int] = []  # the signal that interrupted the command, if any
 
 
 class AttnxGroup(click.Group):
@@ -53,8 +57,18 @@ def cli() -> None:
     """
 
 
-for command in (listing.command, doctor.command, export.command, verify.command, build.command, bench.command,
-                new_plugin.command, generate.command, triton.command, optimize.command):
+for command in (
+    listing.command,
+    doctor.command,
+    export.command,
+    verify.command,
+    build.command,
+    bench.command,
+    new_plugin.command,
+    generate.command,
+    triton.command,
+    optimize.command,
+):
     cli.add_command(command)
 
 
@@ -64,6 +78,17 @@ def _add_plugin_commands() -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: run the CLI and map errors to one line + exit code."""
+    _received.clear()
+    try:
+        with _sigterm_as_interrupt():
+            _run(argv)
+    except (KeyboardInterrupt, click.Abort):  # Click turns Ctrl-C inside a command into Abort
+        terminated = signal.SIGTERM in _received
+        click.echo("Terminated." if terminated else "Interrupted.", err=True)
+        sys.exit(EXIT_TERMINATED if terminated else EXIT_INTERRUPTED)
+
+
+def _run(argv: list[str] | None) -> None:
     try:
         _add_plugin_commands()
         with _exit_0_on_closed_stdout():
@@ -81,9 +106,26 @@ def main(argv: list[str] | None = None) -> None:
     except click.ClickException as exc:
         click.echo(f"Error: {exc.format_message()}", err=True)
         sys.exit(exc.exit_code)
-    except (KeyboardInterrupt, click.Abort):  # Click turns Ctrl-C inside a command into Abort
-        click.echo("Interrupted.", err=True)
-        sys.exit(EXIT_INTERRUPTED)
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM raises KeyboardInterrupt, so it unwinds like Ctrl-C: staging folders are removed and
+    locks released by the code that made them (the main thread only: signals are delivered there)."""
+
+    def interrupt(signum: int, frame: object) -> None:
+        _received.append(signum)
+        raise KeyboardInterrupt
+
+    try:
+        previous = signal.signal(signal.SIGTERM, interrupt)
+    except ValueError:  # not the main thread: leave SIGTERM as it is
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 @contextlib.contextmanager

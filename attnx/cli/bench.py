@@ -10,6 +10,7 @@ import click
 
 from attnx.cli.common import parse_int_list, parse_name_list
 from attnx.errors import AttnxError
+from attnx.limits import MAX_SEED, MAX_THREADS
 
 EPILOG = """\b
 Examples:
@@ -34,14 +35,15 @@ Examples:
               help="Timed runs per case.")
 @click.option("--max-time", type=click.FloatRange(min=0, min_open=True), default=None, metavar="SECONDS",
               help="Stop a case's timed runs after this long (at least 3 runs).")
-@click.option("--threads", type=click.IntRange(min=1), default=None,
+@click.option("--threads", type=click.IntRange(1, MAX_THREADS), default=None,
               help="Intra-op threads for torch and ONNX Runtime [default: the usable cores].")
 @click.option("--max-memory", default=None, metavar="SIZE",
               help="Skip cases whose estimated peak exceeds SIZE (e.g. 8GiB) "
                    "[default: 80% of available memory].")
 @click.option("--isolate", is_flag=True,
               help="Measure each case in a fresh process (exact peak memory; slower).")
-@click.option("--seed", type=int, default=None, help="Seed of the random inputs (default: fresh; recorded).")
+@click.option("--seed", type=click.IntRange(0, MAX_SEED), default=None,
+              help="Seed of the random inputs (default: fresh; recorded).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, metavar="FILE",
               help="Write every measurement (raw timings included), the machine and the settings as JSON.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None, metavar="FILE.png",

@@ -102,6 +102,11 @@ def print_parity(report: Any) -> None:
     for backend in report.backends:
         if backend.status == "skipped":
             click.echo(f"skipped {backend.backend}: {backend.reason}")
+    if report.weights:
+        counts = ", ".join(f"{w.graph} {w.matched}" for w in report.weights)
+        click.echo(f"weights matched with the torch model's: {counts}")
+    for mismatch in report.weight_mismatches:
+        click.echo(f"FAIL weights: {mismatch}")
 
 
 def parity_summary(report: Any) -> str:
@@ -110,4 +115,7 @@ def parity_summary(report: Any) -> str:
     if not report.ran:
         return "parity: NOT CHECKED (every backend was skipped)"
     failed = [b.backend for b in report.ran if b.status == "failed"]
+    if report.weight_mismatches:
+        more = len(report.weight_mismatches) - 1
+        failed.append(f"weights: {report.weight_mismatches[0]}" + (f" (and {more} more)" if more else ""))
     return "parity: FAILED on " + ", ".join(failed)

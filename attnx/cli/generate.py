@@ -9,7 +9,7 @@ import click
 
 from attnx.cli.common import echo_json, json_option, progress_printer
 from attnx.errors import AttnxError
-from attnx.recipes.loader import MAX_SEED
+from attnx.limits import MAX_NEW_TOKENS, MAX_SEED, MAX_THREADS
 
 EPILOG = """\b
 Examples:
@@ -63,7 +63,14 @@ def read_prompt(name: str) -> str:
 @click.option(
     "--source-ids", default=None, metavar="ID,ID,...", help="seq2seq exports: the source token ids."
 )
-@click.option("--max-new-tokens", "-n", default=32, show_default=True, type=int, help="Tokens to generate.")
+@click.option(
+    "--max-new-tokens",
+    "-n",
+    default=32,
+    show_default=True,
+    type=click.IntRange(1, MAX_NEW_TOKENS),
+    help="Tokens to generate.",
+)
 @click.option(
     "--backend",
     default="ort-cpu",
@@ -76,7 +83,12 @@ def read_prompt(name: str) -> str:
 @click.option(
     "--seed", default=0, show_default=True, type=click.IntRange(0, MAX_SEED), help="Seed of the sampler."
 )
-@click.option("--threads", default=None, type=int, help="ONNX Runtime intra-op threads (default: all cores).")
+@click.option(
+    "--threads",
+    default=None,
+    type=click.IntRange(1, MAX_THREADS),
+    help="ONNX Runtime intra-op threads (default: all cores).",
+)
 @click.option("--quiet", "-q", is_flag=True, help="No progress messages.")
 @json_option
 def command(

@@ -7,6 +7,7 @@ import sys
 import click
 
 from attnx.cli.common import echo_json, json_option, parity_summary, progress_printer
+from attnx.limits import MAX_SEED
 
 EPILOG = """\b
 Examples:
@@ -36,7 +37,12 @@ Examples:
     default=None,
     help="Fail (exit 1) when a language model's next-token top-1 agreement is below this fraction.",
 )
-@click.option("--seed", default=None, type=int, help="Seed of the random prompts (default: fresh; recorded).")
+@click.option(
+    "--seed",
+    default=None,
+    type=click.IntRange(0, MAX_SEED),
+    help="Seed of the random prompts (default: fresh; recorded).",
+)
 @click.option("--quiet", is_flag=True, help="No progress messages on stderr.")
 @json_option
 def command(

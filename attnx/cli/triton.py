@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import re
+
 import click
 
 from attnx.cli.common import echo_json, json_option, progress_printer
+from attnx.limits import MAX_BATCH, MAX_INSTANCES, MAX_NAME
 
 EPILOG = """\b
 Examples:
@@ -18,11 +21,30 @@ Examples:
 """
 
 
+def check_name(name: str | None) -> str | None:
+    """A model name Triton and the filesystem take: letters, digits, '_', '.' and '-', not starting with
+    '.' or '-', at most MAX_NAME characters.
+
+    Raises:
+        click.BadParameter: naming the rule.
+    """
+    if name is not None and not re.fullmatch(rf"[A-Za-z0-9_][A-Za-z0-9_.-]{{0,{MAX_NAME - 1}}}", name):
+        raise click.BadParameter(
+            f"{name[:40]!r}{'...' if len(name) > 40 else ''} is not a model name: use 1 to {MAX_NAME} "
+            "letters, digits, '_', '.' or '-', starting with a letter, digit or '_'"
+        )
+    return name
+
+
 @click.command("triton", epilog=EPILOG)
 @click.argument("out", type=click.Path())
 @click.option("--repo", required=True, type=click.Path(), help="Directory of the model repository to write.")
 @click.option(
-    "--name", default=None, help="Model name in the repository.  [default: the model kind, e.g. lm]"
+    "--name",
+    default=None,
+    callback=lambda ctx, param, value: check_name(value),
+    help=f"Model name in the repository (letters, digits, _ . -; at most {MAX_NAME}).  "
+    "[default: the model kind, e.g. lm]",
 )
 @click.option(
     "--batching",
@@ -33,11 +55,15 @@ Examples:
 @click.option(
     "--max-batch",
     default=None,
-    type=int,
+    type=click.IntRange(0, MAX_BATCH),
     help="Dynamic batching's max_batch_size (0: no batching).  [default: 8]",
 )
 @click.option(
-    "--instances", default=1, show_default=True, type=int, help="Model instances (instance_group count)."
+    "--instances",
+    default=1,
+    show_default=True,
+    type=click.IntRange(1, MAX_INSTANCES),
+    help="Model instances (instance_group count; each holds a copy of the model).",
 )
 @click.option(
     "--backend",

@@ -15,6 +15,7 @@ from attnx.cli.common import (
     print_parity,
     tolerance_options,
 )
+from attnx.limits import MAX_SEED
 
 EPILOG = """\b
 Examples:
@@ -35,7 +36,12 @@ Examples:
 )
 @tolerance_options
 @click.option("--batch", default=2, show_default=True, type=int, help="Batch size of the random inputs.")
-@click.option("--seed", default=None, type=int, help="Seed of the random inputs (default: fresh; recorded).")
+@click.option(
+    "--seed",
+    default=None,
+    type=click.IntRange(0, MAX_SEED),
+    help="Seed of the random inputs (default: fresh; recorded).",
+)
 @click.option(
     "--write/--no-write", default=True, show_default=True, help="Record the report in OUT/parity.json."
 )

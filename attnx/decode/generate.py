@@ -17,10 +17,12 @@ from typing import Any
 
 import numpy as np
 
+from attnx.arguments import typed_arguments
 from attnx.decode.runtime import decode_section, open_stepper
 from attnx.errors import AttnxError
 from attnx.exporter.directory import ExportDir
 from attnx.exporter.manifest import Manifest
+from attnx.limits import MAX_NEW_TOKENS, MAX_THREADS, require_range
 from attnx.registry import get_registry
 
 Progress = Callable[[str], None]
@@ -99,6 +101,7 @@ def check_prompt(prompt_ids: Sequence[Any], vocab_size: int, what: str = "prompt
     return ids
 
 
+@typed_arguments
 def generate(
     out: str | Path,
     prompt_ids: Sequence[int],
@@ -132,10 +135,9 @@ def generate(
     """
     report = progress or (lambda message: None)
     sampler = Sampler(temperature, top_k)
-    if max_new_tokens < 1:
-        raise AttnxError(f"--max-new-tokens must be >= 1 (got {max_new_tokens})")
-    if threads is not None and threads < 1:
-        raise AttnxError(f"--threads must be >= 1 (got {threads})")
+    require_range("--max-new-tokens", max_new_tokens, 1, MAX_NEW_TOKENS)
+    if threads is not None:
+        require_range("--threads", threads, 1, MAX_THREADS)
     export = ExportDir.open(out)
     manifest = export.manifest
     vocab = decode_section(export).vocab_size

@@ -71,7 +71,7 @@ def module_layout(assembly: ModuleAssembly) -> DecodeLayout:
 def _adapted(assembly: ModuleAssembly) -> nn.Module:
     if assembly.adapted is None:
         raise BackendSkipped(
-            "a module export stores its full forward only (reference.pt2), not a torch step model; its "
+            "a module export stores its full forward only (reference.json), not a torch step model; its "
             "decode graphs are checked against that forward"
         )
     return assembly.adapted

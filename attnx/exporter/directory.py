@@ -1,24 +1,29 @@
 """An export on disk, opened and checked once: the one door every reader of an OUT directory uses.
 
-``ExportDir.open(OUT)`` reads ``attnx.json`` strictly and checks that every file it lists is
-inside OUT and has the recorded SHA-256, so verify, bench, generate, build and serving configs
-never run a file the manifest does not describe. It answers "which ops does this export use"
-(from the manifest, resolved through the installed plugins) and rebuilds the torch model.
+``ExportDir.open(OUT)`` reads ``attnx.json`` strictly and checks that every file it lists is a plain
+file inside OUT (no symbolic link is followed), has the recorded SHA-256 and holds what it claims
+(:mod:`attnx.exporter.files`; model.onnx's inputs and outputs are the manifest's), so verify, bench,
+generate, build and serving configs never read a file the manifest does not describe, nor one
+outside OUT. It answers "which ops does this export use" (from the manifest, resolved through the
+installed plugins) and rebuilds the torch model (a module export's from data: nothing is unpickled).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from attnx.atomic import write_atomic
 from attnx.config import Config
 from attnx.domains import DOMAIN
-from attnx.errors import AttnxError
+from attnx.errors import AttnxError, first_line
 from attnx.exporter.assemble import Assembly, rebuild
+from attnx.exporter.budget import weights_within
+from attnx.exporter.files import check_content, check_onnx, read_plain, sha256_plain
 from attnx.exporter.manifest import MANIFEST, MODULE_SPEC, EngineSection, FileRecord, Manifest, sha256_file
-from attnx.models.spec import ModelSpec
+from attnx.models.spec import ModelSpec, TensorSpec
 from attnx.registry import Registry, get_registry
 from attnx.variant import Variant
 
@@ -32,6 +37,14 @@ _FIXES = {
     "decode": "re-export with `attnx export --decode`",
     "engine": "run `attnx build OUT`",
 }
+MANIFEST_LIMIT = 64 << 20
+REBUILD_SLACK = 256 << 20
+# What the files attnx writes under these keys must be (the suffix selects the content check).
+_SUFFIXES = {
+    **dict.fromkeys(("model", "prefill", "decode", "genai"), ".onnx"),
+    **dict.fromkeys(("weights", "reference_tensors"), ".safetensors"),
+    **dict.fromkeys(("genai_config", "tokenizer", "tokenizer_config"), ".json"),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,37 +56,44 @@ class ExportDir:
 
     @classmethod
     def open(cls, out: str | Path) -> ExportDir:
-        """Read ``OUT/attnx.json`` and check every file it lists (present, inside OUT, same hash).
+        """Read ``OUT/attnx.json`` and check every file it lists (a plain file inside OUT, same hash,
+        the content it claims).
 
         Raises:
-            AttnxError: OUT is not an attnx export, its manifest is malformed, or a file is missing
-                or changed since export.
+            AttnxError: OUT is not an attnx export, its manifest is malformed, or a file is missing, a
+                symbolic link, changed since export or not what it claims to be.
         """
         directory = Path(out)
         if not directory.is_dir():
             raise AttnxError(f"'{directory}' is not a directory; pass the OUT directory of an `attnx export`")
         path = directory / MANIFEST
-        if not path.is_file():
+        if not os.path.lexists(path):
             raise AttnxError(f"'{directory}' has no {MANIFEST}; pass the OUT directory of an `attnx export`")
         try:
-            text = path.read_text(encoding="utf-8")
-        except (UnicodeDecodeError, OSError) as exc:
+            text = read_plain(path, MANIFEST_LIMIT).decode("utf-8")
+        except UnicodeDecodeError as exc:
             raise AttnxError(f"cannot read {path} ({type(exc).__name__}); re-export") from None
         export = cls(directory, Manifest.from_json(text, str(path)))
         for key in export.manifest.files:
             export._check(key)
         return export
 
-    def _check(self, key: str) -> Path:
+    def _check(self, key: str) -> None:
+        """File ``key`` is a plain file of OUT with its recorded hash and the content it claims."""
         record = self.manifest.files[key]
         path = self.path / record.path
-        if not path.is_file():
-            raise AttnxError(f"'{self.path}' lacks {record.path}; re-export it with `attnx export`")
-        if sha256_file(path) != record.sha256:
+        if sha256_plain(path) != record.sha256:
             raise AttnxError(
                 f"{path} changed since it was written (its SHA-256 differs from attnx.json's); re-export"
             )
-        return path
+        suffix = _SUFFIXES.get(key)
+        if suffix is not None and path.suffix != suffix:
+            raise AttnxError(f"{MANIFEST} lists {key} as {record.path}, not a {suffix} file; re-export")
+        listed = [r.path for r in self.manifest.files.values()]
+        if key == "model":  # the decode graphs' inputs are checked by the decode runtime, naming both sides
+            _check_io(path, check_onnx(path, set(listed)), self.manifest.inputs, self.manifest.outputs)
+        else:
+            check_content(path, listed)
 
     def has(self, key: str) -> bool:
         return key in self.manifest.files
@@ -94,9 +114,9 @@ class ExportDir:
         return self.path.name or str(self.path)
 
     def size(self, key: str) -> int:
-        """Bytes of file ``key`` (with external data ``<file>.data`` for an ONNX graph)."""
-        path = self.file(key)
-        return sum(p.stat().st_size for p in (path, path.with_name(path.name + ".data")) if p.is_file())
+        """Bytes of file ``key`` (with its external data, file ``<key>_data``, for a large ONNX graph)."""
+        keys = [key, f"{key}_data"] if self.has(f"{key}_data") else [key]
+        return sum(self.file(k).lstat().st_size for k in keys)
 
     def ops(self, registry: Registry | None = None) -> list[AttentionOp]:
         """The ``attnx::`` ops the export's graphs hold, from the installed plugins.
@@ -145,7 +165,24 @@ class ExportDir:
             from attnx.exporter.module import load_reference  # imports torch: readers of OUT stay light
 
             return load_reference(self)
-        return rebuild(self.manifest, self.file("weights"))
+        weights = self.file("weights")
+        stored = weights.stat().st_size
+        limit = 2 * stored + REBUILD_SLACK  # non-persistent buffers are not stored; modules cost a little
+
+        def refusal(counted: int) -> AttnxError:
+            return AttnxError(
+                f"{self.path / MANIFEST} describes a model whose weights pass {counted / 2**20:.0f} MiB, but "
+                f"{weights.name} holds {stored / 2**20:.1f} MiB; re-export"
+            )
+
+        try:
+            with weights_within(limit, refusal):
+                return rebuild(self.manifest, weights)
+        except (RuntimeError, ValueError, OverflowError, MemoryError) as exc:
+            raise AttnxError(
+                f"cannot rebuild the model {self.path / MANIFEST} describes "
+                f"({first_line(exc, with_type=True)}); re-export"
+            ) from None
 
     def write_manifest(self, manifest: Manifest) -> ExportDir:
         """Replace ``attnx.json`` atomically; returns the export with the new manifest."""
@@ -156,6 +193,25 @@ class ExportDir:
         """Add ``OUT/<file_name>`` (already written) as the export's engine."""
         files = {**self.manifest.files, "engine": record_file(self.path, file_name)}
         return self.write_manifest(dataclasses.replace(self.manifest, files=files, engine=section))
+
+
+def _check_io(path: Path, model: Any, inputs: list[TensorSpec], outputs: list[TensorSpec]) -> None:
+    """The graph's inputs and outputs are the ones the manifest declares, by name.
+
+    Raises:
+        AttnxError: naming the file and the names that differ.
+    """
+    initializers = {t.name for t in model.graph.initializer}
+    for side, declared, values in (
+        ("inputs", inputs, model.graph.input),
+        ("outputs", outputs, model.graph.output),
+    ):
+        actual = {v.name for v in values} - initializers
+        if actual != {s.name for s in declared}:
+            raise AttnxError(
+                f"{path}'s {side} {sorted(actual)[:8]} are not the {side} attnx.json declares "
+                f"{sorted(s.name for s in declared)[:8]}; re-export"
+            )
 
 
 def record_file(directory: Path, name: str) -> FileRecord:

@@ -30,7 +30,16 @@ from attnx.domains import DOMAIN
 from attnx.errors import AttnxError, unknown_choice
 from attnx.exporter import lowering as lowering_mod
 from attnx.exporter.assemble import Assembly, assemble
-from attnx.exporter.budget import EXPORT_WEIGHT_COPIES, ORT_WEIGHT_COPIES, check_needs, require_memory
+from attnx.exporter.budget import (
+    EXPORT_WEIGHT_COPIES,
+    ORT_WEIGHT_COPIES,
+    GiB,
+    available_memory,
+    check_needs,
+    meta_build,
+    require_memory,
+    weights_within,
+)
 from attnx.exporter.directory import ExportDir, record_file
 from attnx.exporter.inputs import random_feed
 from attnx.exporter.manifest import MANIFEST, MODEL_FILE, MODULE_MODEL, WEIGHTS_FILE, Manifest
@@ -210,7 +219,7 @@ def write(
     save_model(assembly.module, str(directory / WEIGHTS_FILE))
     files = {"model": MODEL_FILE, "weights": WEIGHTS_FILE}
     if isinstance(assembly, ModuleAssembly):
-        files[assembly.section.program] = save_reference(assembly, directory)
+        files.update(save_reference(assembly, directory))
     sections: dict[str, Any] = {}
     for extension in extensions:
         if extension.wanted(job):
@@ -219,6 +228,9 @@ def write(
             files.update(extra.files)
             used += [op for op in extra.ops if op not in used]
             sections[extension.name] = extra.section
+    for key, name in list(files.items()):  # a large graph's external data is listed (and hashed) too
+        if name.endswith(".onnx") and (directory / f"{name}.data").is_file():
+            files[f"{key}_data"] = f"{name}.data"
     manifest = Manifest(
         **reference_source(assembly, job),
         lowering=settings.lowering,
@@ -283,18 +295,28 @@ def check_memory(job: ExportJob) -> None:
     Raises:
         AttnxError: the estimate exceeds the memory available, naming both and the fix.
     """
-    import torch
-
     if job.module is not None:  # already in memory: count the copies an export adds, no cost model
         weights = sum(p.numel() * p.element_size() for p in job.module.module.parameters())
         require_memory(
             EXPORT_WEIGHT_COPIES * weights,
-            f"exporting this module ({weights / 2**30:.2f} GiB of weights)",
+            f"exporting this module ({weights / GiB:.2f} GiB of weights)",
             "export it on a machine with more memory",
         )
         return
     plan, settings = job.plan, job.settings
-    with torch.device("meta"):
+    copies = EXPORT_WEIGHT_COPIES if plan.verify.enabled else EXPORT_WEIGHT_COPIES - ORT_WEIGHT_COPIES
+    available = available_memory()
+    fix = "make it smaller (vocab_size, d_model, n_layers) or verify at shorter --seq-lens"
+
+    def refusal(counted: int) -> AttnxError:
+        return AttnxError(
+            f"exporting this {plan.model} needs more than the {available / GiB:.1f} GiB of memory available: "
+            f"{copies} copies of its weights alone pass it ({counted / GiB:.2f} GiB each counted before "
+            f"building stopped); {fix}"
+        )
+
+    limit = None if available is None else available // copies
+    with weights_within(limit, refusal), meta_build(f"this {plan.model}"):
         assembly = assemble(
             plan.variant,
             plan.model,
@@ -309,13 +331,9 @@ def check_memory(job: ExportJob) -> None:
         roles["cross"] = (assembly.cross_variant, assembly.cross_variant_config)
     checks = plan.verify
     if checks.enabled:  # the parity check's largest case, torch and ORT side by side
-        copies, batch, seq = EXPORT_WEIGHT_COPIES, checks.batch, max(checks.seq_lens)
+        batch, seq = checks.batch, max(checks.seq_lens)
     else:  # only the export's own trace
-        copies, batch, seq = (
-            EXPORT_WEIGHT_COPIES - ORT_WEIGHT_COPIES,
-            2,
-            max(example_sizes(assembly.inputs).values()),
-        )
+        batch, seq = 2, max(example_sizes(assembly.inputs).values())
     needed = check_needs(
         assembly.model,
         assembly.model_config,
@@ -326,9 +344,7 @@ def check_memory(job: ExportJob) -> None:
         seq=seq,
     )
     require_memory(
-        needed,
-        f"exporting this {plan.model} ({weights / 2**30:.2f} GiB of weights)",
-        "make it smaller (vocab_size, d_model, n_layers) or verify at shorter --seq-lens",
+        needed, f"exporting this {plan.model} ({weights / GiB:.2f} GiB of weights)", fix, available
     )
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import types
 import typing
 from importlib import metadata
@@ -20,6 +21,7 @@ from typing import Any, Literal, TypeVar, Union, get_args, get_origin
 from attnx.config import Config, expected_type, value_type
 from attnx.domains import Lowering
 from attnx.errors import AttnxError
+from attnx.limits import MAX_SEED
 from attnx.models.spec import ModelSpec, TensorSpec
 from attnx.state import CACHE_ROLES, GROWING, LayerKind, layer_kind
 
@@ -269,9 +271,11 @@ class ModuleSection:
     """Where the torch reference of an ``attnx.export_module`` export comes from: a user's
     ``nn.Module``, not a registered model (the manifest's ``model`` is then "module").
 
-    ``program``: the manifest file key of its ``torch.export`` program after the adapters (saved with
-    ``torch.export.save``), which ``attnx verify`` runs instead of rebuilding a model, so the user's
-    code and the adapted library are not needed; ``variants``: the variants whose ``attnx::`` ops it
+    ``program``: the manifest file key of its ``torch.export`` program after the adapters (torch.export's
+    JSON form), ``tensors``: the file key of its parameters, buffers and constants (safetensors; None in
+    an older attnx's export, whose program was a pickled archive, refused); ``attnx verify`` runs that
+    program instead of rebuilding a model, so the user's code and the adapted library are not needed;
+    ``variants``: the variants whose ``attnx::`` ops it
     calls, whose plugins are imported before the program is loaded; ``adapters``: those that converted
     part of it; ``module_class``: the class exported; ``entry``: "pkg.mod:factory" of
     ``attnx export --module`` (None from Python); ``notes``: what the adapter that loaded it had to
@@ -284,6 +288,7 @@ class ModuleSection:
     adapters: list[str]
     entry: str | None = None
     notes: list[str] = dataclasses.field(default_factory=list)
+    tensors: str | None = None
 
 
 @dataclasses.dataclass
@@ -358,6 +363,25 @@ class Manifest:
     optimized: OptimizedSection | None = None  # written by `attnx optimize` from another export
     target: TargetSection | None = None  # the lowering target's runtime kernels (None: portable bodies)
 
+    def _check_numbers(self, where: str) -> None:
+        """Refuse numbers no export holds (a seed past int64, a negative axis, a NaN tolerance).
+
+        Raises:
+            AttnxError: naming the field and its range.
+        """
+        specs = [*self.inputs, *self.outputs]
+        if self.decode is not None:
+            specs += [*self.decode.prefill.inputs, *self.decode.prefill.outputs]
+            specs += [*self.decode.decode.inputs, *self.decode.decode.outputs]
+        checks = [("seed", self.seed, 0, MAX_SEED), ("opset", self.opset, 1, 1000)]
+        checks += [(f"tolerance.{k}", v, 0, math.inf) for k, v in self.tolerance.items()]
+        for spec in specs:
+            checks += [(f"{spec.name}.high", spec.high, 1, MAX_SEED)] if spec.high is not None else []
+            checks += [(f"{spec.name}.axes", a, 0, 2**31 - 1) for a in spec.axes if isinstance(a, int)]
+        for name, value, low, high in checks:
+            if not _in_range(value, low, high):
+                raise AttnxError(f"{where}: {name} = {value!r:.40} must be in {low}..{high}; re-export")
+
     def to_json(self) -> str:
         data = _plain(self)
         data["dynamic_axes"] = {
@@ -392,6 +416,7 @@ class Manifest:
             )
         data.pop("dynamic_axes", None)
         manifest = _typed(cls, data, where)
+        manifest._check_numbers(where)
         for key, record in manifest.files.items():
             if Path(record.path).name != record.path or record.path.startswith("."):
                 raise AttnxError(
@@ -399,12 +424,23 @@ class Manifest:
                 )
         if manifest.decode is not None:
             manifest.decode.check()
-        if manifest.module is not None and manifest.module.program not in manifest.files:
-            raise AttnxError(
-                f"{where}: the module section's program {manifest.module.program!r} is not a listed file; "
-                "re-export"
-            )
+        module = manifest.module
+        for key in () if module is None else (module.program, module.tensors):
+            if key is None:  # an older attnx's export: its program is a pickled archive
+                raise AttnxError(
+                    f"{where}: this module export's reference ({manifest.files[module.program].path}) is a "
+                    "pickled torch.export archive, which attnx no longer loads (unpickling can run code): "
+                    "re-export the module with this attnx"
+                )
+            if key not in manifest.files:
+                raise AttnxError(
+                    f"{where}: the module section's file {key!r} is not a listed file; re-export"
+                )
         return manifest
+
+
+def _in_range(value: Any, low: float, high: float) -> bool:
+    return low <= value <= high  # NaN is in no range
 
 
 def _plain(value: Any) -> Any:

@@ -4,9 +4,10 @@
 example inputs of the wrong kind, applies the registered adapters (:mod:`attnx.adapters.apply`),
 derives the graph's TensorSpecs from the example inputs and traces the adapted module once with
 ``torch.export``. That program is what ``model.onnx`` is made from and what the export stores as
-its reference (``reference.pt2``), so ``attnx verify`` re-checks it in a fresh process without
-the user's code: :func:`load_reference` imports the plugins of the variants whose ``attnx::`` ops
-it calls (through the registry) and loads it.
+its reference (``reference.json`` + ``reference.safetensors``, :mod:`attnx.exporter.reference`: data
+that loads without unpickling), so ``attnx verify`` re-checks it in a fresh process without the
+user's code: :func:`load_reference` imports the plugins of the variants whose ``attnx::`` ops it
+calls (through the registry) and loads it.
 
 Inputs and outputs:
 
@@ -30,6 +31,7 @@ import importlib.util
 import io
 import logging
 import sys
+import sysconfig
 import traceback
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
@@ -44,6 +46,7 @@ from attnx.domains import DOMAIN
 from attnx.errors import AttnxError, first_line
 from attnx.exporter.assemble import distinct_ops, loosest_tolerance
 from attnx.exporter.manifest import ModuleSection
+from attnx.exporter.reference import load_program, save_program
 from attnx.exporter.signature import FlatModule, dynamic_shapes, input_specs, output_specs
 from attnx.models.spec import TensorSpec
 from attnx.registry import Registry, get_registry
@@ -53,7 +56,6 @@ if TYPE_CHECKING:
     from attnx.ops import AttentionOp, VariantImpl
     from attnx.variant import Variant
 
-REFERENCE_FILE = "reference.pt2"
 DTYPES = {torch.float32: "fp32", torch.float16: "fp16"}
 _INTERNAL = (str(Path(torch.__file__).parent), str(Path(__file__).parents[1]))
 
@@ -72,6 +74,11 @@ class ModuleSource:
     entry: str | None = None
     notes: tuple[str, ...] = ()
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.module, nn.Module):
+            given = f"{self.entry}() returned" if self.entry else "export_module was given"
+            raise AttnxError(f"{given} a {type(self.module).__name__} where a torch.nn.Module belongs")
+
 
 def from_entry(entry: str) -> ModuleSource:
     """The module ``attnx export --module ENTRY`` exports: ``ENTRY`` is "pkg.mod:factory" (importable,
@@ -79,8 +86,9 @@ def from_entry(entry: str) -> ModuleSource:
     ``(module, example_inputs)`` or ``(module, example_inputs, dynamic_axes)``.
 
     Raises:
-        AttnxError: a malformed entry, a module or attribute that cannot be found, or a factory that
-            returns something else (an exception the factory raises keeps its traceback).
+        AttnxError: a malformed entry, a module or attribute that cannot be found, user code that raises
+            (importing it or calling the factory: "your factory raised X: message", with the user's own
+            frames), or a factory that returns something else.
     """
     target, _, name = entry.partition(":")
     if not target or not name:
@@ -91,24 +99,42 @@ def from_entry(entry: str) -> ModuleSource:
             if spec is None or not Path(target).is_file():
                 raise FileNotFoundError(f"no file {target}")
             module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)  # type: ignore[union-attr]
+            with user_code(f"importing '{target}' for --module", keep=(ImportError,)):
+                spec.loader.exec_module(module)  # type: ignore[union-attr]
         else:
             if "" not in sys.path:
                 sys.path.insert(0, "")  # as `python -m` would: the current directory's modules
-            module = importlib.import_module(target)
+            with user_code(f"importing '{target}' for --module", keep=(ImportError,)):
+                module = importlib.import_module(target)
     except (ImportError, FileNotFoundError) as exc:
         why = first_line(exc, with_type=True)
         raise AttnxError(f"cannot import '{target}' for --module: {why}") from None
     factory = getattr(module, name, None)
     if not callable(factory):
         raise AttnxError(f"'{target}' has no callable '{name}' for --module")
-    made = factory()
+    with user_code(f"your factory {entry}"):
+        made = factory()
     if not isinstance(made, tuple) or len(made) not in (2, 3):
         raise AttnxError(
             f"{entry}() must return (module, example_inputs) or (module, example_inputs, dynamic_axes), "
             f"not {type(made).__name__}"
         )
     return ModuleSource(*made, entry=entry)
+
+
+@contextlib.contextmanager
+def user_code(what: str, keep: tuple[type[BaseException], ...] = ()) -> Iterator[None]:
+    """Run a user's code: anything it raises (``sys.exit`` included; not Ctrl-C, an AttnxError, nor the
+    ``keep`` types the caller reports) becomes one line, "WHAT raised X: message (file:line in function,
+    ...)", naming only the user's own frames."""
+    try:
+        yield
+    except (KeyboardInterrupt, AttnxError, *keep):
+        raise
+    except BaseException as exc:  # a user's code may raise anything, SystemExit included
+        frames = _user_frames(exc)
+        at = f" ({', called from '.join(frames[::-1][:3])})" if frames else ""
+        raise AttnxError(f"{what} raised {first_line(exc, with_type=True, limit=200)}{at}") from None
 
 
 def from_source(source: str, registry: Registry | None = None) -> ModuleSource:
@@ -217,8 +243,6 @@ def build_module(source: ModuleSource, registry: Registry | None = None) -> Modu
     """
     registry = registry or get_registry()
     module = source.module
-    if not isinstance(module, nn.Module):
-        raise AttnxError(f"export_module exports a torch.nn.Module, not a {type(module).__name__}")
     kind = f"{type(module).__module__}.{type(module).__qualname__}"
     training = [name or type(module).__name__ for name, m in module.named_modules() if m.training]
     if training:
@@ -236,6 +260,7 @@ def build_module(source: ModuleSource, registry: Registry | None = None) -> Modu
         entry=source.entry,
         module_class=kind,
         program="reference",
+        tensors="reference_tensors",
         adapters=adapted.adapters,
         variants=[v.name for v in variants],
         notes=list(source.notes),
@@ -338,6 +363,14 @@ def _user_frame(exc: BaseException) -> str | None:
     return f'File "{frame.filename}", line {frame.lineno}, in {frame.name}: {(frame.line or "").strip()}'
 
 
+def _user_frames(exc: BaseException) -> list[str]:
+    """The frames of the traceback in the user's own files ("file:line in func"): outside torch, attnx,
+    Python's library and the installed packages, outermost first."""
+    library = (*_INTERNAL, sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["purelib"], "<")
+    frames = traceback.extract_tb(exc.__traceback__)
+    return [f"{f.filename}:{f.lineno} in {f.name}" for f in frames if not f.filename.startswith(library)]
+
+
 def _variants(program: Any, registry: Registry, kind: str) -> list[Variant]:
     """The variants whose ops the program calls, in order of first use.
 
@@ -362,31 +395,24 @@ def _variants(program: Any, registry: Registry, kind: str) -> list[Variant]:
     return list({owners[op].name: owners[op] for op in used}.values())
 
 
-def save_reference(assembly: ModuleAssembly, directory: Path) -> str:
-    """Write the adapted module's program into ``directory``; returns its file name."""
-    torch.export.save(assembly.program, str(directory / REFERENCE_FILE))
-    return REFERENCE_FILE
+def save_reference(assembly: ModuleAssembly, directory: Path) -> dict[str, str]:
+    """Write the adapted module's program into ``directory``; returns its manifest file keys -> names."""
+    program, tensors = save_program(assembly.program, directory)
+    return {assembly.section.program: program, str(assembly.section.tensors): tensors}
 
 
 def load_reference(export: ExportDir, registry: Registry | None = None) -> ModuleAssembly:
     """The stored reference of a module export, its variants' plugins imported first.
 
     Raises:
-        AttnxError: a variant that is not installed, or a program that cannot be loaded.
+        AttnxError: a variant that is not installed, or a program that attnx does not load.
     """
     registry = registry or get_registry()
     manifest = export.manifest
     section = manifest.module
     variants = [registry.variant(name) for name in section.variants]
     impls = {v.name: v.load() for v in variants}  # registers the attnx:: torch ops the program calls
-    path = export.file(section.program)
-    try:
-        program = torch.export.load(str(path))
-    except Exception as exc:
-        raise AttnxError(
-            f"cannot load the reference program {path}: {first_line(exc, with_type=True)}; install the "
-            f"plugins of variants {', '.join(section.variants)} and the torch it was saved with"
-        ) from None
+    program = load_program(export.file(section.program), export.file(str(section.tensors)))
     return ModuleAssembly(
         module=ProgramModule(program),
         adapted=None,

@@ -22,6 +22,7 @@ from pathlib import Path
 import onnx
 
 from attnx.api import PARITY_EXTENSIONS
+from attnx.arguments import typed_arguments
 from attnx.atomic import check_output_dir, staged_directory, write_atomic
 from attnx.errors import AttnxError
 from attnx.exporter.directory import ExportDir, record_file
@@ -58,6 +59,7 @@ class OptimizeResult:
         return self.report.passed and self.parity.passed
 
 
+@typed_arguments
 def optimize(
     source: str | Path,
     out: str | Path,

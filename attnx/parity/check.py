@@ -2,11 +2,12 @@
 
 For each backend, fresh random inputs at each sequence length go through the torch model (the
 reference) and the backend's runner on ``model.onnx``; every output is compared with
-:func:`attnx.parity.rule.compare`. Graphs an export carries beside ``model.onnx`` are checked by
-:class:`ParityExtension` objects the caller passes (decode parity: :mod:`attnx.decode.parity`),
-so this module knows nothing about them. An fp16 export is compared with the torch model in
-fp16 (the computation it exports); the report's ``fp32_drift`` also shows how far that is from
-float32.
+:func:`attnx.parity.rule.compare`. Then every weight stored in the export's graphs is matched with
+the torch model's (:mod:`attnx.parity.weights`), which random inputs alone cannot prove. Graphs
+an export carries beside ``model.onnx`` are checked by :class:`ParityExtension` objects the caller
+passes (decode parity: :mod:`attnx.decode.parity`), so this module knows nothing about them. An
+fp16 export is compared with the torch model in fp16 (the computation it exports); the report's
+``fp32_drift`` also shows how far that is from float32.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from attnx.parity.backends import REFERENCE, Backend
 from attnx.parity.report import BackendParity, Comparison, Drift, ParityReport
 from attnx.parity.rule import compare
 from attnx.parity.runners import BackendSkipped, Graph, TorchRunner
+from attnx.parity.weights import check_weights, model_tensors
 from attnx.recipes import VerifySettings
 from attnx.variant import Tolerance
 
@@ -117,9 +119,18 @@ def check_parity(
     drift = []
     if assembly.dtype != "fp32":
         drift = fp32_drift(assembly, manifest.inputs, manifest.outputs, feeds, cases.seq_lens)
+    weights = check_weights(export, *model_tensors(assembly))
     tol = cases.tolerance
     return ParityReport(
-        tol.atol, tol.rtol, cases.batch, list(cases.seq_lens), cases.seed, results, assembly.dtype, drift
+        tol.atol,
+        tol.rtol,
+        cases.batch,
+        list(cases.seq_lens),
+        cases.seed,
+        results,
+        assembly.dtype,
+        drift,
+        weights,
     )
 
 

@@ -9,6 +9,7 @@ from typing import Any
 
 from attnx.atomic import write_atomic
 from attnx.exporter.manifest import PARITY_FILE
+from attnx.parity.weights import WeightCheck
 
 
 @dataclasses.dataclass
@@ -53,14 +54,19 @@ class ParityReport:
     backends: list[BackendParity]
     dtype: str = "fp32"
     fp32_drift: list[Drift] = dataclasses.field(default_factory=list)
+    weights: list[WeightCheck] = dataclasses.field(default_factory=list)  # the graphs' weights vs the model's
 
     @property
     def ran(self) -> list[BackendParity]:
         return [b for b in self.backends if b.status != "skipped"]
 
     @property
+    def weight_mismatches(self) -> list[str]:
+        return [m.describe() for check in self.weights for m in check.mismatches]
+
+    @property
     def passed(self) -> bool:
-        return bool(self.ran) and all(b.status == "passed" for b in self.ran)
+        return bool(self.ran) and all(b.status == "passed" for b in self.ran) and not self.weight_mismatches
 
     def to_dict(self) -> dict[str, Any]:
         return {"passed": self.passed, **dataclasses.asdict(self)}

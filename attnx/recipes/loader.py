@@ -21,6 +21,7 @@ from typing import Any, Literal
 from attnx.config import Config, expected_type, make_config, require, value_type
 from attnx.domains import Lowering
 from attnx.errors import AttnxError, unknown_choice
+from attnx.limits import MAX_SEED
 from attnx.registry import Registry, get_registry
 from attnx.targets import Target
 
@@ -32,8 +33,6 @@ else:  # pragma: no cover - exercised on Python 3.10 only
 
 RECIPE_DIR = Path(__file__).parent
 SUFFIX = ".toml"
-# Seeds are signed 64-bit (torch.manual_seed, numpy and the manifest's JSON readers all take that).
-MAX_SEED = 2**63 - 1
 MAX_NESTING = 16  # a recipe nests 3 deep ([export] example_lengths); deeper is a mistake or an attack
 
 

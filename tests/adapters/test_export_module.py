@@ -155,7 +155,7 @@ def test_unsupported_library_module_and_bad_inputs(tmp_path, toy_registry):
     ids = torch.randint(0, 40, (2, 9))
     cases = [
         (ToyModel(unsupported=True).eval(), {"input_ids": ids}, "ToyKernelAttention (at extra)"),
-        (ToyModel().eval(), ids, "must be a dict of name -> tensor or a tuple of tensors, not Tensor"),
+        (ToyModel().eval(), ids, "example_inputs must be a mapping (e.g. a dict) or a list or tuple"),
         (ToyModel().eval(), {"input_ids": ids.tolist()}, "example input 'input_ids' is a list"),
         (ToyModel().eval(), {"input_ids": ids[:1]}, "is 1 long in dynamic axis 'batch'"),
     ]

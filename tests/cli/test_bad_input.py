@@ -551,7 +551,7 @@ EXPORTS = [
     Case("verify-batch-zero", ("verify", "e", "--batch", "0"), ("batch must be >= 1",), ENC),
     Case("bench-unknown-backend", ("bench", "e", "--backends", "ort-gpu"), ("did you mean 'ort-cpu'",), ENC),
     Case("generate-id-out-of-range", ("generate", "e", "--prompt-ids", "99"), ("ids are 0..49",), {"e": LM}),
-    Case("generate-zero-tokens", ("generate", "e", "--prompt-ids", "1", "-n", "0"), (">= 1",), {"e": LM}),
+    Case("generate-zero-tokens", ("generate", "e", "--prompt-ids", "1", "-n", "0"), ("1<=x<=",), {"e": LM}),
     Case(
         "generate-engine-backend",
         ("generate", "e", "--prompt-ids", "1", "--backend", "trt"),
@@ -725,12 +725,12 @@ def test_ctrl_c_that_torch_onnx_wraps_is_still_an_interrupt(tmp_path, monkeypatc
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("kill", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
-def test_a_killed_export_leaves_staging_that_the_next_export_removes(tmp_path, monkeypatch, kill):
+def test_a_killed_export_leaves_staging_that_the_next_export_removes(tmp_path, monkeypatch):
+    """SIGKILL cannot be handled (SIGTERM is, like Ctrl-C: tests/security/test_hostile_inputs.py)."""
     child = start_export(tmp_path)
-    child.send_signal(kill)
+    child.send_signal(signal.SIGKILL)
     child.communicate(timeout=120)
-    assert child.returncode == -kill
+    assert child.returncode == -signal.SIGKILL
     left = sorted(p.name for p in tmp_path.iterdir())
     assert any(name.startswith(".out.") and name.endswith(".partial") for name in left), left
     monkeypatch.chdir(tmp_path)

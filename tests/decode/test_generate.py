@@ -78,14 +78,14 @@ def test_cli_prints_ids_and_speed(decode_export, tmp_path):
         (["--prompt-ids", "-1"], ["prompt id -1 is out of range"]),
         (["--prompt-ids", " , "], ["the prompt is empty"]),
         ([], ["exactly one of --prompt-ids, --prompt-file or --prompt"]),
-        (["--prompt-ids", "1", "--max-new-tokens", "0"], ["--max-new-tokens must be >= 1"]),
+        (["--prompt-ids", "1", "--max-new-tokens", "0"], ["'--max-new-tokens'", "1<=x<=1000000"]),
         (["--prompt-ids", "1", "--temperature", "0"], ["--temperature must be > 0"]),
         (["--prompt-ids", "1", "--greedy", "--temperature", "0.7"], ["--greedy"]),
         (["--prompt-ids", "1", "--prompt-file", "nowhere.txt"], ["exactly one of"]),
         (["--prompt-file", "nowhere.txt"], ["prompt file 'nowhere.txt' does not exist"]),
         (["--prompt-ids", "1", "--backend", "trt"], ["backend trt does not run decode graphs", "ort-cpu"]),
         (["--prompt-ids", "1", "--backend", "ort"], ["unknown backend 'ort'", "ort-cpu"]),
-        (["--prompt-ids", "1", "--threads", "-1"], ["--threads must be >= 1"]),
+        (["--prompt-ids", "1", "--threads", "-1"], ["'--threads'", "1<=x<=1024"]),
     ],
 )
 def test_cli_bad_input_is_one_line_exit_2_and_writes_nothing(decode_export, args, fragments):

@@ -167,11 +167,11 @@ def without_decode(out, tmp_path):
 @pytest.mark.parametrize(
     "args, fragments",
     [
-        (["--max-batch", "-1"], ["--max-batch must be >= 0"]),
+        (["--max-batch", "-1"], ["'--max-batch'", "0<=x<=65536"]),
         (["--max-batch", "4"], ["one sequence per call", "--instances"]),
-        (["--instances", "0"], ["--instances must be >= 1"]),
+        (["--instances", "0"], ["'--instances'", "1<=x<=256"]),
         (["--batching", "stream"], ["--batching must be one of"]),
-        (["--name", "a/b"], ["model name 'a/b'"]),
+        (["--name", "a/b"], ["'a/b' is not a model name"]),
     ],
 )
 def test_bad_settings_are_one_line_and_write_nothing(serve_export, tmp_path, args, fragments):

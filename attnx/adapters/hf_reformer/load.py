@@ -2,7 +2,9 @@
 
 No hub access (``local_files_only=True``). The class is the first of ``config.json``'s
 ``architectures`` that attnx exports; a model without ``hash_seed`` gets ``DRAWN_SEED`` (HF would
-draw new rotations at every forward), which the export notes.
+draw new rotations at every forward), which the export notes. Weights load from safetensors only
+(``use_safetensors=True``): a directory whose weights are pickled (``pytorch_model.bin``) is refused
+by name, since unpickling a file someone else made can run code.
 """
 
 from __future__ import annotations
@@ -18,6 +20,28 @@ from attnx.errors import AttnxError, first_line
 
 CLASSES = ("ReformerModelWithLMHead", "ReformerForSequenceClassification", "ReformerModel")
 DRAWN_SEED = 0
+SAFETENSORS = ("model.safetensors", "model.safetensors.index.json")
+PICKLED = ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl", "*.pickle")
+
+
+def check_weights(path: Path) -> None:
+    """``DIR`` holds its weights as safetensors.
+
+    Raises:
+        AttnxError: naming a pickled weights file (or saying there is none) and the fix.
+    """
+    if any((path / name).is_file() for name in SAFETENSORS):
+        return
+    pickled = sorted(p.name for pattern in PICKLED for p in path.glob(pattern))
+    if pickled:
+        raise AttnxError(
+            f"--from hf:{path}: its weights are {pickled[0]}, a pickle, which attnx does not load "
+            "(unpickling a file someone else made can run code); save them as safetensors (transformers' "
+            "save_pretrained writes model.safetensors) and export that"
+        )
+    raise AttnxError(
+        f"--from hf:{path}: no model.safetensors there; give a directory written by save_pretrained"
+    )
 
 
 def read_config(path: Path) -> dict[str, Any]:
@@ -33,7 +57,7 @@ def read_config(path: Path) -> dict[str, Any]:
         )
     try:
         config = json.loads(file.read_text())
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
         raise AttnxError(f"--from hf:{path}: cannot read config.json: {first_line(exc)}") from None
     kind = config.get("model_type") if isinstance(config, dict) else None
     if kind != "reformer":
@@ -71,7 +95,13 @@ def load(path: Path) -> tuple[Any, dict[str, Any], None, list[str]]:
     transformers.logging.disable_progress_bar()
     raw = read_config(path)
     name = model_class(path, raw)
-    config = transformers.ReformerConfig.from_pretrained(path, local_files_only=True)
+    check_weights(path)
+    try:
+        config = transformers.ReformerConfig.from_pretrained(path, local_files_only=True)
+    except Exception as exc:  # transformers validates a config's values with any type
+        raise AttnxError(
+            f"--from hf:{path}: config.json is not a Reformer config: {first_line(exc)}"
+        ) from None
     notes = []
     if config.hash_seed is None:
         config.hash_seed = DRAWN_SEED
@@ -84,9 +114,9 @@ def load(path: Path) -> tuple[Any, dict[str, Any], None, list[str]]:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             model, info = getattr(transformers, name).from_pretrained(
-                path, config=config, local_files_only=True, output_loading_info=True
+                path, config=config, local_files_only=True, output_loading_info=True, use_safetensors=True
             )
-    except (OSError, ValueError, RuntimeError) as exc:
+    except Exception as exc:  # a corrupt file fails in safetensors or transformers with any type
         raise AttnxError(f"--from hf:{path}: cannot load its weights: {first_line(exc, limit=300)}") from None
     wrong = {
         k: v for k, v in info.items() if k in ("missing_keys", "unexpected_keys", "mismatched_keys") and v

@@ -1,0 +1,281 @@
+"""Every weight in an export's graphs is the torch model's: the check that random inputs cannot make.
+
+Parity on random inputs sees only the paths those inputs take: an edited element of one embedding
+row of an 8000-token vocabulary passes it. So after parity, every tensor stored in each ONNX graph of
+the export (initializers and ``Constant`` values, subgraphs and functions included) is matched
+with the tensors of the torch model the check ran against (its parameters and buffers; a module
+export's stored program's), and the stored ``weights.safetensors`` with them too:
+
+* a graph tensor that equals one of them exactly, or as stored in the graph's dtype (fp16) or
+  transposed (exporters fold ``x @ W.T`` into a transposed copy), comes from it;
+* a graph tensor named after one of them must equal it; one that agrees with one of them (same
+  size) in at least half of its elements (a sample decides, then every element is compared) but
+  not in all is an edited weight: a mismatch naming both and the first differing element;
+* an int8 tensor ``X_quantized`` (ONNX Runtime's dynamic quantisation, with ``X_scale`` and
+  ``X_zero_point``) is compared dequantised, to half a quantisation step;
+* anything else is a constant of the model's code (shapes, frequencies), which parity covers.
+
+For attnx's own models every parameter and buffer must also appear in ``model.onnx``: a weight
+replaced wholesale (matching no parameter at all) then shows as a missing parameter.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import math
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from attnx.exporter.directory import ExportDir
+
+SAMPLE = 256
+QUANTIZED = "_quantized"
+
+
+@dataclasses.dataclass
+class WeightMismatch:
+    """A graph tensor (or stored weight) that is almost, but not exactly, the model's ``parameter``."""
+
+    graph: str  # file name, e.g. "model.onnx" or "weights.safetensors"
+    tensor: str
+    parameter: str | None  # None: a tensor of the model the graph lacks; "": a tensor that is none of them
+    elements: int  # how many elements differ
+    index: list[int]  # the first one
+    got: float
+    want: float
+
+    def describe(self) -> str:
+        if self.parameter is None:
+            return f"{self.graph} holds no copy of the model's {self.tensor}"
+        if not self.parameter:
+            return f"{self.graph} tensor {self.tensor} is none of the model's tensors"
+        return (
+            f"{self.graph} tensor {self.tensor} differs from the model's {self.parameter} in {self.elements} "
+            f"element{'s' * (self.elements != 1)} (first at {self.index}: {self.got:.9g} vs {self.want:.9g})"
+        )
+
+
+@dataclasses.dataclass
+class WeightCheck:
+    """What one file's tensors were matched with."""
+
+    graph: str
+    matched: int  # tensors that are one of the model's
+    constants: int  # tensors that are none of them (the model's code's constants)
+    mismatches: list[WeightMismatch] = dataclasses.field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return not self.mismatches
+
+
+class Reference:
+    """The model's tensors by name, with an index of their bytes (as stored in a dtype, transposed or not)."""
+
+    def __init__(self, tensors: Mapping[str, np.ndarray]) -> None:
+        self.tensors = dict(tensors)
+        self._index: dict[np.dtype, dict[str, list[str]]] = {}
+
+    def exact(self, array: np.ndarray) -> list[str]:
+        """The model tensors that ``array`` is exactly (in ``array``'s dtype, perhaps transposed)."""
+        index = self._index.get(array.dtype)
+        if index is None:
+            index = self._index[array.dtype] = {}
+            for name, tensor in self.tensors.items():
+                if tensor.dtype.kind != array.dtype.kind:
+                    continue
+                for _, view in _views(tensor):
+                    index.setdefault(_digest(view.astype(array.dtype)), []).append(name)
+        return index.get(_digest(array), [])
+
+    def named(self, name: str) -> str | None:
+        """The model tensor whose name ``name`` ends with (the longest; graphs of a wrapper add a prefix)."""
+        found = [n for n in self.tensors if name == n or name.endswith("." + n)]
+        return max(found, key=len) if found else None
+
+    def closest(self, array: np.ndarray, step: float) -> tuple[str, bool, np.ndarray] | None:
+        """(name, transposed, view) of the same-sized model tensor ``array`` agrees with in at least half of
+        a sample of its elements, or None."""
+        flat = array.reshape(-1)
+        picks = np.random.default_rng(0).integers(0, flat.size, min(SAMPLE, flat.size))
+        best, score = None, 0.5
+        for name, tensor in self.tensors.items():
+            if tensor.size != array.size:
+                continue
+            for transposed, view in _views(tensor):
+                agree = float(np.mean(_agree(flat[picks], view.reshape(-1)[picks], step)))
+                if agree >= score:
+                    best, score = (name, transposed, view.reshape(array.shape)), agree
+        return best
+
+
+def model_tensors(assembly: Any) -> tuple[dict[str, Any], bool]:
+    """The tensors of the torch model a check runs against (parameters and buffers, persistent or not; a
+    module export's program's), and whether it is an attnx model (which puts all of them in model.onnx)."""
+    from attnx.exporter.module import ModuleAssembly
+
+    if isinstance(assembly, ModuleAssembly):
+        return {**assembly.program.state_dict, **assembly.program.constants}, False
+    module = assembly.module
+    return {**dict(module.named_buffers()), **module.state_dict()}, True
+
+
+def check_weights(export: ExportDir, tensors: Mapping[str, Any], own_model: bool) -> list[WeightCheck]:
+    """Match every tensor of every ONNX graph of ``export`` (and its stored weights) with ``tensors`` (the
+    torch model's, name -> torch tensor or array). ``own_model``: an attnx model, which puts every one
+    of its tensors into model.onnx."""
+    reference = Reference({name: _numpy(t) for name, t in tensors.items()})
+    checks = []
+    for key, record in export.manifest.files.items():
+        if record.path.endswith(".onnx"):
+            model = onnx.load(str(export.file(key)))
+            checks.append(
+                check_graph(record.path, dict(graph_tensors(model)), reference, own_model and key == "model")
+            )
+    checks.append(check_stored(export, reference))
+    return checks
+
+
+def check_graph(
+    label: str, found: Mapping[str, np.ndarray], reference: Reference, complete: bool
+) -> WeightCheck:
+    """Match the tensors ``found`` in one graph (``complete``: every model tensor must be among them)."""
+    check = WeightCheck(label, 0, 0)
+    used: set[str] = set()
+    for name, array in found.items():
+        if name.endswith(QUANTIZED) and array.dtype in (np.int8, np.uint8):
+            base = name[: -len(QUANTIZED)]
+            scale, zero = found.get(f"{base}_scale"), found.get(f"{base}_zero_point")
+            if scale is not None and zero is not None and scale.size == 1 and zero.size == 1:
+                step = float(scale.reshape(-1)[0])
+                value = (array.astype(np.float64) - float(zero.reshape(-1)[0])) * step
+                _match(check, used, base, value, reference, step / 2 * (1 + 1e-6) + 1e-12)
+                continue
+        if array.dtype.kind != "f":
+            continue
+        _match(check, used, name, array, reference, 0)
+    if complete:
+        for name, tensor in reference.tensors.items():
+            if name not in used and tensor.dtype.kind == "f" and tensor.size:
+                check.mismatches.append(
+                    WeightMismatch(label, name, None, tensor.size, [], math.nan, math.nan)
+                )
+    return check
+
+
+def check_stored(export: ExportDir, reference: Reference) -> WeightCheck:
+    """Every tensor of ``weights.safetensors`` is one of the model's, exactly (a module export stores the
+    module's own names; its program prefixes them with ``module.``)."""
+    from safetensors.numpy import load_file
+
+    check = WeightCheck(export.manifest.files["weights"].path, 0, 0)
+    used: set[str] = set()
+    for name, array in load_file(str(export.file("weights"))).items():
+        _match(check, used, name if reference.named(name) else f"module.{name}", array, reference, 0)
+        if check.constants:  # a stored weight that is none of the model's tensors
+            check.constants = 0
+            check.mismatches.append(WeightMismatch(check.graph, name, "", array.size, [], 0.0, 0.0))
+    return check
+
+
+def graph_tensors(model: onnx.ModelProto) -> Iterator[tuple[str, np.ndarray]]:
+    """(name, array) of every tensor stored in the model: initializers and tensor attributes (``Constant``
+    values), in the main graph, its subgraphs and its functions."""
+    graphs: list[Any] = [model.graph]
+    nodes: list[Any] = [n for f in model.functions for n in f.node]
+    while graphs or nodes:
+        if graphs:
+            graph = graphs.pop()
+            for tensor in graph.initializer:
+                yield tensor.name, numpy_helper.to_array(tensor)
+            nodes.extend(graph.node)
+            continue
+        node = nodes.pop()
+        for attribute in node.attribute:
+            if attribute.type == onnx.AttributeProto.TENSOR:
+                yield (
+                    f"{node.output[0] if node.output else node.name}:{attribute.name}",
+                    numpy_helper.to_array(attribute.t),
+                )
+            graphs.extend([attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else attribute.graphs)
+
+
+def _match(
+    check: WeightCheck, used: set[str], name: str, array: np.ndarray, reference: Reference, step: float
+) -> None:
+    """Count ``array`` as one of the model's tensors, a constant, or a mismatch (see the module docstring)."""
+    exact = reference.exact(array) if step == 0 else []
+    if exact:
+        check.matched += 1
+        used.update(exact)
+        return
+    named = reference.named(name)
+    if named is not None and reference.tensors[named].size == array.size:
+        views = [(named, t, v.reshape(array.shape)) for t, v in _views(reference.tensors[named])]
+        best = min(views, key=lambda c: int(np.sum(~_agree(array, c[2], step))))
+    else:
+        best = reference.closest(array, step)
+    if best is None:
+        check.constants += 1
+        return
+    parameter, transposed, view = best
+    used.add(parameter)
+    differs = ~_agree(array, view, step)
+    if not differs.any():
+        check.matched += 1
+        return
+    first = np.unravel_index(int(np.argmax(differs)), array.shape) if array.ndim else ()
+    check.mismatches.append(
+        WeightMismatch(
+            check.graph,
+            name,
+            f"{parameter} (transposed)" if transposed else parameter,
+            int(differs.sum()),
+            [int(i) for i in first],
+            float(array[first]),
+            float(view[first]),
+        )
+    )
+
+
+def _views(tensor: np.ndarray) -> list[tuple[bool, np.ndarray]]:
+    """The tensor and, when it is a matrix, its transpose (contiguous)."""
+    views = [(False, np.ascontiguousarray(tensor))]
+    if tensor.ndim == 2 and tensor.shape[0] > 1 and tensor.shape[1] > 1:
+        views.append((True, np.ascontiguousarray(tensor.T)))
+    return views
+
+
+def _agree(a: np.ndarray, b: np.ndarray, step: float) -> np.ndarray:
+    """Element-wise: ``a`` (a graph's) is ``b`` (the model's) as stored in ``a``'s dtype (to that dtype's
+    rounding where it is narrower: fp16 converters round tiny values up to the smallest subnormal), or
+    within ``step`` when ``step`` > 0 (dequantised int8)."""
+    wide, want = a.astype(np.float64), b.astype(np.float64)
+    if step > 0:
+        return np.abs(wide - want) <= step
+    same = (a == b.astype(a.dtype)) | (np.isnan(wide) & np.isnan(want))
+    if a.dtype.kind == "f" and b.dtype.kind == "f" and a.dtype.itemsize < b.dtype.itemsize:
+        same |= np.abs(wide - want) <= np.spacing(np.abs(b).astype(a.dtype)).astype(np.float64)
+    return same
+
+
+def _digest(array: np.ndarray) -> str:
+    return hashlib.blake2b(np.ascontiguousarray(array).tobytes(), digest_size=16).hexdigest() + str(
+        array.size
+    )
+
+
+def _numpy(tensor: Any) -> np.ndarray:
+    if isinstance(tensor, np.ndarray):
+        return tensor
+    import torch
+
+    value = tensor.detach().cpu()
+    if value.dtype == torch.bfloat16:
+        value = value.float()
+    return value.numpy()

@@ -1,0 +1,130 @@
+"""Verify proves the whole graph: any single edited weight element of a consistently re-hashed export
+fails, wherever random inputs would not look (one element of one embedding row)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from onnx import numpy_helper
+
+from attnx.exporter.directory import ExportDir
+from attnx.parity.weights import Reference, check_graph, check_weights, graph_tensors, model_tensors
+from tests.helpers import run_cli
+from tests.security.conftest import rehash
+
+GRAPHS = {"lm": ["model", "prefill", "decode", "genai"], "module": ["model"]}
+
+
+def parameter_tensors(export: ExportDir, key: str, tensors: dict) -> list[str]:
+    """The initializers of graph ``key`` that hold one of the model's tensors."""
+    reference = Reference(tensors)
+    model = onnx.load(str(export.file(key)))
+    return [
+        t.name
+        for t in model.graph.initializer
+        if numpy_helper.to_array(t).dtype.kind == "f" and reference.exact(numpy_helper.to_array(t))
+    ]
+
+
+@pytest.fixture(scope="module")
+def loaded(made) -> dict:
+    """Per kind: the export, its model's tensors, whether it is attnx's own model, and per graph the
+    initializers that hold model tensors."""
+    found = {}
+    for kind, keys in GRAPHS.items():
+        export = ExportDir.open(made(kind))
+        tensors, own = model_tensors(export.rebuild())
+        arrays = {name: t.detach().numpy() for name, t in tensors.items()}
+        found[kind] = (export, arrays, own, {key: parameter_tensors(export, key, arrays) for key in keys})
+    return found
+
+
+def test_an_untouched_export_matches_every_weight(loaded):
+    for export, tensors, own, _ in loaded.values():
+        checks = check_weights(export, tensors, own)
+        assert all(c.passed for c in checks), [m.describe() for c in checks for m in c.mismatches]
+        assert all(c.matched for c in checks)
+
+
+@settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(data=st.data())
+def test_any_single_edited_weight_element_is_named(loaded, data):
+    kind = data.draw(st.sampled_from(sorted(GRAPHS)), "kind")
+    export, tensors, own, candidates = loaded[kind]
+    key = data.draw(st.sampled_from(sorted(candidates)), "graph")
+    name = data.draw(st.sampled_from(candidates[key]), "tensor")
+    model = onnx.load(str(export.file(key)))
+    (initializer,) = [t for t in model.graph.initializer if t.name == name]
+    array = numpy_helper.to_array(initializer).copy()
+    flat = array.reshape(-1)
+    index = data.draw(st.integers(0, flat.size - 1), "element")
+    ulps = data.draw(st.integers(1, 2**20) | st.sampled_from([1, 2, 3]), "ulps")
+    sign = data.draw(st.sampled_from([-1, 1]), "sign")
+    value = flat[index]
+    for _ in range(ulps if ulps <= 3 else 1):  # a few ulps exactly, or a random small multiple of one
+        value = np.nextafter(value, sign * np.inf, dtype=array.dtype)
+    if ulps > 3:
+        value = value + sign * np.spacing(value) * ulps
+    flat[index] = value
+    assert flat[index] != numpy_helper.to_array(initializer).reshape(-1)[index]
+    initializer.CopyFrom(numpy_helper.from_array(array, name))
+    label = export.manifest.files[key].path
+    check = check_graph(label, dict(graph_tensors(model)), Reference(tensors), own and key == "model")
+    assert [m.tensor for m in check.mismatches] == [name], [m.describe() for m in check.mismatches]
+    assert check.mismatches[0].elements == 1
+
+
+def test_an_edited_embedding_row_fails_attnx_verify(copy, workdir):
+    """The issue's case end to end: +1.0 on one element of one embedding row, hashes rewritten."""
+    out = copy("lm")
+    model = onnx.load(str(out / "decode.onnx"))
+    (embedding,) = [t for t in model.graph.initializer if t.name.endswith("embed.weight")]
+    array = numpy_helper.to_array(embedding).copy()
+    array[41, 5] += 1.0  # a token random parity inputs rarely draw
+    embedding.CopyFrom(numpy_helper.from_array(array, embedding.name))
+    onnx.save(model, str(out / "decode.onnx"))
+    rehash(out)
+    code, stdout, stderr = run_cli(["verify", "e", "--seed", "0", "--json"])
+    report = json.loads(stdout)
+    assert code == 1, stderr
+    (check,) = [c for c in report["weights"] if c["graph"] == "decode.onnx"]
+    (mismatch,) = check["mismatches"]
+    assert mismatch["tensor"] == embedding.name and mismatch["index"] == [41, 5]
+    code, stdout, _ = run_cli(["verify", "e", "--seed", "0"])
+    assert code == 1 and f"decode.onnx tensor {embedding.name} differs" in stdout
+
+
+def test_a_stored_weight_that_is_none_of_the_models_fails(copy, workdir):
+    """weights.safetensors edited (hash rewritten): a module export's stored weights must be its program's."""
+    from safetensors.numpy import load_file, save_file
+
+    out = copy("module")
+    weights = load_file(str(out / "weights.safetensors"))
+    name = sorted(weights)[0]
+    weights[name] = weights[name].copy()
+    weights[name].reshape(-1)[0] += 0.5
+    save_file(weights, str(out / "weights.safetensors"))
+    rehash(out)
+    code, stdout, _ = run_cli(["verify", "e", "--seed", "0"])
+    assert code == 1
+    assert f"weights.safetensors tensor {name} differs" in stdout
+
+
+def test_int8_and_fp16_graphs_match_to_their_rounding(made, tmp_path):
+    """Optimised exports: int8 weights dequantised within half a step, fp16 to fp16 rounding, slimmed
+    graphs (folded constants) exactly."""
+    pytest.importorskip("onnxruntime.quantization")
+    for flag in ("--int8", "--fp16", "--slim"):
+        target = tmp_path / flag.strip("-")
+        code, stdout, stderr = run_cli(["optimize", str(made("lm")), "-o", str(target), flag, "--seed", "0"])
+        assert code in (0, 1), stderr
+        report = json.loads((target / "parity.json").read_text())
+        mismatches = [m for c in report["weights"] for m in c["mismatches"]]
+        assert mismatches == [], mismatches
+        assert Path(target / "attnx.json").is_file()
