@@ -15,11 +15,16 @@ underestimate. Memory is an upper bound in float32 of the tensors the maths may 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 from collections.abc import Callable
+from pathlib import Path
+
+from attnx.errors import AttnxError
 
 FLOAT_BYTES = 4
+GiB = 1 << 30
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,3 +123,26 @@ def kernel_attention_cost(s: Shape, chunk_size: int, features: int) -> Attention
     live = h * features * (s.tokens + s.key_tokens) + 2 * s.tokens * s.d_model
     chunked = s.tokens * h * chunk + 2 * b * h * math.ceil(s.seq / chunk) * features * dh
     return AttentionCost(projections(s, 2, 2), maths, FLOAT_BYTES * (live + chunked))
+
+
+def available_memory() -> int | None:
+    """``MemAvailable`` of /proc/meminfo (None where there is none)."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    return None
+
+
+def require_memory(needed: int, what: str, fix: str, available: int | None = None) -> None:
+    """Refuse a job that needs more memory than is available (unknown availability: no check).
+
+    Raises:
+        AttnxError: naming the estimate, what is available and the fix.
+    """
+    available = available_memory() if available is None else available
+    if available is not None and needed > available:
+        raise AttnxError(
+            f"{what} needs about {needed / GiB:.1f} GiB of memory, but {available / GiB:.1f} GiB is "
+            f"available; {fix}"
+        )

@@ -30,7 +30,13 @@ from attnx.domains import DOMAIN
 from attnx.errors import AttnxError, unknown_choice
 from attnx.exporter import lowering as lowering_mod
 from attnx.exporter.assemble import Assembly, assemble
-from attnx.exporter.budget import EXPORT_WEIGHT_COPIES, ORT_WEIGHT_COPIES, check_needs, require_memory
+from attnx.exporter.budget import (
+    EXPORT_WEIGHT_COPIES,
+    ORT_WEIGHT_COPIES,
+    check_needs,
+    require_memory,
+    shrink_hint,
+)
 from attnx.exporter.directory import ExportDir, record_file
 from attnx.exporter.inputs import random_feed
 from attnx.exporter.manifest import MANIFEST, MODEL_FILE, MODULE_MODEL, WEIGHTS_FILE, Manifest
@@ -44,6 +50,7 @@ from attnx.exporter.module import (
 )
 from attnx.exporter.opsets import check_onnxruntime, check_opset
 from attnx.exporter.signature import dynamic_shapes
+from attnx.models.factory import configure
 from attnx.models.spec import TensorSpec
 from attnx.ops import AttentionOp
 from attnx.recipes import ExportSettings, Recipe
@@ -259,7 +266,8 @@ def verify_lengths(job: ExportJob, assembly: Assembly | ModuleAssembly) -> list[
     length axes were all fixed (its longest example length)."""
     inputs, _, sizes = shapes(assembly, job.settings)
     if any(isinstance(a, str) and a != "batch" for s in inputs for a in s.axes):
-        return list(job.plan.verify.seq_lens)
+        accepted = assembly.section.lengths if isinstance(assembly, ModuleAssembly) else None
+        return list(job.plan.verify.lengths(accepted))
     return [max((n for axis, n in sizes.items() if axis != "batch"), default=1)]
 
 
@@ -281,6 +289,15 @@ def check_memory(job: ExportJob) -> None:
         )
         return
     plan, settings = job.plan, job.settings
+    what = f"exporting this {plan.model}"
+    checks = plan.verify
+    fix = shrink_hint(plan.options, bool(settings.example_lengths), checks.batch)
+    copies = EXPORT_WEIGHT_COPIES if checks.enabled else EXPORT_WEIGHT_COPIES - ORT_WEIGHT_COPIES
+    registry, cross = get_registry(), plan.cross_variant
+    spec, config, _ = configure(registry, plan.variant, plan.model, plan.options, cross_variant=cross)
+    if spec.weights is not None:  # weights no machine holds are refused before the model is built at all
+        floor = spec.weights(config) * (2 if settings.dtype == "fp16" else 4)
+        require_memory(copies * floor, f"{what} (at least {floor / 2**30:.2f} GiB of weights)", fix)
     with torch.device("meta"):
         assembly = assemble(
             plan.variant,
@@ -290,19 +307,15 @@ def check_memory(job: ExportJob) -> None:
             cross_variant=plan.cross_variant,
             dtype=settings.dtype,
         )
-    weights = sum(p.numel() * p.element_size() for p in assembly.module.parameters())
+    tensors = [*assembly.module.parameters(), *assembly.module.buffers()]  # buffers: e.g. LSH rotations
+    weights = sum(t.numel() * t.element_size() for t in tensors)
     roles = {"self": (assembly.variant, assembly.variant_config)}
     if assembly.cross_variant is not None:
         roles["cross"] = (assembly.cross_variant, assembly.cross_variant_config)
-    checks = plan.verify
-    if checks.enabled:  # the parity check's largest case, torch and ORT side by side
-        copies, batch, seq = EXPORT_WEIGHT_COPIES, checks.batch, max(checks.seq_lens)
-    else:  # only the export's own trace
-        copies, batch, seq = (
-            EXPORT_WEIGHT_COPIES - ORT_WEIGHT_COPIES,
-            2,
-            max(example_sizes(assembly.inputs).values()),
-        )
+    traced = export_shapes(assembly, settings)[2]  # the export's trace runs at its example lengths
+    batch = max(traced.get("batch", 1), checks.batch if checks.enabled else 1)
+    lengths = [n for axis, n in traced.items() if axis != "batch"]
+    seq = max([*lengths, *(checks.lengths() if checks.enabled else ())])
     needed = check_needs(
         assembly.model,
         assembly.model_config,
@@ -312,11 +325,7 @@ def check_memory(job: ExportJob) -> None:
         batch=batch,
         seq=seq,
     )
-    require_memory(
-        needed,
-        f"exporting this {plan.model} ({weights / 2**30:.2f} GiB of weights)",
-        "make it smaller (vocab_size, d_model, n_layers) or verify at shorter --seq-lens",
-    )
+    require_memory(needed, f"{what} ({weights / 2**30:.2f} GiB of weights)", fix)
 
 
 def example_sizes(specs: Sequence[TensorSpec]) -> dict[str, int]:
@@ -352,9 +361,12 @@ def export_shapes(
     sizes = example_sizes(inputs)
     axes = list(sizes)
     given = dict(settings.example_lengths or {})
-    for axis in [*given, *(settings.dynamic_axes or ())]:
-        if axis not in sizes:
-            raise unknown_choice(f"axis of model {assembly.model.name}", axis, axes)
+    named = {"example_lengths": list(given), "dynamic_axes": list(settings.dynamic_axes or ())}
+    for setting, names in named.items():
+        for axis in names:
+            if axis not in sizes:
+                what = f"axis in export setting {setting} of model {assembly.model.name}"
+                raise unknown_choice(what, axis, axes)
     sizes.update(given)
     dynamic = set(axes if settings.dynamic_axes is None else settings.dynamic_axes)
     for axis in sorted(dynamic):

@@ -24,6 +24,7 @@ from onnx import helper
 from attnx.domains import DOMAIN, LIBRARY_DOMAIN, PLUGIN_NAMESPACE, PLUGIN_VERSION, Lowering
 from attnx.errors import AttnxError
 from attnx.exporter.opsets import model_opset, state_ir_version
+from attnx.exporter.portable import for_graph_tools
 
 if TYPE_CHECKING:
     import onnxscript
@@ -35,14 +36,15 @@ def attnx_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
 
 
 def lower(model: onnx.ModelProto, ops: Sequence[AttentionOp], mode: Lowering) -> onnx.ModelProto:
-    """Apply lowering ``mode`` (validated where settings are read) to ``model`` in place and return it."""
+    """Apply lowering ``mode`` (validated where settings are read) to ``model`` in place and return it;
+    graph tools can transform it (:mod:`attnx.exporter.portable`)."""
     if mode == "plugin":
-        return state_ir_version(_mark_plugins(model))
+        return state_ir_version(for_graph_tools(_mark_plugins(model)))
     attach_functions(model, ops, portable=mode == "decomposed")
     if mode == "decomposed":
         model = onnx.inliner.inline_local_functions(model)
         _drop_opsets(model, {DOMAIN, LIBRARY_DOMAIN})
-    return state_ir_version(model)
+    return state_ir_version(for_graph_tools(model))
 
 
 def _mark_plugins(model: onnx.ModelProto) -> onnx.ModelProto:
