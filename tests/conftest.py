@@ -64,6 +64,14 @@ def global_state() -> dict[str, Any]:
 
 
 @pytest.fixture(autouse=True)
+def seeded_torch(request: pytest.FixtureRequest) -> None:
+    """torch's global RNG starts every test from the run's seed, as pytest-randomly resets ``random`` and
+    numpy's: what a test draws does not depend on the tests that ran before it."""
+    seed = getattr(request.config.option, "randomly_seed", 0)
+    torch.manual_seed(seed if isinstance(seed, int) else 0)
+
+
+@pytest.fixture(autouse=True)
 def leaves_global_state_alone() -> Iterator[None]:
     """Fail a test that leaves global state changed (it would make later tests depend on the order)."""
     before = global_state()

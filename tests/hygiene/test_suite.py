@@ -86,3 +86,11 @@ def test_interruptible_runs_the_module_with_its_arguments(ignored: bool):
     finally:
         signal.signal(signal.SIGINT, previous)
     assert run.returncode == 0 and run.stdout.startswith("2"), run.stdout + run.stderr
+
+
+def test_torch_starts_every_test_from_the_run_seed(request):
+    import torch
+
+    drawn = torch.rand(3)
+    torch.manual_seed(request.config.option.randomly_seed)
+    assert torch.equal(drawn, torch.rand(3))
