@@ -77,10 +77,16 @@ def Attention(
     spec = AttentionSpec(d_model, n_heads, causal=causal, cross=cross)
     found.check_spec(spec)
     config, impl = found.make_config(options), found.load()
-    with torch.device("meta"):  # sizes first: weights that cannot fit are refused, not allocated
-        planned = impl.build(config, spec)
+    what, fix = f"attnx.nn.Attention({variant!r}, d_model={d_model})", "choose a smaller d_model"
+    try:
+        with torch.device("meta"):  # sizes first: weights that cannot fit are refused, not allocated
+            planned = impl.build(config, spec)
+    except (RuntimeError, OverflowError) as exc:  # torch's own size arithmetic overflows int64
+        if "overflow" not in str(exc).lower():
+            raise
+        raise AttnxError(f"{what} has weights too large to address; {fix}") from None
     size = sum(t.numel() * t.element_size() for t in [*planned.parameters(), *planned.buffers()])
-    require_memory(size, f"attnx.nn.Attention({variant!r}, d_model={d_model})", "choose a smaller d_model")
+    require_memory(size, what, fix)
     return impl.build(config, spec).train()
 
 
