@@ -11,7 +11,8 @@ plugin returns :class:`Adapter` declarations from ``attnx_register_adapters``; t
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Iterable, Sequence
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -57,6 +58,45 @@ class Adapter:
 
 
 @dataclasses.dataclass(frozen=True)
+class Lengths:
+    """The sequence lengths a library's model accepts, as its adapter reads them from the model.
+
+    Attributes:
+        maximum: the longest input, after any padding the model does itself (a position table's size,
+            an axial position shape's product, rounded down to the chunk multiple the model pads to);
+            None: no limit.
+        multiple: every length is a multiple of it (e.g. a chunked feed-forward's chunk); 1: any.
+    """
+
+    maximum: int | None = None
+    multiple: int = 1
+
+    def __and__(self, other: Lengths) -> Lengths:
+        """Lengths both accept (a model holding two limited parts)."""
+        maxima = [m for m in (self.maximum, other.maximum) if m is not None]
+        return Lengths(min(maxima) if maxima else None, math.lcm(self.multiple, other.multiple))
+
+    def fit(self, wanted: Sequence[int]) -> tuple[int, ...]:
+        """``wanted`` made acceptable: each length rounded up to the multiple, capped at the longest
+        accepted; distinct, in order. The default verify lengths of an export of this model."""
+        step = max(self.multiple, 1)
+        cap = None if self.maximum is None else max(step, self.maximum // step * step)
+        fitted = (-(-n // step) * step for n in wanted)
+        return tuple(dict.fromkeys(n if cap is None else min(n, cap) for n in fitted))
+
+    @staticmethod
+    def of(parts: Iterable[Lengths | None]) -> Lengths | None:
+        """What every part accepts (None: no part declares a limit)."""
+        found = [p for p in parts if p is not None]
+        if not found:
+            return None
+        combined = found[0]
+        for part in found[1:]:
+            combined = combined & part
+        return combined
+
+
+@dataclasses.dataclass(frozen=True)
 class AdapterImpl:
     """The heavy half of an adapter.
 
@@ -79,8 +119,15 @@ class AdapterImpl:
             lines on what loading had to fix (e.g. a random draw made once), which the export prints
             and records in its manifest; None when the adapter loads nothing. Raises AttnxError for
             a directory it cannot load.
+        lengths: ``lengths(module) -> Lengths | None``: the sequence lengths a module of its library
+            accepts (a position limit, chunk multiples), asked of every module the walk reaches (the
+            library's model class too, whose attention layers it converts) before any conversion;
+            None for a module without limits or not its library's. attnx fits an
+            export's default verify lengths (1, 7, 32, 129) to them, so an adapted model verifies with
+            no flags (``attnx export --from``, ``attnx verify``); the manifest records them.
     """
 
     convert: Callable[[Any], Any | None]
     needs_adapter: Callable[[Any], bool]
     load: Callable[[Path], tuple[Any, Any, Any, list[str]]] | None = None
+    lengths: Callable[[Any], Lengths | None] | None = None

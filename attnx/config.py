@@ -18,6 +18,7 @@ from typing import Any, Literal, TypeVar, Union, get_args, get_origin
 from attnx.errors import AttnxError
 
 C = TypeVar("C", bound="Config")
+FLOAT32_MAX = 3.4028234663852886e38  # the largest float32
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,11 +83,15 @@ def convert_value(name: str, value: Any, annotation: Any, what: str = "option") 
         if annotation is not str and isinstance(value, bool):
             raise AttnxError(f"{what} {name}={value!r} must be {annotation.__name__}, not a boolean")
         try:
-            return annotation(value)
+            converted = annotation(value)
         except (TypeError, ValueError):
             article = "an" if annotation is int else "a"
             kind = {"int": "integer", "float": "number", "str": "string"}[annotation.__name__]
             raise AttnxError(f"{what} {name}={value!r} must be {article} {kind}") from None
+        # TOML and float() take nan and inf; a model computes in float32, where 1e39 is inf already
+        if annotation is float and not abs(converted) <= FLOAT32_MAX:
+            raise AttnxError(f"{what} {name}={value!r} must be a finite number (at most {FLOAT32_MAX:.3g})")
+        return converted
     return value
 
 

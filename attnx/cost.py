@@ -15,11 +15,16 @@ underestimate. Memory is an upper bound in float32 of the tensors the maths may 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 from collections.abc import Callable
+from pathlib import Path
+
+from attnx.errors import AttnxError
 
 FLOAT_BYTES = 4
+GiB = 1 << 30
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,3 +123,65 @@ def kernel_attention_cost(s: Shape, chunk_size: int, features: int) -> Attention
     live = h * features * (s.tokens + s.key_tokens) + 2 * s.tokens * s.d_model
     chunked = s.tokens * h * chunk + 2 * b * h * math.ceil(s.seq / chunk) * features * dh
     return AttentionCost(projections(s, 2, 2), maths, FLOAT_BYTES * (live + chunked))
+
+
+def available_memory() -> int | None:
+    """What this process may still allocate: the least of ``MemAvailable`` (/proc/meminfo), its cgroup's
+    ``memory.max`` less ``memory.current`` and its address-space limit (``ulimit -v``) less its size
+    (None where none of them is known)."""
+    found = [_meminfo(), _cgroup_headroom(), _address_space_headroom()]
+    known = [value for value in found if value is not None]
+    return max(0, min(known)) if known else None
+
+
+def _meminfo() -> int | None:
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    return None
+
+
+def _cgroup_headroom() -> int | None:
+    """cgroup v2: ``memory.max`` - ``memory.current`` of this process's cgroup."""
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        (line,) = [x for x in Path("/proc/self/cgroup").read_text().splitlines() if x.startswith("0::")]
+        group = Path("/sys/fs/cgroup") / line[3:].lstrip("/")
+        limit = (group / "memory.max").read_text().strip()
+        if limit != "max":
+            return int(limit) - int((group / "memory.current").read_text())
+    return None
+
+
+def _address_space_headroom() -> int | None:
+    """``ulimit -v`` less the process's virtual size."""
+    import resource
+
+    limit, _ = resource.getrlimit(resource.RLIMIT_AS)
+    size = _address_space_size()
+    if limit == resource.RLIM_INFINITY or size is None:
+        return None
+    return limit - size
+
+
+def _address_space_size() -> int | None:
+    """The process's virtual size (VmSize of /proc/self/status)."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmSize:"):
+                return int(line.split()[1]) * 1024
+    return None
+
+
+def require_memory(needed: int, what: str, fix: str, available: int | None = None) -> None:
+    """Refuse a job that needs more memory than is available (unknown availability: no check).
+
+    Raises:
+        AttnxError: naming the estimate, what is available and the fix.
+    """
+    available = available_memory() if available is None else available
+    if available is not None and needed > available:
+        raise AttnxError(
+            f"{what} needs about {needed / GiB:.1f} GiB of memory, but {available / GiB:.1f} GiB is "
+            f"available; {fix}"
+        )

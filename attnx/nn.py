@@ -22,8 +22,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import torch
 from torch import nn
 
+from attnx.cost import require_memory
 from attnx.errors import AttnxError, unknown_choice
 from attnx.models.blocks import FeedForward, SinusoidalPositions, TokenEmbedding
 from attnx.models.factory import construct
@@ -66,11 +68,26 @@ def Attention(
     for key in options:
         if key not in fields:
             raise unknown_choice(f"{found.name} option", key, fields)
-    if d_model < 1 or n_heads < 1:
-        raise AttnxError(f"d_model={d_model} and n_heads={n_heads} must be >= 1")
+    for name, size in (("d_model", d_model), ("n_heads", n_heads)):
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise AttnxError(f"attnx.nn.Attention: {name}={size!r} must be an integer >= 1")
+    for name, flag in (("causal", causal), ("cross", cross)):
+        if not isinstance(flag, bool):
+            raise AttnxError(f"attnx.nn.Attention: {name}={flag!r} must be True or False")
     spec = AttentionSpec(d_model, n_heads, causal=causal, cross=cross)
     found.check_spec(spec)
-    return found.load().build(found.make_config(options), spec).train()
+    config, impl = found.make_config(options), found.load()
+    what, fix = f"attnx.nn.Attention({variant!r}, d_model={d_model})", "choose a smaller d_model"
+    try:
+        with torch.device("meta"):  # sizes first: weights that cannot fit are refused, not allocated
+            planned = impl.build(config, spec)
+    except (RuntimeError, OverflowError) as exc:  # torch's own size arithmetic overflows int64
+        if "overflow" not in str(exc).lower():
+            raise
+        raise AttnxError(f"{what} has weights too large to address; {fix}") from None
+    size = sum(t.numel() * t.element_size() for t in [*planned.parameters(), *planned.buffers()])
+    require_memory(size, what, fix)
+    return impl.build(config, spec).train()
 
 
 def Model(

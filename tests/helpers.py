@@ -51,6 +51,20 @@ def assert_unchanged(actual: Any, expected: Any, what: str = "") -> None:
     assert change <= bound, f"{what} changed by {change:.3g} (rounding allows {bound:.3g})"
 
 
+# Python installs its Ctrl-C handler only where SIGINT is not ignored, and a child inherits an ignored
+# SIGINT from a suite started in the background (`nohup`, `setsid ... &`, some CI runners).
+_INTERRUPTIBLE = (
+    "import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+    "del sys.argv[0]; runpy.run_module(sys.argv[0], run_name='__main__', alter_sys=True)"
+)
+
+
+def interruptible(module: str, *args: str) -> list[str]:
+    """The argv of ``python -m MODULE ARGS`` in a child that takes Ctrl-C (SIGINT raises
+    KeyboardInterrupt) however this process was started."""
+    return [sys.executable, "-c", _INTERRUPTIBLE, module, *args]
+
+
 REPO = Path(__file__).resolve().parents[1]
 _HOLDER = textwrap.dedent(
     """

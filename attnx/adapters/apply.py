@@ -15,7 +15,7 @@ import itertools
 
 from torch import nn
 
-from attnx.adapter import Adapter, AdapterImpl
+from attnx.adapter import Adapter, AdapterImpl, Lengths
 from attnx.errors import AttnxError, first_line
 from attnx.registry import Registry, get_registry
 
@@ -26,6 +26,7 @@ class Adapted:
 
     module: nn.Module
     adapters: list[str]
+    lengths: Lengths | None = None  # what the library's modules accept, as adapters read them (None: any)
 
 
 def loaded_adapters(registry: Registry) -> tuple[list[tuple[Adapter, AdapterImpl]], dict[str, str]]:
@@ -56,10 +57,13 @@ def apply_adapters(module: nn.Module, registry: Registry | None = None) -> Adapt
     model = copy.deepcopy(module, memo=dict(shared))
     used: list[str] = []
     replaced: dict[int, nn.Module] = {}
+    limits: list[Lengths | None] = []
 
     def convert(child: nn.Module) -> nn.Module | None:
         if id(child) in replaced:  # one module used in two places stays one module
             return replaced[id(child)]
+        # the limits of every library module the walk reaches, read before a convert changes it
+        limits.extend(impl.lengths(child) for _, impl in usable if impl.lengths)
         for adapter, impl in usable:
             replacement = impl.convert(child)
             if replacement is not None:
@@ -84,7 +88,7 @@ def apply_adapters(module: nn.Module, registry: Registry | None = None) -> Adapt
         walk(model)
     model = root or model
     _refuse_leftovers(model, usable, registry, unusable)
-    return Adapted(model, used)
+    return Adapted(model, used, Lengths.of(limits))
 
 
 def _refuse_leftovers(

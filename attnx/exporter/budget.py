@@ -22,17 +22,17 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from collections.abc import Callable, Iterator, Mapping
-from pathlib import Path
 from typing import Any
 
 from attnx.config import Config
-from attnx.cost import Part, Shape, dense_attention_cost
+
+# available_memory and require_memory (the guard) live in attnx.cost, below the layers that use them
+from attnx.cost import GiB, Part, Shape, available_memory, dense_attention_cost, require_memory  # noqa: F401
 from attnx.errors import AttnxError, first_line
 from attnx.models.spec import ModelSpec
 from attnx.variant import Variant
 
 SAFETY = 1.5
-GiB = 1 << 30
 # ONNX Runtime's CPU arena grows in powers of two past what a forward holds, and it keeps three copies
 # of the weights while loading (the proto, the initializers, MLAS's prepacked GEMM weights). Measured
 # in benchmarks/sidebyside.py (every built-in, one layer and the default encoder, N = 1024 and 16384):
@@ -74,54 +74,6 @@ def model_cost(
     shape = Shape(batch, seq, model_config.d_model, model_config.n_heads)
     part = model.cost(model_config, shape, attend)
     return ModelCost(flops=part.flops, working_bytes=int(SAFETY * part.working))
-
-
-def available_memory() -> int | None:
-    """What this process may still allocate: the least of ``MemAvailable`` (/proc/meminfo), its cgroup's
-    ``memory.max`` less ``memory.current`` and its address-space limit (``ulimit -v``) less its size
-    (None where none of them is known)."""
-    found = [_meminfo(), _cgroup_headroom(), _address_space_headroom()]
-    known = [value for value in found if value is not None]
-    return max(0, min(known)) if known else None
-
-
-def _meminfo() -> int | None:
-    with contextlib.suppress(OSError, ValueError):
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    return None
-
-
-def _cgroup_headroom() -> int | None:
-    """cgroup v2: ``memory.max`` - ``memory.current`` of this process's cgroup."""
-    with contextlib.suppress(OSError, ValueError, IndexError):
-        (line,) = [x for x in Path("/proc/self/cgroup").read_text().splitlines() if x.startswith("0::")]
-        group = Path("/sys/fs/cgroup") / line[3:].lstrip("/")
-        limit = (group / "memory.max").read_text().strip()
-        if limit != "max":
-            return int(limit) - int((group / "memory.current").read_text())
-    return None
-
-
-def _address_space_headroom() -> int | None:
-    """``ulimit -v`` less the process's virtual size."""
-    import resource
-
-    limit, _ = resource.getrlimit(resource.RLIMIT_AS)
-    size = _address_space_size()
-    if limit == resource.RLIM_INFINITY or size is None:
-        return None
-    return limit - size
-
-
-def _address_space_size() -> int | None:
-    """The process's virtual size (VmSize of /proc/self/status)."""
-    with contextlib.suppress(OSError, ValueError):
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmSize:"):
-                return int(line.split()[1]) * 1024
-    return None
 
 
 # Python's own memory per module while a model is built on the meta device (its dicts, its parameters'
@@ -211,15 +163,18 @@ def check_needs(
     return weight_copies * weights_bytes + activations
 
 
-def require_memory(needed: int, what: str, fix: str, available: int | None = None) -> None:
-    """Refuse a job that needs more memory than is available (unknown availability: no check).
+def shrink_hint(options: Mapping[str, object], traced: bool = False, batch: int = 1, shown: int = 3) -> str:
+    """What a refused export can make smaller: its largest integer options, largest first
+    ("d_ff=1000000, d_model=512, ..."), the verify lengths and batch, the traced example lengths."""
+    sizes = sorted(((k, v) for k, v in options.items() if _integer(v)), key=lambda kv: -int(str(kv[1])))
+    named = ", ".join(f"{key}={value}" for key, value in sizes[:shown]) or "vocab_size, d_model, n_layers"
+    hint = f"make it smaller ({named}) or verify at shorter lengths (--seq-lens, verify.seq_lens)"
+    hint += " with a smaller verify.batch" if batch > 2 else ""
+    return hint + (" and trace at shorter export.example_lengths" if traced else "")
 
-    Raises:
-        AttnxError: naming the estimate, what is available and the fix.
-    """
-    available = available_memory() if available is None else available
-    if available is not None and needed > available:
-        raise AttnxError(
-            f"{what} needs about {needed / GiB:.1f} GiB of memory, but {available / GiB:.1f} GiB is "
-            f"available; {fix}"
-        )
+
+def _integer(value: object) -> bool:
+    try:
+        return not isinstance(value, bool) and int(str(value)) > 1
+    except ValueError:
+        return False

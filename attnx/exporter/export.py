@@ -38,6 +38,7 @@ from attnx.exporter.budget import (
     check_needs,
     meta_build,
     require_memory,
+    shrink_hint,
     weights_within,
 )
 from attnx.exporter.directory import ExportDir, record_file
@@ -54,6 +55,7 @@ from attnx.exporter.module import (
 from attnx.exporter.opsets import check_onnxruntime, check_opset
 from attnx.exporter.signature import dynamic_shapes
 from attnx.exporter.targets import check_target, target_section
+from attnx.models.factory import configure
 from attnx.models.spec import TensorSpec
 from attnx.ops import AttentionOp
 from attnx.recipes import ExportSettings, Recipe
@@ -284,7 +286,8 @@ def verify_lengths(job: ExportJob, assembly: Assembly | ModuleAssembly) -> list[
     length axes were all fixed (its longest example length)."""
     inputs, _, sizes = shapes(assembly, job.settings)
     if any(isinstance(a, str) and a != "batch" for s in inputs for a in s.axes):
-        return list(job.plan.verify.seq_lens)
+        accepted = assembly.section.lengths if isinstance(assembly, ModuleAssembly) else None
+        return list(job.plan.verify.lengths(accepted))
     return [max((n for axis, n in sizes.items() if axis != "batch"), default=1)]
 
 
@@ -304,15 +307,20 @@ def check_memory(job: ExportJob) -> None:
         )
         return
     plan, settings = job.plan, job.settings
-    copies = EXPORT_WEIGHT_COPIES if plan.verify.enabled else EXPORT_WEIGHT_COPIES - ORT_WEIGHT_COPIES
-    available = available_memory()
-    fix = "make it smaller (vocab_size, d_model, n_layers) or verify at shorter --seq-lens"
+    what, checks, available = f"exporting this {plan.model}", plan.verify, available_memory()
+    fix = shrink_hint(plan.options, bool(settings.example_lengths), checks.batch)
+    copies = EXPORT_WEIGHT_COPIES if checks.enabled else EXPORT_WEIGHT_COPIES - ORT_WEIGHT_COPIES
+    registry, cross = get_registry(), plan.cross_variant
+    spec, config, _ = configure(registry, plan.variant, plan.model, plan.options, cross_variant=cross)
+    if spec.weights is not None:  # weights no machine holds are refused before the model is built at all
+        floor = spec.weights(config) * (2 if settings.dtype == "fp16" else 4)
+        require_memory(copies * floor, f"{what} (at least {floor / GiB:.2f} GiB of weights)", fix, available)
 
     def refusal(counted: int) -> AttnxError:
         return AttnxError(
-            f"exporting this {plan.model} needs more than the {available / GiB:.1f} GiB of memory available: "
-            f"{copies} copies of its weights alone pass it ({counted / GiB:.2f} GiB each counted before "
-            f"building stopped); {fix}"
+            f"{what} needs more than the {available / GiB:.1f} GiB of memory available: {copies} copies "
+            f"of its weights alone pass it ({counted / GiB:.2f} GiB each counted before building stopped); "
+            f"{fix}"
         )
 
     limit = None if available is None else available // copies
@@ -325,15 +333,15 @@ def check_memory(job: ExportJob) -> None:
             cross_variant=plan.cross_variant,
             dtype=settings.dtype,
         )
-    weights = sum(p.numel() * p.element_size() for p in assembly.module.parameters())
+    tensors = [*assembly.module.parameters(), *assembly.module.buffers()]  # buffers: e.g. LSH rotations
+    weights = sum(t.numel() * t.element_size() for t in tensors)
     roles = {"self": (assembly.variant, assembly.variant_config)}
     if assembly.cross_variant is not None:
         roles["cross"] = (assembly.cross_variant, assembly.cross_variant_config)
-    checks = plan.verify
-    if checks.enabled:  # the parity check's largest case, torch and ORT side by side
-        batch, seq = checks.batch, max(checks.seq_lens)
-    else:  # only the export's own trace
-        batch, seq = 2, max(example_sizes(assembly.inputs).values())
+    traced = export_shapes(assembly, settings)[2]  # the export's trace runs at its example lengths
+    batch = max(traced.get("batch", 1), checks.batch if checks.enabled else 1)
+    lengths = [n for axis, n in traced.items() if axis != "batch"]
+    seq = max([*lengths, *(checks.lengths() if checks.enabled else ())])
     needed = check_needs(
         assembly.model,
         assembly.model_config,
@@ -343,9 +351,7 @@ def check_memory(job: ExportJob) -> None:
         batch=batch,
         seq=seq,
     )
-    require_memory(
-        needed, f"exporting this {plan.model} ({weights / GiB:.2f} GiB of weights)", fix, available
-    )
+    require_memory(needed, f"{what} ({weights / GiB:.2f} GiB of weights)", fix, available)
 
 
 def example_sizes(specs: Sequence[TensorSpec]) -> dict[str, int]:
@@ -381,9 +387,12 @@ def export_shapes(
     sizes = example_sizes(inputs)
     axes = list(sizes)
     given = dict(settings.example_lengths or {})
-    for axis in [*given, *(settings.dynamic_axes or ())]:
-        if axis not in sizes:
-            raise unknown_choice(f"axis of model {assembly.model.name}", axis, axes)
+    named = {"example_lengths": list(given), "dynamic_axes": list(settings.dynamic_axes or ())}
+    for setting, names in named.items():
+        for axis in names:
+            if axis not in sizes:
+                what = f"axis in export setting {setting} of model {assembly.model.name}"
+                raise unknown_choice(what, axis, axes)
     sizes.update(given)
     dynamic = set(axes if settings.dynamic_axes is None else settings.dynamic_axes)
     for axis in sorted(dynamic):

@@ -29,6 +29,7 @@ from onnx import helper
 from attnx.domains import DOMAIN, LIBRARY_DOMAIN, PLUGIN_NAMESPACE, PLUGIN_VERSION, Lowering
 from attnx.errors import AttnxError
 from attnx.exporter.opsets import model_opset, state_ir_version
+from attnx.exporter.portable import for_graph_tools
 from attnx.targets import PORTABLE
 
 if TYPE_CHECKING:
@@ -45,16 +46,17 @@ def lower(
     model: onnx.ModelProto, ops: Sequence[AttentionOp], mode: Lowering, target: str = PORTABLE
 ) -> onnx.ModelProto:
     """Apply lowering ``mode`` (validated where settings are read) with ``target``'s bodies where an op
-    declares them to ``model`` in place and return it."""
+    declares them to ``model`` in place and return it; graph tools can transform it
+    (:mod:`attnx.exporter.portable`)."""
     if mode == "plugin":
-        return state_ir_version(_mark_plugins(model))
+        return state_ir_version(for_graph_tools(_mark_plugins(model)))
     attach_functions(model, ops, portable=mode == "decomposed", target=target)
     if mode == "decomposed":
         imports = {o.domain: o.version for f in model.functions for o in f.opset_import}
         model = onnx.inliner.inline_local_functions(model)
         _drop_opsets(model, {DOMAIN, LIBRARY_DOMAIN})
         _import_opsets(model, {d: v for d, v in imports.items() if d not in (DOMAIN, LIBRARY_DOMAIN)})
-    return state_ir_version(model)
+    return state_ir_version(for_graph_tools(model))
 
 
 def _mark_plugins(model: onnx.ModelProto) -> onnx.ModelProto:

@@ -18,6 +18,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Literal, TypeVar, Union, get_args, get_origin
 
+from attnx.adapter import Lengths
 from attnx.config import Config, expected_type, value_type
 from attnx.domains import Lowering
 from attnx.errors import AttnxError
@@ -279,7 +280,9 @@ class ModuleSection:
     calls, whose plugins are imported before the program is loaded; ``adapters``: those that converted
     part of it; ``module_class``: the class exported; ``entry``: "pkg.mod:factory" of
     ``attnx export --module`` (None from Python); ``notes``: what the adapter that loaded it had to
-    fix (``attnx export --from``), e.g. LSH rotations drawn once.
+    fix (``attnx export --from``), e.g. LSH rotations drawn once; ``lengths``: the sequence lengths the
+    adapted library modules accept (:class:`attnx.adapter.Lengths`; None: no limits), which the default
+    verify lengths are fitted to.
     """
 
     module_class: str
@@ -289,6 +292,7 @@ class ModuleSection:
     entry: str | None = None
     notes: list[str] = dataclasses.field(default_factory=list)
     tensors: str | None = None
+    lengths: Lengths | None = None
 
 
 @dataclasses.dataclass

@@ -264,6 +264,7 @@ def build_module(source: ModuleSource, registry: Registry | None = None) -> Modu
         adapters=adapted.adapters,
         variants=[v.name for v in variants],
         notes=list(source.notes),
+        lengths=adapted.lengths,
     )
     return ModuleAssembly(
         module=FlatModule(module, [s.name for s in inputs], keywords, constants, reference=True),

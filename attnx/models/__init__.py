@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from attnx.hookspecs import hookimpl
 from attnx.models.config import EncoderConfig, LMConfig, Seq2SeqConfig, TransformerConfig
-from attnx.models.cost import encoder_cost, lm_cost, seq2seq_cost
+from attnx.models.cost import encoder_cost, lm_cost, seq2seq_cost, weights_floor
 from attnx.models.spec import ModelSpec, TensorSpec
 
 __all__ = [
@@ -33,6 +33,7 @@ ENCODER = ModelSpec(
     config=EncoderConfig,
     impl="attnx.models.encoder:Encoder",
     cost=encoder_cost,
+    weights=weights_floor,
 )
 LM = ModelSpec(
     name="lm",
@@ -40,6 +41,7 @@ LM = ModelSpec(
     config=LMConfig,
     impl="attnx.models.lm:LanguageModel",
     cost=lm_cost,
+    weights=weights_floor,
     generates=True,
 )
 SEQ2SEQ = ModelSpec(
@@ -49,6 +51,7 @@ SEQ2SEQ = ModelSpec(
     impl="attnx.models.seq2seq:Seq2Seq",
     uses_cross_attention=True,
     cost=seq2seq_cost,
+    weights=weights_floor,
     generates=True,
 )
 

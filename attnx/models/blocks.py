@@ -13,7 +13,8 @@ class SinusoidalPositions(nn.Module):
 
     Computed from the positions at run time, so any sequence length exports. The angles
     are float32 whatever the model's dtype (an fp16 frequency would misplace position
-    4096 by radians); the encoding is returned in ``dtype``.
+    4096 by radians); the encoding is returned in ``dtype``. An odd width d ends with the
+    sine of its last pair: the formula gives every column 0..d-1 (ceil(d/2) frequencies).
     """
 
     def __init__(self, d_model: int) -> None:
@@ -24,7 +25,8 @@ class SinusoidalPositions(nn.Module):
         exponents = torch.arange(0, self.d_model, 2, dtype=torch.float32, device=positions.device)
         inv_freq = torch.exp(exponents * (-math.log(10000.0) / self.d_model))
         angles = positions.to(torch.float32)[..., None] * inv_freq
-        return torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2).to(dtype)
+        encoding = torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2)
+        return encoding[..., : self.d_model].to(dtype)
 
 
 class TokenEmbedding(nn.Module):

@@ -72,3 +72,11 @@ def seq2seq_cost(c: Seq2SeqConfig, shape: Shape, attend: Attend) -> Part:
     flops = _sum(_times(c.n_layers, encoder), _times(c.decoder_layers, decoder), head.flops)
     memory = FLOAT_BYTES * shape.tokens * shape.d_model
     return Part(flops, max(encoder.working, decoder.working) + memory + head.working)
+
+
+def weights_floor(c: TransformerConfig) -> int:
+    """Parameters every built-in model of ``c`` has whatever its attention: the token embedding, each
+    layer's feed-forward (2·d·d_ff; seq2seq: encoder and decoder layers) and a classifier head."""
+    layers = c.n_layers + (c.decoder_layers if isinstance(c, Seq2SeqConfig) else 0)
+    head = c.d_model * getattr(c, "num_classes", 0)
+    return c.vocab_size * c.d_model + layers * 2 * c.d_model * c.d_ff + head

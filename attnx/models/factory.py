@@ -75,25 +75,9 @@ def construct(
     """
     if dtype not in ACTIVATION_DTYPES:
         raise unknown_choice("dtype", dtype, ACTIVATION_DTYPES)
-    model_spec = registry.model(model)
-    variant_spec = registry.variant(variant)
-    if cross_variant is not None and not model_spec.uses_cross_attention:
-        raise AttnxError(f"model '{model}' has no cross-attention; a cross variant applies to seq2seq models")
-    cross_spec = registry.variant(cross_variant or "softmax") if model_spec.uses_cross_attention else None
-    model_options, variant_options, cross_options = split_options(
-        options or {}, model_spec, variant_spec, cross_spec
+    model_spec, model_config, roles = configure(
+        registry, variant, model, options, cross_variant=cross_variant
     )
-    model_config = model_spec.make_config(
-        with_defaults(model_options, variant_spec.model_defaults, model_spec.config)
-    )
-    roles = {"self": (variant_spec, variant_options)}
-    if cross_spec is not None:
-        roles["cross"] = (cross_spec, cross_options)
-    roles = {
-        role: (spec, spec.make_config(decoder_options(spec, given, model_spec)))
-        for role, (spec, given) in roles.items()
-    }
-    _check_padding_masks(model_spec.name, model_config, roles.values())
     _check_dtype(dtype, roles.values())
     impls = {spec.name: spec.load() for spec, _ in roles.values()}
 
@@ -124,6 +108,42 @@ def construct(
         cross_config,
         dtype,
     )
+
+
+def configure(
+    registry: Registry,
+    variant: str,
+    model: str,
+    options: Mapping[str, Any] | None = None,
+    *,
+    cross_variant: str | None = None,
+) -> tuple[ModelSpec, Config, dict[str, tuple[Variant, Config]]]:
+    """The model's config and, per attention role ("self", "cross"), the variant and its config: what
+    :func:`construct` builds, validated, with nothing built (so a budget can be checked first).
+
+    Raises:
+        AttnxError: see :func:`construct`.
+    """
+    model_spec = registry.model(model)
+    variant_spec = registry.variant(variant)
+    if cross_variant is not None and not model_spec.uses_cross_attention:
+        raise AttnxError(f"model '{model}' has no cross-attention; a cross variant applies to seq2seq models")
+    cross_spec = registry.variant(cross_variant or "softmax") if model_spec.uses_cross_attention else None
+    model_options, variant_options, cross_options = split_options(
+        options or {}, model_spec, variant_spec, cross_spec
+    )
+    model_config = model_spec.make_config(
+        with_defaults(model_options, variant_spec.model_defaults, model_spec.config)
+    )
+    given = {"self": (variant_spec, variant_options)}
+    if cross_spec is not None:
+        given["cross"] = (cross_spec, cross_options)
+    roles = {
+        role: (spec, spec.make_config(decoder_options(spec, values, model_spec)))
+        for role, (spec, values) in given.items()
+    }
+    _check_padding_masks(model_spec.name, model_config, roles.values())
+    return model_spec, model_config, roles
 
 
 def split_options(

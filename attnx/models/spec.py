@@ -59,7 +59,10 @@ class ModelSpec:
     a forward taking the inputs in that order.
 
     ``cost(config, shape, attend) -> Part`` is the FLOPs and working memory of one forward
-    (:mod:`attnx.cost`; None: ``attnx bench`` has no estimate for it). ``generates``: the model
+    (:mod:`attnx.cost`; None: ``attnx bench`` has no estimate for it). ``weights(config) -> int`` is a
+    lower bound of its parameter count read from the config alone, so the memory preflight refuses a
+    model that cannot fit before building it, even on torch's meta device (None: no early check).
+    ``generates``: the model
     has a causal stack that produces tokens one by one (what ``--decode`` exports), so variants'
     ``decoder_defaults`` apply to it.
     """
@@ -71,6 +74,7 @@ class ModelSpec:
     uses_cross_attention: bool = False
     cost: Callable[[Any, Shape, Attend], Part] | None = None
     generates: bool = False
+    weights: Callable[[Any], int] | None = None
 
     def make_config(self, options: dict[str, Any] | None = None) -> Config:
         return make_config(self.config, options, what=f"{self.name} option")

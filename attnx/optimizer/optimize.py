@@ -28,6 +28,7 @@ from attnx.errors import AttnxError
 from attnx.exporter.directory import ExportDir, record_file
 from attnx.exporter.export import save_onnx
 from attnx.exporter.manifest import MANIFEST, Manifest, OptimizedSection, package_versions
+from attnx.exporter.portable import float32_ops
 from attnx.optimizer.accuracy import AccuracyReport, measure
 from attnx.optimizer.graphs import check_steps, tool_versions, transform
 from attnx.parity.backends import backends
@@ -95,7 +96,7 @@ def optimize(
     seed = secrets.randbits(31) if seed is None else seed
     report_progress(f"rebuilding the float32 torch model of {export.path}")
     reference = export.rebuild()
-    float32_ops = {op.name for op in export.ops() if "tensor(float)" in op.input_types.values()}
+    kept = float32_ops(export.ops())
     graphs = [key for key, record in export.manifest.files.items() if record.path.endswith(".onnx")]
     bound = max(ERROR_BOUNDS[step] for step in steps)
     with staged_directory(out, force, MANIFEST) as staging:
@@ -108,7 +109,7 @@ def optimize(
                 save_onnx(genai_layout(decode, export.manifest.decode), staging / record.path)
             elif key in graphs:
                 report_progress(f"{' + '.join(steps)}: {record.path}")
-                transform(export.file(key), staging / record.path, steps, float32_ops)
+                transform(export.file(key), staging / record.path, steps, kept)
             else:
                 shutil.copyfile(export.file(key), staging / record.path)
             files[key] = record_file(staging, record.path)

@@ -54,12 +54,14 @@ class Cases:
         tolerance: Tolerance | None = None,
         seed: int | None = None,
     ) -> Cases:
-        """Defaults filled in: ``[verify]``'s lengths and batch, the manifest's tolerance, a fresh seed.
+        """Defaults filled in: ``[verify]``'s lengths (fitted to the lengths an adapted module accepts)
+        and batch, the manifest's tolerance, a fresh seed.
 
         Raises:
             AttnxError: a length or batch below 1, or a negative tolerance.
         """
-        lengths = tuple(seq_lens or DEFAULTS.seq_lens)
+        module = export.manifest.module
+        lengths = tuple(seq_lens or DEFAULTS.lengths(module.lengths if module else None))
         batch = DEFAULTS.batch if batch is None else batch
         if min(lengths) < 1 or batch < 1:
             raise AttnxError(f"sequence lengths and batch must be >= 1 (got {list(lengths)}, batch {batch})")

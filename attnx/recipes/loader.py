@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
+from attnx.adapter import Lengths
 from attnx.config import Config, expected_type, make_config, require, value_type
 from attnx.domains import Lowering
 from attnx.errors import AttnxError, unknown_choice
@@ -34,6 +35,8 @@ else:  # pragma: no cover - exercised on Python 3.10 only
 RECIPE_DIR = Path(__file__).parent
 SUFFIX = ".toml"
 MAX_NESTING = 16  # a recipe nests 3 deep ([export] example_lengths); deeper is a mistake or an attack
+# the default verify lengths: odd ones, 1 for the smallest graph, one across 128-token boundaries
+DEFAULT_SEQ_LENS = (1, 7, 32, 129)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,24 +87,33 @@ class VerifySettings(Config):
     """``[verify]``: the parity check after export (``attnx verify`` has the same defaults).
 
     Random inputs of ``batch`` rows at each of ``seq_lens`` (odd lengths included, 1 for the
-    smallest graph); ``atol``/``rtol`` None: the variants' tolerance.
+    smallest graph); None: :data:`DEFAULT_SEQ_LENS` fitted to the lengths the model accepts
+    (:meth:`lengths`); ``atol``/``rtol`` None: the variants' tolerance.
     """
 
     enabled: bool = True
-    seq_lens: tuple[int, ...] = (1, 7, 32, 129)
+    seq_lens: tuple[int, ...] | None = None
     batch: int = 2
     atol: float | None = None
     rtol: float | None = None
 
     def validate(self) -> None:
+        lengths = self.seq_lens
         require(
-            bool(self.seq_lens) and min(self.seq_lens) >= 1,
-            f"verify setting seq_lens={list(self.seq_lens)} must be lengths >= 1",
+            lengths is None or (bool(lengths) and min(lengths) >= 1),
+            f"verify setting seq_lens={list(lengths or ())} must be lengths >= 1",
         )
         require(self.batch >= 1, f"verify setting batch={self.batch} must be >= 1")
         for name in ("atol", "rtol"):
             value = getattr(self, name)
             require(value is None or value >= 0, f"verify setting {name}={value} must be >= 0")
+
+    def lengths(self, accepted: Lengths | None = None) -> tuple[int, ...]:
+        """The lengths to verify at: the given ones, else the defaults fitted to the lengths the model
+        ``accepted`` (an adapted library model's limits, :class:`attnx.adapter.Lengths`)."""
+        if self.seq_lens is not None:
+            return self.seq_lens
+        return DEFAULT_SEQ_LENS if accepted is None else accepted.fit(DEFAULT_SEQ_LENS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -398,7 +410,7 @@ def _parse_lengths(value: Any) -> Any:
     lengths: dict[str, int] = {}
     for part in filter(None, (p.strip() for p in value.split(","))):
         axis, sep, number = part.partition("=")
-        if not sep or not number.strip().isdigit():
+        if not sep or not axis.strip() or not number.strip().isdigit():
             raise AttnxError(f"export setting example_lengths={value!r} must look like seq=128,batch=2")
         lengths[axis.strip()] = int(number)
     return lengths

@@ -219,13 +219,41 @@ def test_bad_directories_are_refused_in_one_line(tmp_path):
         assert not out.exists()
 
 
+def parity_lengths(out: Path) -> list[int]:
+    """The lengths the export's last parity check ran at."""
+    return json.loads((out / "parity.json").read_text())["seq_lens"]
+
+
+@pytest.mark.parametrize(
+    ("limits", "expected"),
+    [
+        # axial positions of 8 x 8: inputs padded to multiples of 32 (the chunks' lcm) up to 64
+        ({"max_position_embeddings": 64, "axial_pos_shape": (8, 8)}, [1, 7, 32, 64]),
+        # a position table of 48 rows: 33..48 tokens would be padded to 64, past the table
+        ({"max_position_embeddings": 48, "axial_pos_embds": False}, [1, 7, 32]),
+    ],
+    ids=["axial-64", "table-48"],
+)
+def test_a_model_with_small_limits_exports_and_verifies_with_no_flags(tmp_path, limits, expected):
+    """The default lengths (1, 7, 32, 129) fitted to what HF's own forward takes (issue: 129 was refused)."""
+    config = reformer_config(is_decoder=True, **limits)
+    directory = saved(tmp_path / "lm", transformers.ReformerModelWithLMHead, config)
+    out = tmp_path / "out"
+    code, stdout, stderr = run_cli(["export", "--from", f"hf:{directory}", "-o", str(out)])
+    assert code == 0, stderr
+    assert "parity: PASSED" in stdout and parity_lengths(out) == expected
+    code, stdout, stderr = run_cli(["verify", str(out)])
+    assert code == 0 and "parity: PASSED" in stdout, stderr
+    assert parity_lengths(out) == expected
+
+
 def test_lengths_the_hf_model_refuses_are_one_line_and_named(tmp_path):
-    """HF's chunked feed-forward takes only multiples of its chunk: the default parity lengths (1, 7,
-    ...) are refused by HF's own forward, which is named with the fix; lengths it takes export."""
+    """HF's chunked feed-forward takes only multiples of its chunk: the default lengths become multiples
+    of it; lengths given that HF's own forward refuses are named with the fix."""
     config = reformer_config(is_decoder=True, chunk_size_feed_forward=4)
     directory = saved(tmp_path / "lm", transformers.ReformerModelWithLMHead, config)
     out = tmp_path / "out"
-    code, _, stderr = run_cli(["export", "--from", f"hf:{directory}", "-o", str(out)])
+    code, _, stderr = run_cli(["export", "--from", f"hf:{directory}", "-o", str(out), "--seq-lens", "1,7"])
     assert_one_line_error(
         code, stderr, "own forward refuses the parity inputs (input_ids (2, 1)", "--seq-lens"
     )
@@ -233,11 +261,9 @@ def test_lengths_the_hf_model_refuses_are_one_line_and_named(tmp_path):
     code, _, stderr = run_cli(["export", "--from", f"hf:{directory}", "-o", str(out), "--decode"])
     assert_one_line_error(code, stderr, "takes input_ids (int64), attention_mask (bool)", "without --decode")
     assert not out.exists()
-    code, stdout, stderr = run_cli(
-        ["export", "--from", f"hf:{directory}", "-o", str(out), "--seq-lens", "4,36"]
-    )
+    code, stdout, stderr = run_cli(["export", "--from", f"hf:{directory}", "-o", str(out)])
     assert code == 0, stderr
-    assert "parity: PASSED" in stdout
+    assert "parity: PASSED" in stdout and parity_lengths(out) == [4, 8, 32, 132]
 
 
 def test_hf_model_without_hash_seed_from_python_is_refused(tmp_path):

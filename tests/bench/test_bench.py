@@ -203,12 +203,14 @@ def test_every_torch_compile_case_is_compiled_afresh(tiny_out: Path, monkeypatch
 
     real_compile = torch.compile
     monkeypatch.setattr(torch, "compile", lambda module, **kw: real_compile(module, backend=counting, **kw))
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 2)
     compiled = Backend("torch-compile", "", lambda export: None, BACKENDS["torch-compile"].runner)
     monkeypatch.setitem(BACKENDS, "torch-compile", compiled)
-    attnx.bench(tiny_out, backends=["torch-compile"], seq_lens=[8], repeat=1)
-    per_case = len(graphs)
-    result = attnx.bench(tiny_out, backends=["torch-compile"], seq_lens=[8, 12, 16, 20], repeat=1)
+    # Dynamo's own patch restores its config; monkeypatch.setattr would delete the option on undo (it
+    # is not in the module's __dict__), and every later torch.compile in the process would fail.
+    with torch._dynamo.config.patch(recompile_limit=2):
+        attnx.bench(tiny_out, backends=["torch-compile"], seq_lens=[8], repeat=1)
+        per_case = len(graphs)
+        result = attnx.bench(tiny_out, backends=["torch-compile"], seq_lens=[8, 12, 16, 20], repeat=1)
     assert per_case > 0 and all(m.status == "ok" for m in result.measurements)
     assert len(graphs) == 5 * per_case
 

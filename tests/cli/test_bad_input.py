@@ -30,7 +30,7 @@ import pytest
 from attnx.exporter.manifest import SCHEMA_VERSION
 from attnx.registry import set_registry
 from tests.conftest import TINY
-from tests.helpers import assert_one_line_error, run_cli, start_holder
+from tests.helpers import assert_one_line_error, interruptible, run_cli, start_holder
 
 REPO = Path(__file__).resolve().parents[2]
 TINY_SET = tuple(arg for key, value in TINY.items() for arg in ("--set", f"{key}={value}"))
@@ -679,7 +679,7 @@ def start_export(root: Path, inside: bool = True) -> subprocess.Popen:
     """``attnx export -o out`` of a tiny linear encoder in a child process (``inside``: once it is
     inside torch.onnx, holding OUT's lock)."""
     child = subprocess.Popen(
-        [sys.executable, "-m", "attnx", "export", "--variant", "linear", "-o", "out", *QUICK],
+        interruptible("attnx", "export", "--variant", "linear", "-o", "out", *QUICK),
         cwd=root,
         env={**os.environ, "PYTHONPATH": str(REPO)},
         stdout=subprocess.PIPE,

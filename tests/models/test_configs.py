@@ -26,6 +26,11 @@ TINY = {"d_model": 32, "n_heads": 2, "n_layers": 1, "d_ff": 64, "vocab_size": 50
             "d_model=30 must be divisible by n_heads=4",
         ),
         ("lm", {"num_classes": 2}, "unknown option 'num_classes'"),
+        ("encoder", {"d_model": "2.5"}, "encoder option d_model='2.5' must be an integer"),
+        # a model computes in float32: nan, inf and what float32 rounds to inf are no option values
+        ("encoder", {"scale": "nan"}, "softmax option scale='nan' must be a finite number"),
+        ("encoder", {"scale": "1e300"}, "softmax option scale='1e300' must be a finite number"),
+        ("encoder", {"scale": float("-inf")}, "softmax option scale=-inf must be a finite number"),
     ],
 )
 def test_bad_model_options_are_one_line_errors(model, options, message):

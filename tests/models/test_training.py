@@ -142,6 +142,12 @@ def test_attention_layer_refuses_bad_input_in_one_line():
         ("fastformer", {"causal": True}, "variant 'fastformer' does not support causal attention"),
         ("reformer", {"cross": True}, "variant 'reformer' does not support cross attention"),
         ("linear", {"n_heads": 3}, "d_model=16 must be divisible by n_heads=3"),
+        ("linear", {"d_model": True}, "d_model=True must be an integer >= 1"),
+        ("softmax", {"n_heads": 2.0}, "n_heads=2.0 must be an integer >= 1"),
+        ("cosformer", {"causal": "yes"}, "causal='yes' must be True or False"),
+        ("softmax", {"scale": float("nan")}, "scale=nan must be a finite number"),
+        # sized on the meta device first: 2 x 4 x 2^80 bytes of weights are refused, not allocated
+        ("linear", {"d_model": 2**40}, "choose a smaller d_model"),
     ]
     for variant, options, message in cases:
         arguments = {"d_model": 16, "n_heads": 2, **options}

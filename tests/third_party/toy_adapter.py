@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 import attnx
-from attnx.adapter import Adapter, AdapterImpl
+from attnx.adapter import Adapter, AdapterImpl, Lengths
 from attnx.registry import get_registry
 from tests.third_party.toy_library import ToyKernelAttention, ToyLinearAttention, ToyModel
 
@@ -54,7 +54,12 @@ def needs_adapter(module: nn.Module) -> bool:
     return isinstance(module, (ToyLinearAttention, ToyKernelAttention))
 
 
-IMPL = AdapterImpl(convert=_converter(False), needs_adapter=needs_adapter, load=load)
+def lengths(module: nn.Module) -> Lengths | None:
+    """A ToyModel's inputs fit its learned position table."""
+    return Lengths(maximum=module.positions.num_embeddings) if isinstance(module, ToyModel) else None
+
+
+IMPL = AdapterImpl(convert=_converter(False), needs_adapter=needs_adapter, load=load, lengths=lengths)
 SWAPPED = AdapterImpl(convert=_converter(True), needs_adapter=needs_adapter)
 ADAPTER = Adapter(
     "toy", "toy library linear attention -> linear", "attnx", "tests.third_party.toy_adapter:IMPL", ("toy",)

@@ -24,7 +24,9 @@ reproduces it:
 * the chunked feed-forward and LM head (``chunk_size_feed_forward``, ``chunk_size_lm_head``) split
   the sequence into a Python number of chunks; they are position-wise (chunking only saves
   memory), so the adapted ones run unchunked (chunk size 0, HF's own switch);
-* everything else (embeddings, feed-forward, reversible layers, heads) runs HF's own code.
+* everything else (embeddings, feed-forward, reversible layers, heads) runs HF's own code;
+* the lengths HF's own forward takes (its position table after its padding, chunk multiples) are
+  declared (:func:`lengths`), so an export verifies by default at lengths the model takes.
 
 Decoding with HF's bucket cache (``past_buckets_states``) and ``output_attentions`` are refused.
 """
@@ -39,7 +41,7 @@ import torch
 from torch import nn
 from transformers.models.reformer import modeling_reformer as hf
 
-from attnx.adapter import AdapterImpl
+from attnx.adapter import AdapterImpl, Lengths
 from attnx.adapters.hf_reformer.load import load
 from attnx.attention import merge_heads, split_heads
 from attnx.errors import AttnxError
@@ -283,9 +285,29 @@ def convert(module: nn.Module) -> nn.Module | None:
     return _layer(module) if needs_adapter(module) else None
 
 
+def lengths(module: nn.Module) -> Lengths | None:
+    """The lengths Hugging Face's own forward of ``module`` takes (the parity reference): a
+    ``ReformerModel`` pads inputs longer than its shortest chunk to a multiple of the lcm of its chunk
+    lengths, and the padded length must fit its position table (``max_position_embeddings``; axial
+    positions: the product of ``axial_pos_shape``); its chunked feed-forward (and an LM head's chunks)
+    take only multiples of their chunk."""
+    if isinstance(module, hf.ReformerOnlyLMHead):
+        return Lengths(multiple=module.chunk_size_lm_head) if module.chunk_size_lm_head else None
+    if not isinstance(module, hf.ReformerModel):
+        return None
+    config = module.config
+    padding = int(hf._get_least_common_mult_chunk_len(config))
+    limit = config.max_position_embeddings
+    if config.axial_pos_embds:
+        limit = min(limit, math.prod(config.axial_pos_shape))
+    longest = limit // padding * padding or min(limit, int(hf._get_min_chunk_len(config)))
+    chunk = config.chunk_size_feed_forward or 1
+    return Lengths(longest, chunk if padding % chunk == 0 else math.lcm(chunk, padding))
+
+
 def needs_adapter(module: nn.Module) -> bool:
     """HF's Reformer attention layers (random rotations, Python branches on the length)."""
     return isinstance(module, hf.LSHSelfAttention | hf.LocalSelfAttention)
 
 
-IMPL = AdapterImpl(convert=convert, needs_adapter=needs_adapter, load=load)
+IMPL = AdapterImpl(convert=convert, needs_adapter=needs_adapter, load=load, lengths=lengths)

@@ -45,16 +45,9 @@ def converters() -> dict[str, Converter]:
     except ImportError:
         pass
     else:
-
-        def convert(model: Any) -> Any:
-            # onnxconverter-common >= 1.15 retypes the output of Cast(to=FLOAT) without changing the
-            # Cast (its issue #320), so any int -> float cast of the model (positions) stops loading.
-            # Keeping those Casts in float32 (block list; the converter casts their output to fp16)
-            # is the documented workaround; a body's float32 literal still breaks the graph.
-            casts = [n.name for n in model.graph.node if n.name and n.op_type == "Cast" and _to_float(n)]
-            return common_convert(model, node_block_list=casts)
-
-        found["onnxconverter-common"] = convert
+        # called plainly, as users do: attnx writes its graphs so that it needs no block list
+        # (attnx.exporter.portable), and a body's float32 literal still breaks the graph
+        found["onnxconverter-common"] = common_convert
     return found
 
 
@@ -97,7 +90,3 @@ def check_fp16_convert(subject: Subject) -> list[str]:
                     continue
                 problems += parity_problems(report, what)
     return problems
-
-
-def _to_float(node: Any) -> bool:
-    return any(a.name == "to" and a.i == 1 for a in node.attribute)  # onnx.TensorProto.FLOAT
