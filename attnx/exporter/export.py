@@ -318,9 +318,9 @@ def check_memory(job: ExportJob) -> None:
 
     def refusal(counted: int) -> AttnxError:
         return AttnxError(
-            f"{what} needs more than the {available / GiB:.1f} GiB of memory available: {copies} copies "
-            f"of its weights alone pass it ({counted / GiB:.2f} GiB each counted before building stopped); "
-            f"{fix}"
+            f"{what} needs more than {copies * counted / GiB:.1f} GiB of memory, but {available / GiB:.1f} "
+            f"GiB is available ({copies} copies of its weights, {counted / GiB:.2f} GiB each when building "
+            f"stopped); {fix}"
         )
 
     limit = None if available is None else available // copies
