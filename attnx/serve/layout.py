@@ -17,6 +17,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from attnx.exporter.lowering import check
+
 PREFIX = "serve/"  # names of the adapter's own values
 
 
@@ -91,7 +93,7 @@ class Layout:
             producer_name=self.proto.producer_name,
             producer_version=self.proto.producer_version,
         )
-        onnx.checker.check_model(model, full_check=True)
+        check(model)
         return model
 
 
