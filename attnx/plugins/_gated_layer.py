@@ -107,9 +107,8 @@ class GatedLayer(Stepping, nn.Module):
         if config.output_gate != "none":
             self.gate_proj = projection(d, self.widths[2], config.gate_rank)
         if config.output_norm != "none":
-            self.norm_weight = nn.Parameter(
-                torch.ones(value_dim if config.output_norm == "head" else channels)
-            )
+            width = value_dim if config.output_norm == "head" else self.widths[2]
+            self.norm_weight = nn.Parameter(torch.ones(width))
         self.out_proj = nn.Linear(self.widths[2], d, bias=False)
 
     def _decay_parameters(self, config: GatedConfig, spec: AttentionSpec) -> None:
@@ -134,12 +133,13 @@ class GatedLayer(Stepping, nn.Module):
     def _convolve(self, mixed: torch.Tensor, carry: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """The causal depthwise convolution of ``mixed`` (b, n, C) after ``carry`` (b, C, K - 1; None: zeros):
         (output (b, n, C), the carry after it: the last K - 1 inputs)."""
-        inputs = mixed.transpose(1, 2)
-        if carry is None:
-            carry = inputs.new_zeros(inputs.shape[0], inputs.shape[1], self.config.conv_kernel - 1)
-        inputs = torch.cat((carry.to(inputs.dtype), inputs), dim=-1)
+        inputs, width = mixed.transpose(1, 2), self.config.conv_kernel - 1
+        if carry is None:  # zeros before the first token: a Pad (fp16 converters retype it with its input)
+            inputs = F.pad(inputs, (width, 0))
+        else:
+            inputs = torch.cat((carry.to(inputs.dtype), inputs), dim=-1)
         out = F.conv1d(inputs, self.conv1d.weight, groups=inputs.shape[1])
-        return out.transpose(1, 2), inputs[..., inputs.shape[-1] - (self.config.conv_kernel - 1) :]
+        return out.transpose(1, 2), inputs[..., inputs.shape[-1] - width :]
 
     def log_decay(self, x: torch.Tensor) -> torch.Tensor:
         """g (b, hv, n, 1 or d_k) <= 0, in float32 at least."""
