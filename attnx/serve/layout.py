@@ -11,12 +11,15 @@ are new (:mod:`attnx.serve.genai`, :mod:`attnx.serve.triton`).
 from __future__ import annotations
 
 import dataclasses
+import shutil
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from attnx.exporter.export import save_onnx
 from attnx.exporter.lowering import check
 
 PREFIX = "serve/"  # names of the adapter's own values
@@ -111,3 +114,12 @@ def _renamed(node: onnx.NodeProto, names: dict[str, str]) -> onnx.NodeProto:
             for j, inner in enumerate(graph.node):
                 graph.node[j].CopyFrom(_renamed(inner, names))
     return copy
+
+
+def copy_graph(source: Path, target: Path) -> None:
+    """Copy an ONNX file and its external data (``<file>.data``, renamed with it)."""
+    shutil.copyfile(source, target)
+    data = source.with_name(source.name + ".data")
+    if data.is_file():
+        proto = onnx.load(str(source))  # re-save so the graph names its data file's new name
+        save_onnx(proto, target)
