@@ -16,10 +16,11 @@ from attnx.optimizer.accuracy import AccuracyReport, OutputError
 from attnx.optimizer.optimize import ERROR_BOUNDS, optimize
 from tests.conftest import TINY
 from tests.helpers import assert_one_line_error, run_cli
-from tests.models.cases import decoders
+from tests.models.cases import decoders, one_per_kind
 
-# one decoder per kind of state (a KV cache; a recurrent state, float32 step ops) in the decode graphs
-VARIANTS = tuple(decoders(kind)[0] for kind in ("kv-cache", "recurrent"))
+# one decoder per kind of state (a KV cache; a recurrent state, float32 step ops) in the decode graphs in the
+# default run, every other decoder (the gated rules' conv carry and float32 state too) in the slow run
+VARIANTS = one_per_kind(decoders())
 
 
 @pytest.fixture(scope="module")
