@@ -300,6 +300,7 @@ def gated_registry() -> Registry:
     return Registry(plugins=[("seeded_gated", seeded_gated_plugins, "test")], autoload=True)
 
 
+@pytest.mark.slow  # decode exports step graphs: minutes on a loaded 2-core machine
 def test_the_gated_control_passes_the_domain_and_decode_checks(gated_registry):
     report = check_variant("seeded_gated_sound", registry=gated_registry, checks=["capabilities", "decode"])
     assert report.passed, str(report)
@@ -313,6 +314,7 @@ def test_a_decay_of_the_wrong_sign_is_named_by_the_ops_domain(gated_registry):
     assert "calls attnx::gated_delta_rule outside its domain: g (the log-decay) must be <= 0" in message
 
 
+@pytest.mark.slow  # decode exports step graphs; the seeded_decode_* tests cover the check in the default run
 def test_a_step_that_forgets_beta_is_named_by_decode(gated_registry):
     report = check_variant("seeded_gated_beta", registry=gated_registry, checks=["capabilities", "decode"])
     assert set(failures(report)) == {"decode"}, str(report)

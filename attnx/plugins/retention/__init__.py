@@ -23,6 +23,10 @@ VARIANT = Variant(
         causal=True, bidirectional=False, key_padding_mask=True, decode="recurrent", trainable=True
     ),
     tolerance=Tolerance(atol=1e-4, rtol=1e-3),
+    # fp16: where q . k nearly cancels (o ~ 0, a first token), the per-head RMSNorm runs in its eps-dominated
+    # range and passes the fp16 rounding of q and k (up to half of a tiny o) to the logits: measured 0.028 on
+    # the kit's tiny lm, twice the house fp16 atol (docs/variants/retention.md, Tolerance)
+    fp16_tolerance=Tolerance(atol=5e-2, rtol=1e-2),
     impl="attnx.plugins._gated_layer:IMPL",
     cost=gated_cost,
     testing=TestOptions(
