@@ -93,6 +93,25 @@ CASES = [
     ("softmax", "seq2seq", "cosformer", {"max_len": 128}),
     ("linear", "lm", None, {"share_layers": True, "reversible": True, "ff_chunks": 3, "chunk_size": 16}),
     ("softmax", "seq2seq", None, {"n_decoder_layers": 1, "ff_chunks": 4, "share_layers": True}),
+    # the gated rules (causal only): RetNet; GLA-like (a per-key decay through a bottleneck, grouped value
+    # heads); Gated DeltaNet; Kimi-like (per-key decay, low-rank sigmoid gate, full-width norm, chunks of 8)
+    ("retention", "lm", None, {}),
+    ("retention", "lm", None, {"decay": "key", "decay_rank": 4, "value_heads": 4, "short_conv": True}),
+    ("gated_delta", "lm", None, {}),
+    (
+        "gated_delta",
+        "lm",
+        None,
+        {
+            "decay": "key",
+            "decay_rank": 4,
+            "output_gate": "sigmoid",
+            "gate_rank": 4,
+            "output_norm": "full",
+            "value_heads": 4,
+            "chunk_size": 8,
+        },
+    ),
 ]
 
 
@@ -216,6 +235,22 @@ def test_memory_bound_is_quadratic_for_softmax_and_linear_for_linear_attention()
     # softmax at N=16384, 8 heads: one layer's fp32 scores alone are 8 * 16384^2 * 4 B = 8.6 GB, and two
     # are live at once in a primitive body
     assert _bytes("softmax", 16384) > 2 * 8 * 16384**2 * 4
+
+
+@pytest.mark.parametrize("variant", ["retention", "gated_delta"])
+def test_the_gated_rules_memory_bound_is_linear_and_holds_every_chunks_state(variant: str) -> None:
+    """The chunked op keeps one d_k x d_v state per chunk and head: the bound grows linearly in N and holds
+    them (Qwen3-Next's linear layer: 16 q/k heads, 32 value heads of 128, chunks of 32)."""
+    layer = {"key_heads": 16, "value_heads": 32, "key_head_dim": 128, "value_head_dim": 128, "chunk_size": 32}
+    for n in (4096, 16384):
+        cost = cost_of(
+            variant, "lm", {"d_model": 2048, "n_heads": 16, "n_layers": 1}, 1, n, variant_config=layer
+        )
+        twice = cost_of(
+            variant, "lm", {"d_model": 2048, "n_heads": 16, "n_layers": 1}, 1, 2 * n, variant_config=layer
+        )
+        assert twice.working_bytes / cost.working_bytes == pytest.approx(2, rel=0.02)
+        assert cost.working_bytes > FLOAT_BYTES * 32 * (n // 32) * 128 * 128
 
 
 @pytest.mark.parametrize("model", ["lm", "seq2seq"])

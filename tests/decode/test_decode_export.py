@@ -43,7 +43,10 @@ def test_export_writes_verified_prefill_and_decode(decode_export, variant):
     out, stdout = decode_export(variant)
     assert {"model.onnx", "prefill.onnx", "decode.onnx", "attnx.json"} <= {p.name for p in out.iterdir()}
     kind = capabilities(variant).decode
-    assert f"wrote {out}/prefill.onnx and {out}/decode.onnx ({kind} state, 3 tensors" in stdout
+    tensors = 1 + len(
+        assemble(variant, "lm", lm_options(variant), seed=0).module.blocks[0].attention.decode_state()
+    )
+    assert f"wrote {out}/prefill.onnx and {out}/decode.onnx ({kind} state, {tensors} tensors" in stdout
     assert "parity: PASSED on ort-cpu, torch decode, ort-cpu decode" in stdout
     manifest = ExportDir.open(out).manifest
     assert manifest.decode.layers == [kind]

@@ -16,10 +16,18 @@ from attnx.optimizer.accuracy import AccuracyReport, OutputError
 from attnx.optimizer.optimize import ERROR_BOUNDS, optimize
 from tests.conftest import TINY
 from tests.helpers import assert_one_line_error, run_cli
-from tests.models.cases import decoders
+from tests.models.cases import decoders, one_per_kind
 
-# one decoder per kind of state (a KV cache; a recurrent state, float32 step ops) in the decode graphs
-VARIANTS = tuple(decoders(kind)[0] for kind in ("kv-cache", "recurrent"))
+# one decoder per kind of state (a KV cache; a recurrent state, float32 step ops) in the decode graphs in the
+# default run, every other decoder (the gated rules' conv carry and float32 state too) in the slow run
+VARIANTS = one_per_kind(decoders())
+# Measured misses of int8's 10% bound (the report and the decode graphs pass; the full forward at 32 tokens
+# does not): the gated rules' per-head RMSNorm divides a near-zero output by its own size, so the int8
+# projections' error of such an output reaches the logits whole (docs/variants/retention.md, Tolerance).
+INT8_OVER_BOUND = {
+    name: f"{name}: int8 logits of the tiny lm off by over 10% at 32 tokens (gated_delta: 0.71 of 6.2)"
+    for name in ("retention", "gated_delta")
+}
 
 
 @pytest.fixture(scope="module")
@@ -59,6 +67,8 @@ def test_optimised_lm_is_a_verified_export_with_an_accuracy_report(source, tmp_p
     src = source(variant)
     out = tmp_path / "opt"
     result = optimize(src, out, **{step: True}, seed=5)
+    if step == "int8" and variant in INT8_OVER_BOUND and not result.passed:
+        pytest.xfail(INT8_OVER_BOUND[variant])
     assert result.passed, (result.report.to_dict(), result.parity.to_dict())
     backends = {b.backend for b in result.parity.ran}
     assert {"ort-cpu", "ort-cpu decode"} <= backends  # the decode graphs were transformed and checked

@@ -14,7 +14,17 @@ from attnx.registry import get_registry
 from tests.helpers import assert_one_line_error, run_cli
 
 SHIPPED = recipe_names()
-PAPER_RECIPES = ["transformer-base", "linear-lm", "cosformer-lm", "reformer-enwik8", "fastformer-classifier"]
+PAPER_RECIPES = [
+    "transformer-base",
+    "linear-lm",
+    "cosformer-lm",
+    "reformer-enwik8",
+    "fastformer-classifier",
+    "retention-lm",
+    "gated-delta-lm",
+]
+# Recipes of 100M+ parameters: building them takes seconds, so they build in the slow run only.
+HEAVY = {"retention-lm", "gated-delta-lm"}
 
 
 def unavailable(recipe: str) -> str | None:
@@ -40,7 +50,9 @@ def test_a_recipe_per_paper_and_a_tiny_one_per_model():
     assert {f"tiny-{model}" for model in get_registry().models} <= set(SHIPPED)
 
 
-@pytest.mark.parametrize("name", SHIPPED)
+@pytest.mark.parametrize(
+    "name", [pytest.param(name, marks=[pytest.mark.slow] if name in HEAVY else []) for name in SHIPPED]
+)
 def test_shipped_recipe_parses_and_builds(name):
     reason = unavailable(name)
     if reason:
@@ -67,6 +79,12 @@ def test_transformer_base_has_the_papers_size():
     parameters = sum(p.numel() for p in module.parameters())
     assert 60e6 < parameters < 66e6
     assert (len(module.encoder.blocks), len(module.decoder.blocks)) == (6, 6)
+
+
+def test_every_variant_has_a_tiny_recipe():
+    """A variant's tiny-* recipe lets users (and the decode and serving tests) try it in seconds."""
+    variants = {load_recipe_names(name)["variant"] for name in SHIPPED if name.startswith("tiny-")}
+    assert {"retention", "gated_delta"} <= variants
 
 
 def test_recipe_settings_are_exposed_for_bench_and_verify():

@@ -53,7 +53,9 @@ def repository(tmp_path, out, *args):
     return repo, json.loads(stdout)
 
 
-@pytest.mark.parametrize("variant", ["softmax", "linear"])
+@pytest.mark.parametrize(
+    "variant", ["softmax", "linear", pytest.param("gated_delta", marks=pytest.mark.slow)]
+)
 def test_sequence_config_declares_the_graph(serve_export, variant, tmp_path):
     repo, result = repository(tmp_path, serve_export(variant))
     config = parse_config(repo / "lm")
@@ -74,14 +76,26 @@ def test_sequence_config_declares_the_graph(serve_export, variant, tmp_path):
     manifest = ExportDir.open(serve_export(variant)).manifest
     assert [s.input_name for s in states] == [p.input for p in manifest.decode.state]  # length included
     recurrent = [s for s in states if s.input_name.startswith("past.")]
-    if variant == "linear":
+    # fixed-size float32 states; gated_delta: a conv carry and a recurrent S per layer
+    if variant != "softmax":
         assert {dtype_name(s.data_type) for s in recurrent} == {"TYPE_FP32"} and all(
             -1 not in s.dims for s in recurrent
         )
+    if variant == "gated_delta":
+        assert [s.input_name for s in recurrent] == [
+            f"past.{i}.{name}" for i in range(2) for name in ("conv", "recurrent")
+        ]
     assert (repo / "lm" / "tokenizer.json").is_file() and "tritonserver" in (repo / "README.md").read_text()
 
 
-@pytest.mark.parametrize("variant", ["softmax", "linear", pytest.param("cosformer", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "variant",
+    [
+        "softmax",
+        "linear",
+        *(pytest.param(v, marks=pytest.mark.slow) for v in ("cosformer", "gated_delta", "retention")),
+    ],
+)
 def test_simulated_sequence_batcher_generates_what_attnx_generates(serve_export, variant, tmp_path):
     out = serve_export(variant)
     repo, _ = repository(tmp_path, out)

@@ -34,4 +34,5 @@ def test_every_shipped_variant_loads_and_is_checked() -> None:
     shipped = {ep.name for ep in distribution("attnx").entry_points if ep.group == ENTRY_POINT_GROUP}
     failed = [f for f in REGISTRY.failures if f.plugin in shipped]
     assert not failed, f"built-in plugins failed to load: {failed}"
-    assert {"softmax", "linear", "cosformer", "reformer", "fastformer"} <= set(SHIPPED)
+    built_in = {"softmax", "linear", "cosformer", "reformer", "fastformer", "retention", "gated_delta"}
+    assert built_in <= set(SHIPPED)

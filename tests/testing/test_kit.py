@@ -20,7 +20,7 @@ from attnx.testing.checks.onnx_body import schema_problems
 from attnx.testing.checks.plugin import ShapeExpr
 from attnx.testing.subject import BATCH
 from tests.models.cases import decoders
-from tests.testing import seeded_decode_plugins, seeded_plugins
+from tests.testing import seeded_decode_plugins, seeded_gated_plugins, seeded_plugins
 
 LIGHT = [c.name for c in CHECKS if not c.heavy]
 
@@ -290,6 +290,36 @@ def test_attnxs_own_decoders_pass_decode(variant):
     """Every built-in that declares decode steps like its full forward, in torch and ONNX Runtime."""
     report = check_variant(variant, checks=["decode"])
     assert report.passed, str(report)
+
+
+# -- the gated / delta rules' own promises (tests/testing/seeded_gated_plugins.py) ----------------------
+
+
+@pytest.fixture(scope="module")
+def gated_registry() -> Registry:
+    return Registry(plugins=[("seeded_gated", seeded_gated_plugins, "test")], autoload=True)
+
+
+@pytest.mark.slow  # decode exports step graphs: minutes on a loaded 2-core machine
+def test_the_gated_control_passes_the_domain_and_decode_checks(gated_registry):
+    report = check_variant("seeded_gated_sound", registry=gated_registry, checks=["capabilities", "decode"])
+    assert report.passed, str(report)
+
+
+def test_a_decay_of_the_wrong_sign_is_named_by_the_ops_domain(gated_registry):
+    """torch and the ONNX body agree on a growing state: only the op's precondition (g <= 0) names it."""
+    report = check_variant("seeded_gated_sign", registry=gated_registry, checks=["capabilities", "onnx-body"])
+    assert set(failures(report)) == {"capabilities"}, str(report)
+    message = failures(report)["capabilities"]
+    assert "calls attnx::gated_delta_rule outside its domain: g (the log-decay) must be <= 0" in message
+
+
+@pytest.mark.slow  # decode exports step graphs; the seeded_decode_* tests cover the check in the default run
+def test_a_step_that_forgets_beta_is_named_by_decode(gated_registry):
+    report = check_variant("seeded_gated_beta", registry=gated_registry, checks=["capabilities", "decode"])
+    assert set(failures(report)) == {"decode"}, str(report)
+    message = failures(report)["decode"]
+    assert "torch: the step of 1 token at position 4 differs from the full causal forward" in message
 
 
 def test_decode_is_skipped_for_a_variant_that_does_not_declare_it(registry):

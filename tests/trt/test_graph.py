@@ -19,7 +19,7 @@ from attnx.trt.graph import (
 )
 from attnx.trt.spec import describe
 from tests.conftest import TINY
-from tests.trt.conftest import VARIANTS
+from tests.trt.conftest import VARIANTS, tiny_model
 
 
 def load(out):
@@ -32,7 +32,7 @@ def attnx_nodes(model):
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_exported_nodes_carry_exactly_the_plugin_fields(variant, plugin_export):
-    model, ops = load(plugin_export(variant)), assemble(variant, "encoder", TINY).ops
+    model, ops = load(plugin_export(variant)), assemble(variant, tiny_model(variant), TINY).ops
     assert check_plugin_nodes(model, ops) == TINY["n_layers"]
     specs = {op.name: describe(op) for op in ops}
     for node in attnx_nodes(model):

@@ -29,7 +29,7 @@ from attnx.trt.qdp import aot_functions, plugin_functions, qdp_type, register_pl
 from attnx.trt.spec import describe
 from tests.conftest import TINY
 from tests.trt import stub_tensorrt as stub
-from tests.trt.conftest import VARIANTS
+from tests.trt.conftest import VARIANTS, tiny_model
 
 ALLOWED_ATTRIBUTE_TYPES = (int, float, str, bool, bytes)
 TRTP = stub.plugin_module(stub.PluginStub())
@@ -43,7 +43,7 @@ def schema_names(op):
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_generated_signatures_follow_the_qdp_schemas(variant):
-    for op in assemble(variant, "encoder", TINY).ops:
+    for op in assemble(variant, tiny_model(variant), TINY).ops:
         inputs, attributes = schema_names(op)
         register, autotune, impl = plugin_functions(describe(op), TRTP)
         signature = inspect.signature(register)
