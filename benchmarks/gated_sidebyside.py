@@ -395,6 +395,7 @@ def run_op(shape: str, rule: str, args: argparse.Namespace, console: Console) ->
         x = inputs(rule, n, seed=n, heads=SHAPES[shape])
         rows = op_rows(rule, x, args.threads, not args.no_fla)
         rows = {EAGER: rows.pop(EAGER), **rows}  # attnx torch first: the agreement reference
+        rows = {name: row for name, row in rows.items() if not args.rows or name in args.rows}
         results = {name: Result(shape, rule, n, name) for name in rows}
         time_rows(rows, results, {name: estimate(out, name, n) for name in rows}, args)
         out += results.values()
@@ -595,6 +596,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-layer", action="store_true", help="leave out the lightning layer rows")
     parser.add_argument("--no-fla", action="store_true", help="leave out flash-linear-attention's references")
     parser.add_argument("--no-peak", action="store_true", help="leave out the peak-memory subprocesses")
+    parser.add_argument(
+        "--rows",
+        default="",
+        help="comma-separated row names to keep (default all; the first is the agreement reference)",
+    )
     parser.add_argument("--decode-positions", default=None, help="comma-separated; empty: no decode rows")
     parser.add_argument("--threads", type=int, default=2, help="torch and ONNX Runtime intra-op threads")
     parser.add_argument("--repeat", type=int, default=5, help="timed runs per row and N (median)")
@@ -604,6 +610,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=None, help="write every number to this JSON file")
     parser.add_argument("--peak", default=None, help=argparse.SUPPRESS)  # shape:rule:row:n, in a subprocess
     args = parser.parse_args(argv)
+    args.rows = [name for name in args.rows.split(",") if name]
     if args.peak:
         shape, rule, name, n = args.peak.split(":")
         print(json.dumps({"peak_bytes": peak_here(shape, rule, name, int(n), args.threads)}))
