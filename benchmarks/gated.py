@@ -29,19 +29,32 @@ import json
 import math
 import time
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+from references import hf_kimi, hf_qwen3_next
 
 from attnx.exporter.lowering import lower
+from attnx.ops import AttentionOp
 from attnx.parity.runners import ort_session_options
 from attnx.plugins._gated_core import GATED_DELTA_RULE_OP, ORT_BODIES, gated_delta_rule
 from attnx.plugins._gated_ort import ORT_GATED_DELTA_NET_BODIES
 from attnx.testing.onnx_op import node_model
 from attnx.testing.subject import Case, OpCall
 
-HK, HV, DIM = 4, 8, 64
+
+@dataclasses.dataclass(frozen=True)
+class Heads:
+    """q/k heads, value heads (a multiple of them), head size (d_k = d_v)."""
+
+    qk: int
+    v: int
+    dim: int
+
+
+DEFAULT_HEADS = Heads(4, 8, 64)
 RULES = {  # name: (delta, per-key decay, decayed)
     "linear": (False, False, False),
     "gated": (False, False, True),
@@ -61,37 +74,45 @@ class Inputs:
     beta: torch.Tensor
     delta: bool
 
+    @property
+    def scale(self) -> float:
+        return 1 / math.sqrt(self.q.shape[-1])
+
     def args(self, chunk_size: int) -> tuple:
-        return (self.q, self.k, self.v, self.g, self.beta, self.delta, 1 / math.sqrt(DIM), chunk_size)
+        return (self.q, self.k, self.v, self.g, self.beta, self.delta, self.scale, chunk_size)
 
 
-def inputs(rule: str, n: int, seed: int) -> Inputs:
+def inputs(rule: str, n: int, seed: int, heads: Heads = DEFAULT_HEADS) -> Inputs:
     delta, per_key, decayed = RULES[rule]
+    hk, hv, dim = heads.qk, heads.v, heads.dim
     gen = torch.Generator().manual_seed(seed)
-    q = torch.randn(1, HK, n, DIM, generator=gen)
-    k = F.normalize(torch.randn(1, HK, n, DIM, generator=gen), dim=-1)
-    v = torch.randn(1, HV, n, DIM, generator=gen)
-    g = -F.softplus(torch.randn(1, HV, n, DIM if per_key else 1, generator=gen) - 2) * decayed
+    q = torch.randn(1, hk, n, dim, generator=gen)
+    k = F.normalize(torch.randn(1, hk, n, dim, generator=gen), dim=-1)
+    v = torch.randn(1, hv, n, dim, generator=gen)
+    g = -F.softplus(torch.randn(1, hv, n, dim if per_key else 1, generator=gen) - 2) * decayed
     beta = (
-        torch.sigmoid(torch.randn(1, HV, n, generator=gen))
+        torch.sigmoid(torch.randn(1, hv, n, generator=gen))
         if delta or rule != "linear"
-        else torch.ones(1, HV, n)
+        else torch.ones(1, hv, n)
     )
     return Inputs(q, k, v, g, beta, delta)
 
 
-def onnx_runner(x: Inputs, chunk_size: int, threads: int, bodies: tuple | None) -> Callable[[], object]:
+def op_session(op: AttentionOp, args: tuple, outputs: tuple, threads: int, bodies: tuple | None) -> Any:
+    """An ONNX Runtime session of the one-node model of ``op`` called with ``args`` (its portable bodies, or
+    ``bodies`` in their place: ``ORT_BODIES[op.name]`` is what ``--target ort`` lowers it with)."""
     import onnxruntime
 
-    op = GATED_DELTA_RULE_OP if bodies is None else dataclasses.replace(GATED_DELTA_RULE_OP, bodies=bodies)
-    args = x.args(chunk_size)
-    call = OpCall(Case(op.name), op.overload, op, args, {}, torch.empty_like(x.v))
+    op = op if bodies is None else dataclasses.replace(op, bodies=bodies)
+    call = OpCall(Case(op.name), op.overload, op, args, {}, outputs)
     model = lower(node_model(op, call), [op], "function")
     model.opset_import.append(onnx_opset("com.microsoft"))
-    session = onnxruntime.InferenceSession(model.SerializeToString(), ort_session_options(threads))
-    feed = {
-        name: value.numpy() for name, value in call.bound().items() if name in ("q", "k", "v", "g", "beta")
-    }
+    return onnxruntime.InferenceSession(model.SerializeToString(), ort_session_options(threads))
+
+
+def onnx_runner(x: Inputs, chunk_size: int, threads: int, bodies: tuple | None) -> Callable[[], object]:
+    session = op_session(GATED_DELTA_RULE_OP, x.args(chunk_size), torch.empty_like(x.v), threads, bodies)
+    feed = {name: getattr(x, name).numpy() for name in ("q", "k", "v", "g", "beta")}
     return lambda: session.run(None, feed)
 
 
@@ -101,20 +122,11 @@ def onnx_opset(domain: str):
     return helper.make_opsetid(domain, 1)
 
 
-def hf_runner(x: Inputs, chunk_size: int) -> Callable[[], object] | None:
+def hf_runner(x: Inputs) -> Callable[[], object] | None:
+    """HF's chunked reference of the delta rules with a decay (Qwen3-Next's or Kimi's), else None."""
     if not x.delta:
         return None
-    from transformers.models.kimi_linear.modeling_kimi_linear import chunk_kimi_delta_attention
-    from transformers.models.qwen3_next.modeling_qwen3_next import torch_chunk_gated_delta_rule
-
-    layout = [t.transpose(1, 2).contiguous() for t in (x.q, x.k, x.v, x.g)]
-    beta = x.beta.transpose(1, 2).contiguous()
-    if x.g.shape[-1] == 1:
-        q, k, v, g = layout
-        return lambda: torch_chunk_gated_delta_rule(q, k, v, g[..., 0], beta, chunk_size=64)
-    q, k, v, g = layout  # KDA has no grouped heads: repeat q, k to the value heads
-    q, k = (t.repeat_interleave(HV // HK, dim=2) for t in (q, k))
-    return lambda: chunk_kimi_delta_attention(q, k, v, g, beta, chunk_size=64)
+    return (hf_qwen3_next if x.g.shape[-1] == 1 else hf_kimi)(x, recurrent=False)
 
 
 def best_of(
@@ -160,7 +172,7 @@ def main() -> None:
             if "ort-gdn" in candidates:
                 bodies = ORT_GATED_DELTA_NET_BODIES["GatedDeltaRule"]
                 runners["ort-gdn"] = onnx_runner(x, default, args.threads, bodies)
-            if "hf" in candidates and (hf := hf_runner(x, default)) is not None:
+            if "hf" in candidates and (hf := hf_runner(x)) is not None:
                 runners["hf"] = hf
             if "torch" in candidates:
                 runners["torch"] = lambda x=x, c=default: gated_delta_rule(*x.args(c))
