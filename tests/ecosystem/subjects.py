@@ -1,6 +1,7 @@
 """The graphs the ecosystem matrix runs the tools on, derived from the registered variants.
 
-Every variant's tiny encoder (``model.onnx``, function lowering and decomposed), a causal variant's
+Every variant's tiny encoder (``model.onnx``, function lowering and decomposed; a causal-only variant's
+decomposed lm instead), a causal variant's
 tiny lm (with ``prefill.onnx`` + ``decode.onnx`` when it decodes), and the graphs of one ``attnx optimize
 --slim`` output. Exports are made on first use, once per test process (:func:`tests.models.exports.
 tiny_export`, shared with the model tests).
@@ -55,7 +56,10 @@ class Subject:
 def subjects() -> list[Subject]:
     found = []
     for variant in REGISTERED:
-        found += [Subject(variant, "encoder", "model"), Subject(variant, "encoder", "model", "decomposed")]
+        model = "encoder" if capabilities(variant).bidirectional else "lm"  # causal-only rules: no encoder
+        found += [Subject(variant, model, "model", "decomposed")]
+        if model == "encoder":
+            found.append(Subject(variant, "encoder", "model"))
         if capabilities(variant).causal:
             graphs = ("model", "prefill", "decode") if capabilities(variant).decode else ("model",)
             found += [Subject(variant, "lm", graph) for graph in graphs]
