@@ -16,6 +16,7 @@ Their conventions, and what attnx's caller does instead:
 
 from __future__ import annotations
 
+import inspect
 import math
 
 import pytest
@@ -25,6 +26,14 @@ from transformers.models.qwen3_next import modeling_qwen3_next as qwen3_next
 
 from attnx.plugins._gated_core import gated_delta_rule_step
 from tests.plugins.gated_cases import Shape, draw
+
+
+def pure_torch(function):
+    """transformers' own torch function, not the hub-kernel wrapper around it (which calls
+    flash-linear-attention's GPU kernels instead whenever that library is installed)."""
+    pure = inspect.unwrap(function)
+    assert pure.__module__.startswith("transformers."), pure.__module__
+    return pure
 
 
 def l2norm(x: torch.Tensor) -> torch.Tensor:
@@ -50,7 +59,7 @@ def test_qwen3_next_gated_delta_rule(form, batch, hk, hv, n, dk, dv, with_state)
     shape = Shape(batch, hk, hv, n, dk, dv, per_key=False, delta=True, chunk=32, state=with_state)
     q, k, v, g, beta, state = draw(shape, seed=n + dk)
     k = 3 * k  # not unit vectors: HF normalises q and k inside, attnx leaves it to the caller
-    function = getattr(qwen3_next, f"torch_{form}_gated_delta_rule")
+    function = pure_torch(getattr(qwen3_next, f"torch_{form}_gated_delta_rule"))
     hq, hk_, hv_ = hf_layout(q, k, v)
     expected, expected_state = function(
         hq,
@@ -77,7 +86,7 @@ def test_kimi_delta_attention(form, batch, heads, n, dk, dv, with_state):
     k = 3 * k
     gen = torch.Generator().manual_seed(n)
     g = -5.0 * torch.sigmoid(torch.randn(batch, heads, n, dk, generator=gen))
-    function = getattr(kimi_linear, f"{form}_kimi_delta_attention")
+    function = pure_torch(getattr(kimi_linear, f"{form}_kimi_delta_attention"))
     hq, hk, hv, hg = hf_layout(q, k, v, g)
     expected, expected_state = function(
         hq,
