@@ -141,11 +141,12 @@ def export_module(
 
 
 def run_export(job: ExportJob, progress: Progress | None = None) -> ExportResult:
-    """The export steps: preflight, build, write into a staging directory, verify, commit."""
+    """The export steps: preflight, the source's memory check and build, write into a staging
+    directory, verify, commit."""
     report = progress or (lambda message: None)
     steps.preflight(job, GRAPH_EXTENSIONS)
-    steps.check_memory(job)
-    assembly = steps.build(job, report)
+    job.source.check_memory()
+    assembly = job.source.build(report)
     parity = None
     with steps.staged(job) as staging:
         written = steps.write(assembly, job, staging, GRAPH_EXTENSIONS, report)

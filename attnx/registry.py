@@ -21,7 +21,7 @@ import os
 import re
 import traceback
 import typing
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from importlib.metadata import entry_points
 from types import ModuleType
 from typing import Any
@@ -198,6 +198,18 @@ class Registry:
 
     def model(self, name: str):
         return self._lookup(name, self.models, self._model_conflicts, "model")
+
+    def op_index(
+        self, variants: Iterable[str] | None = None, decode: bool = True
+    ) -> Iterator[tuple[Any, Any]]:
+        """(variant, op) for each ``attnx::`` op of ``variants`` (default: every registered variant, by
+        name): a variant's full-forward ops, then its step ops (with ``decode``). Lazy: a variant's
+        implementation is imported only when the iteration reaches it, so a reader may stop early."""
+        for name in sorted(self.variants) if variants is None else variants:
+            variant = self.variant(name)
+            impl = variant.load()
+            for op in (*impl.ops, *(impl.decode_ops if decode else ())):
+                yield variant, op
 
     def _lookup(self, name: str, table: dict, conflicts: dict, kind: str):
         if name in table:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import secrets
 from collections.abc import Callable, Sequence
 from importlib import metadata
@@ -80,80 +81,119 @@ def bench(
     models = [ExportDir.open(out) for out in outs]
     limit = default_memory_limit() if max_memory is None else max_memory
     seed = secrets.randbits(31) if seed is None else seed
-    rng = np.random.default_rng(seed)
-    reasons = {(b.name, model.path): b.unavailable(model) for b in chosen for model in models}
+    plan = _Plan(chosen, lengths, batch, warmup, repeat, threads, limit, max_time, isolate, seed)
+    measurements = _measure_all(models, plan, progress)
+    return BenchReport(
+        machine_info() | _providers(),
+        versions(),
+        plan.settings(),
+        [_describe(m) for m in models],
+        measurements,
+    )
 
-    # Backends are adjacent in time for each length, so a load change on a shared machine
-    # hits both sides of a comparison (e.g. ORT/torch) alike.
-    cases = [(model, backend, n) for model in models for n in lengths for backend in chosen]
+
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+    """One bench run's checked settings; ``limit``: the memory limit in bytes (None: no limit)."""
+
+    backends: list[Backend]
+    lengths: list[int]
+    batch: int
+    warmup: int
+    repeat: int
+    threads: int
+    limit: int | None
+    max_time: float | None
+    isolate: bool
+    seed: int
+
+    def settings(self) -> dict[str, Any]:
+        """The report's record of the settings."""
+        return {
+            "backends": [b.name for b in self.backends],
+            "seq_lens": self.lengths,
+            "batch": self.batch,
+            "warmup": self.warmup,
+            "repeat": self.repeat,
+            "max_time_s": self.max_time,
+            "threads": self.threads,
+            "max_memory_bytes": self.limit,
+            "isolate": self.isolate,
+            "seed": self.seed,
+            "graph_optimization": "ORT_ENABLE_ALL",
+        }
+
+
+def _measure_all(models: list[ExportDir], plan: _Plan, progress: Progress | None) -> list[Measurement]:
+    """Every case, each model's backends adjacent in time for each length, so a load change on a shared
+    machine hits both sides of a comparison (e.g. ORT/torch) alike; a case that cannot run here or
+    would pass the memory limit is recorded as skipped with its reason."""
+    rng = np.random.default_rng(plan.seed)
+    reasons = {(b.name, model.path): b.unavailable(model) for b in plan.backends for model in models}
+    cases = [(model, backend, n) for model in models for n in plan.lengths for backend in plan.backends]
     measurements: list[Measurement] = []
     for done, (model, backend, n) in enumerate(cases):
-        name = backend.name
         if progress:
-            progress(done, len(cases), f"{model.label} {name} N={n}")
-        estimate, flops = estimate_case(model, backend, batch, n)
-        reason = reasons[name, model.path]
-        if not reason and estimate is not None and limit is not None and estimate > limit:
-            reason = (
-                f"estimated peak {estimate / GiB:.1f} GiB exceeds the memory limit "
-                f"{limit / GiB:.1f} GiB (--max-memory)"
-            )
+            progress(done, len(cases), f"{model.label} {backend.name} N={n}")
+        estimate, flops = estimate_case(model, backend, plan.batch, n)
+        reason = reasons[backend.name, model.path] or _over_limit(estimate, plan.limit)
         if reason:
             result = Measurement(
                 model.label,
                 str(model.path),
                 model.manifest.variant,
-                name,
-                batch,
+                backend.name,
+                plan.batch,
                 n,
                 status="skipped",
                 reason=reason,
             )
-        elif isolate:
-            args = request(
-                model,
-                name,
-                batch=batch,
-                seq_len=n,
-                warmup=warmup,
-                repeat=repeat,
-                threads=threads,
-                seed=int(rng.integers(2**31)),
-                max_time=max_time,
-            )
-            result = run_isolated(model, args)
         else:
-            result = measure(
-                model,
-                backend,
-                batch=batch,
-                seq_len=n,
-                warmup=warmup,
-                repeat=repeat,
-                threads=threads,
-                rng=rng,
-                max_time=max_time,
-            )
+            result = _measure_case(model, backend, n, plan, rng)
         result.estimated_bytes, result.flops = estimate, flops
         measurements.append(result)
     if progress:
         progress(len(cases), len(cases), "done")
+    return measurements
 
-    settings = {
-        "backends": [b.name for b in chosen],
-        "seq_lens": lengths,
-        "batch": batch,
-        "warmup": warmup,
-        "repeat": repeat,
-        "max_time_s": max_time,
-        "threads": threads,
-        "max_memory_bytes": limit,
-        "isolate": isolate,
-        "seed": seed,
-        "graph_optimization": "ORT_ENABLE_ALL",
-    }
-    return BenchReport(
-        machine_info() | _providers(), versions(), settings, [_describe(m) for m in models], measurements
+
+def _over_limit(estimate: int | None, limit: int | None) -> str | None:
+    """Why a case is skipped for memory (None: it fits, or is not estimated, or there is no limit)."""
+    if estimate is None or limit is None or estimate <= limit:
+        return None
+    return (
+        f"estimated peak {estimate / GiB:.1f} GiB exceeds the memory limit "
+        f"{limit / GiB:.1f} GiB (--max-memory)"
+    )
+
+
+def _measure_case(
+    model: ExportDir, backend: Backend, n: int, plan: _Plan, rng: np.random.Generator
+) -> Measurement:
+    """One case timed in this process, or in a fresh one (``plan.isolate``: exact memory peaks)."""
+    if plan.isolate:
+        args = request(
+            model,
+            backend.name,
+            batch=plan.batch,
+            seq_len=n,
+            warmup=plan.warmup,
+            repeat=plan.repeat,
+            threads=plan.threads,
+            seed=int(rng.integers(2**31)),
+            max_time=plan.max_time,
+        )
+        return run_isolated(model, args)
+    return measure(
+        model,
+        backend,
+        batch=plan.batch,
+        seq_len=n,
+        warmup=plan.warmup,
+        repeat=plan.repeat,
+        threads=plan.threads,
+        rng=rng,
+        max_time=plan.max_time,
     )
 
 

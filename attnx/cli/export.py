@@ -34,6 +34,9 @@ Examples:
   attnx export --module mymodels.py:linear_lm --decode -o my-lm     # any nn.Module (docs/importing.md)
 """
 
+# The flags that describe a registered model, which --module and --from do not take.
+MODEL_FLAGS = ("--recipe", "--variant", "--model", "--cross-variant", "--checkpoint", "--save-checkpoint")
+
 
 @click.command("export", epilog=EPILOG)
 @click.option(
@@ -164,54 +167,17 @@ def command(
     the model is compared with its torch original by Polygraphy at several sequence
     lengths, and OUT/parity.json records the result; a mismatch exits with code 1.
     """
-    from attnx.api import export, export_module
-    from attnx.errors import AttnxError
+    from attnx.api import export
 
-    flags = {
-        "export.lowering": lowering,
-        "export.target": target,
-        "export.opset": opset,
-        "export.dtype": dtype,
-        "export.seed": seed,
-        "export.decode": decode or None,
-        "export.tokenizer": tokenizer,
-        "verify.enabled": verify,
-        "verify.seq_lens": parse_int_list(seq_lens, "--seq-lens"),
-        "verify.atol": atol,
-        "verify.rtol": rtol,
-    }
-    options = {**parse_assignments(assignments), **{k: v for k, v in flags.items() if v is not None}}
+    lengths = parse_int_list(seq_lens, "--seq-lens")
+    options = _options(
+        assignments, lowering, target, opset, dtype, seed, decode, tokenizer, verify, lengths, atol, rtol
+    )
     progress = progress_printer(quiet or as_json)
-    if entry is not None and source is not None:
-        raise AttnxError("--module and --from both name what to export; give one")
     if entry is not None or source is not None:
-        from attnx.exporter.module import from_entry, from_source
-
-        model_flags = {
-            "--recipe": recipe,
-            "--variant": variant,
-            "--model": model,
-            "--cross-variant": cross_variant,
-            "--checkpoint": checkpoint,
-            "--save-checkpoint": save_checkpoint,
-        }
-        clashes = [flag for flag, value in model_flags.items() if value is not None]
-        if clashes:
-            raise AttnxError(
-                f"{'--module' if entry else '--from'} exports a module as it is; drop {', '.join(clashes)}"
-            )
-        given = from_entry(entry) if entry is not None else from_source(source)
-        result = export_module(
-            given.module,
-            given.example,
-            out,
-            dynamic_axes=given.dynamic_axes,
-            options=options,
-            force=force,
-            entry=given.entry,
-            notes=given.notes,
-            progress=progress,
-        )
+        given = (recipe, variant, model, cross_variant, checkpoint, save_checkpoint)
+        model_flags = dict(zip(MODEL_FLAGS, given, strict=True))
+        result = _export_module(entry, source, model_flags, out, options, force, progress)
     else:
         result = export(
             variant,
@@ -225,6 +191,83 @@ def command(
             save_checkpoint=save_checkpoint,
             progress=progress,
         )
+    show(result, save_checkpoint, as_json)
+    if result.parity and not result.parity.passed:
+        sys.exit(1)
+
+
+def _options(
+    assignments: tuple[str, ...],
+    lowering: str | None,
+    target: str | None,
+    opset: int | None,
+    dtype: str | None,
+    seed: int | None,
+    decode: bool,
+    tokenizer: str | None,
+    verify: bool | None,
+    seq_lens: list[int] | None,
+    atol: float | None,
+    rtol: float | None,
+) -> dict[str, Any]:
+    """The ``--set`` assignments, then the flags given (a flag wins)."""
+    flags = {
+        "export.lowering": lowering,
+        "export.target": target,
+        "export.opset": opset,
+        "export.dtype": dtype,
+        "export.seed": seed,
+        "export.decode": decode or None,
+        "export.tokenizer": tokenizer,
+        "verify.enabled": verify,
+        "verify.seq_lens": seq_lens,
+        "verify.atol": atol,
+        "verify.rtol": rtol,
+    }
+    return {**parse_assignments(assignments), **{k: v for k, v in flags.items() if v is not None}}
+
+
+def _export_module(
+    entry: str | None,
+    source: str | None,
+    model_flags: dict[str, Any],
+    out: str,
+    options: dict[str, Any],
+    force: bool,
+    progress: Any,
+) -> Any:
+    """Export the module ``--module ENTRY`` or ``--from SOURCE`` names, as it is.
+
+    Raises:
+        AttnxError: both given, or a flag that describes a registered model given with them.
+    """
+    from attnx.api import export_module
+    from attnx.errors import AttnxError
+    from attnx.exporter.module import from_entry, from_source
+
+    if entry is not None and source is not None:
+        raise AttnxError("--module and --from both name what to export; give one")
+    clashes = [flag for flag, value in model_flags.items() if value is not None]
+    if clashes:
+        raise AttnxError(
+            f"{'--module' if entry else '--from'} exports a module as it is; drop {', '.join(clashes)}"
+        )
+    given = from_entry(entry) if entry is not None else from_source(source)
+    return export_module(
+        given.module,
+        given.example,
+        out,
+        dynamic_axes=given.dynamic_axes,
+        options=options,
+        force=force,
+        entry=given.entry,
+        notes=given.notes,
+        progress=progress,
+    )
+
+
+def show(result: Any, save_checkpoint: str | None, as_json: bool) -> None:
+    """The export's result as JSON, or in lines for a person."""
     if as_json:
         echo_json(
             {
@@ -236,8 +279,6 @@ def command(
         )
     else:
         report(result, save_checkpoint)
-    if result.parity and not result.parity.passed:
-        sys.exit(1)
 
 
 def report(result: Any, save_checkpoint: str | None) -> None:

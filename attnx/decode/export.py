@@ -2,7 +2,7 @@
 
 :data:`DECODE_GRAPHS` is the exporter's :class:`attnx.exporter.export.GraphExtension` for
 ``[export] decode = true`` (``attnx export --decode``). Both graphs go through the same path as
-``model.onnx`` (:func:`attnx.exporter.export.to_onnx`, then the lowering); the stateful
+``model.onnx`` (:func:`attnx.exporter.trace.to_onnx`, then the lowering); the stateful
 ``attnx::*Step`` ops come from the variants' ``VariantImpl.decode_ops``. Only the ``function``
 and ``decomposed`` lowerings are offered: TensorRT plugins and the ORT plugin kernels have a
 single output, and a step op has three.
@@ -20,11 +20,12 @@ from torch import nn
 from attnx.decode.model import DecodeLayout, StepModel, check_decodable
 from attnx.decode.module import ModuleStepModel, module_layout
 from attnx.errors import AttnxError
-from attnx.exporter.assemble import Assembly
-from attnx.exporter.export import ExportJob, ExtraGraphs, attnx_ops, every_op, save_onnx, to_onnx
+from attnx.exporter.assemble import Assembly, every_op
+from attnx.exporter.export import ExportJob, ExtraGraphs
 from attnx.exporter.inputs import random_feed
 from attnx.exporter.lowering import check, lower
 from attnx.exporter.module import ModuleAssembly
+from attnx.exporter.trace import attnx_ops, save_onnx, to_onnx
 from attnx.models.spec import TensorSpec
 from attnx.ops import AttentionOp
 from attnx.recipes import ExportSettings
@@ -36,7 +37,7 @@ DECODE_LOWERINGS = ("function", "decomposed")
 
 @dataclasses.dataclass
 class _Graph:
-    """What :func:`attnx.exporter.export.to_onnx` reads from an assembly."""
+    """What :func:`attnx.exporter.trace.to_onnx` reads from an assembly."""
 
     module: nn.Module
     inputs: list[TensorSpec]
@@ -82,9 +83,7 @@ class DecodeGraphs:
     def check(self, job: ExportJob) -> None:
         """Refuse, before any work, a decode export that cannot be made (one line naming what can); a
         module's layers are checked when its graphs are made."""
-        registry = get_registry()
-        if job.module is None:
-            check_decodable(registry.model(job.plan.model), registry.variant(job.plan.variant), decoders())
+        job.source.check_layers(lambda model, variant: check_decodable(model, variant, decoders()))
         if job.settings.lowering not in DECODE_LOWERINGS:
             raise AttnxError(
                 f"--decode exports use the {' or '.join(DECODE_LOWERINGS)} lowering, not "

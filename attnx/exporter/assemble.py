@@ -14,6 +14,7 @@ from attnx.models.spec import TensorSpec, in_dtype
 from attnx.registry import Registry, get_registry
 
 if TYPE_CHECKING:
+    from attnx.exporter.module import ModuleAssembly
     from attnx.ops import AttentionOp, VariantImpl
     from attnx.variant import Variant
 
@@ -48,6 +49,14 @@ def distinct_ops(impls: Iterable[VariantImpl]) -> list[AttentionOp]:
         for op in impl.ops:
             seen.setdefault(op.name, op)
     return list(seen.values())
+
+
+def every_op(assembly: Assembly | ModuleAssembly) -> list[AttentionOp]:
+    """Every op the export's graphs may hold: the full forward's and its variants' step ops."""
+    ops = {op.name: op for op in assembly.ops}
+    for _, op in get_registry().op_index(assembly.impls):
+        ops.setdefault(op.name, op)
+    return list(ops.values())
 
 
 def loosest_tolerance(variants: Iterable[Variant], dtype: str) -> dict[str, float]:

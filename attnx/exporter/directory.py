@@ -128,12 +128,10 @@ class ExportDir:
         wanted = [name.split("::", 1)[-1] for name in self.manifest.ops]
         first = [n for n in (self.manifest.variant, self.manifest.cross_variant) if n]
         found: dict[str, AttentionOp] = {}
-        for name in [*first, *sorted(set(registry.variants) - set(first))]:
+        for _, op in registry.op_index([*first, *sorted(set(registry.variants) - set(first))]):
             if set(wanted) <= set(found):
                 break
-            impl = registry.variant(name).load()
-            for op in [*impl.ops, *impl.decode_ops]:
-                found.setdefault(op.name, op)
+            found.setdefault(op.name, op)
         missing = [name for name in wanted if name not in found]
         if missing:
             raise AttnxError(

@@ -379,10 +379,8 @@ def _variants(program: Any, registry: Registry, kind: str) -> list[Variant]:
         AttnxError: the program calls no attnx op.
     """
     owners: dict[Any, Variant] = {}
-    for _, variant in sorted(registry.variants.items()):
-        impl = variant.load()
-        for op in [*impl.ops, *impl.decode_ops]:
-            owners.setdefault(op.overload, variant)
+    for variant, op in registry.op_index():
+        owners.setdefault(op.overload, variant)
     calls = [n.target for n in program.graph.nodes if n.op == "call_function"]
     used = list(dict.fromkeys(t for t in calls if getattr(t, "namespace", None) == DOMAIN))
     if not used:

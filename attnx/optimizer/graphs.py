@@ -25,7 +25,7 @@ import onnx
 
 from attnx.domains import DOMAIN
 from attnx.errors import AttnxError
-from attnx.exporter.export import save_onnx
+from attnx.exporter.trace import save_onnx
 
 STEPS = ("slim", "int8", "fp16")  # in the order they are applied
 TOOLS = {"slim": "onnxslim", "int8": "onnxruntime", "fp16": "onnxruntime"}

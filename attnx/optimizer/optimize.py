@@ -26,9 +26,9 @@ from attnx.arguments import typed_arguments
 from attnx.atomic import check_output_dir, staged_directory, write_atomic
 from attnx.errors import AttnxError
 from attnx.exporter.directory import ExportDir, record_file
-from attnx.exporter.export import save_onnx
 from attnx.exporter.manifest import MANIFEST, Manifest, OptimizedSection, package_versions
 from attnx.exporter.portable import float32_ops
+from attnx.exporter.trace import save_onnx
 from attnx.optimizer.accuracy import AccuracyReport, measure
 from attnx.optimizer.graphs import check_steps, tool_versions, transform
 from attnx.parity.backends import backends

@@ -40,9 +40,10 @@ from attnx.decode.export import DECODE_FILE, layout_of
 from attnx.decode.model import LOGITS, PAST_LENGTH, TOKENS
 from attnx.errors import AttnxError
 from attnx.exporter.assemble import Assembly
-from attnx.exporter.export import ExportJob, ExtraGraphs, attnx_ops, save_onnx
+from attnx.exporter.export import ExportJob, ExtraGraphs
 from attnx.exporter.manifest import DecodeSection, GenaiSection, GenaiState, StatePair
 from attnx.exporter.module import ModuleAssembly
+from attnx.exporter.trace import attnx_ops, save_onnx
 from attnx.recipes import ExportSettings
 from attnx.serve.layout import Layout, value
 from attnx.serve.tokenizer import CONFIG_FILE, TOKENIZER_FILE, describe, load_tokenizer

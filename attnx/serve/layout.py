@@ -19,8 +19,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from attnx.exporter.export import save_onnx
 from attnx.exporter.lowering import check
+from attnx.exporter.trace import save_onnx
 
 PREFIX = "serve/"  # names of the adapter's own values
 

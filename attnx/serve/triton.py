@@ -44,8 +44,8 @@ from attnx.decode.model import LOGITS, PAST_LENGTH
 from attnx.decode.runtime import decode_section
 from attnx.errors import AttnxError
 from attnx.exporter.directory import ExportDir
-from attnx.exporter.export import save_onnx
 from attnx.exporter.manifest import DecodeSection, StatePair
+from attnx.exporter.trace import save_onnx
 from attnx.models.spec import TensorSpec
 from attnx.serve.layout import Layout, copy_graph
 from attnx.serve.pyenv import Progress, ensure_environment, python_version

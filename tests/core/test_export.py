@@ -14,7 +14,7 @@ import torch
 
 from attnx.api import export, verify
 from attnx.errors import AttnxError
-from attnx.exporter import export as export_module
+from attnx.exporter import source
 from attnx.exporter.directory import ExportDir, record_file
 from attnx.parity.runners import CPU, Graph, onnx_for_ort
 from tests.conftest import TINY
@@ -131,7 +131,7 @@ def test_failed_export_leaves_nothing(tmp_path, monkeypatch):
     def explode(*args, **kwargs):
         raise RuntimeError("exporter crashed")
 
-    monkeypatch.setattr(export_module, "to_onnx", explode)
+    monkeypatch.setattr(source, "to_onnx", explode)
     out = tmp_path / "sub" / "out"
     with pytest.raises(RuntimeError, match="exporter crashed"):
         export("softmax", out, options=TINY)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from attnx.exporter import export as steps
+from attnx.exporter import source
 from attnx.models.config import LMConfig, Seq2SeqConfig
 from attnx.models.cost import weights_floor
 from tests.conftest import TINY
@@ -27,7 +27,7 @@ def test_a_billion_layers_is_refused_before_any_build(tmp_path, monkeypatch):
     def no_build(*args, **kwargs):
         raise AssertionError("the model was built, even on the meta device")
 
-    monkeypatch.setattr(steps, "assemble", no_build)
+    monkeypatch.setattr(source, "assemble", no_build)
     stderr = refused(tmp_path, monkeypatch, "--set", f"n_layers={10**9}")
     assert f"n_layers={10**9}" in stderr and "at least" in stderr
 

@@ -15,8 +15,8 @@ from attnx.api import export, verify
 from attnx.errors import AttnxError
 from attnx.exporter.assemble import assemble
 from attnx.exporter.directory import ExportDir
-from attnx.exporter.export import to_onnx
 from attnx.exporter.inputs import random_feed
+from attnx.exporter.trace import to_onnx
 from attnx.models.spec import TensorSpec
 from attnx.ortkernels import kernel_view, session_options
 from attnx.registry import get_registry

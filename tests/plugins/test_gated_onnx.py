@@ -15,9 +15,9 @@ import onnxruntime
 import pytest
 import torch
 
-from attnx.exporter.export import export_onnx
 from attnx.exporter.lowering import function_protos, lower
 from attnx.exporter.signature import dynamic_shapes
+from attnx.exporter.trace import export_onnx
 from attnx.models.spec import TensorSpec
 from attnx.plugins._gated_core import (
     GATED_DELTA_RULE_OP,

@@ -24,10 +24,10 @@ import torch
 from torch import nn
 
 from attnx.errors import first_line
-from attnx.exporter.export import export_onnx, save_onnx
 from attnx.exporter.lowering import lower
 from attnx.exporter.opsets import DEFAULT_OPSET
 from attnx.exporter.signature import dynamic_shapes, fixed_arity
+from attnx.exporter.trace import export_onnx, save_onnx
 from attnx.models.spec import TensorSpec
 from attnx.state import GROWING, DecodableLayer, StateTensor
 from attnx.testing.checks.common import Skip, mismatch

@@ -1,0 +1,278 @@
+"""Where an export's torch model comes from: one :class:`Source` per job (``ExportJob.source``).
+
+:class:`RegisteredModel` builds a registered model from the job's recipe (variants, options, seed,
+checkpoint); :class:`UserModule` adapts and traces a user's module (``attnx.export_module``,
+``attnx export --module`` or ``--from``). The export steps ask the source and never which kind it
+is: the ops known before the build, its own refusals, its memory estimate, the build, the graph's
+shapes and trace, and what the manifest records so that verify rebuilds the reference.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+import onnx
+
+from attnx.checkpoint import load_checkpoint
+from attnx.errors import AttnxError
+from attnx.exporter.assemble import Assembly, assemble, every_op
+from attnx.exporter.budget import (
+    EXPORT_WEIGHT_COPIES,
+    ORT_WEIGHT_COPIES,
+    GiB,
+    available_memory,
+    check_needs,
+    meta_build,
+    require_memory,
+    shrink_hint,
+    weights_within,
+)
+from attnx.exporter.manifest import MODULE_MODEL
+from attnx.exporter.module import ModuleAssembly, ModuleSource, build_module, save_reference
+from attnx.exporter.targets import check_target
+from attnx.exporter.trace import export_onnx, export_shapes, to_onnx
+from attnx.models.factory import configure
+from attnx.models.spec import ModelSpec, TensorSpec
+from attnx.ops import AttentionOp
+from attnx.recipes import ExportSettings
+from attnx.registry import get_registry
+
+if TYPE_CHECKING:
+    from attnx.exporter.export import ExportJob
+    from attnx.variant import Variant
+
+Progress = Callable[[str], None]
+Shapes = tuple[list[TensorSpec], list[TensorSpec], dict[str, int]]
+
+
+class Source(Protocol):
+    """What the export steps ask of the job's torch model, before and after it is built."""
+
+    known: bool  # whether :meth:`ops` knows every op before the build
+
+    def ops(self) -> list[AttentionOp]:
+        """The attnx ops the job's graphs may hold, as far as known before the build."""
+
+    def check(self) -> None:
+        """Refuse, before any work, settings this source does not take (one-line AttnxError)."""
+
+    def check_layers(self, check: Callable[[ModelSpec, Variant], None]) -> None:
+        """Run ``check`` on the registered model and variant (a module's layers are checked when its
+        graphs are made)."""
+
+    def check_memory(self) -> None:
+        """Refuse an export that cannot fit in memory, before the build (one-line AttnxError)."""
+
+    def build(self, report: Progress) -> Assembly | ModuleAssembly:
+        """The torch model to export."""
+
+    def shapes(self, assembly: Any) -> Shapes:
+        """The graph's inputs, outputs and example length per named axis."""
+
+    def trace(self, assembly: Any, shapes: Shapes) -> onnx.ModelProto:
+        """model.onnx as torch.onnx exports it, attnx ops as bare ``attnx::`` nodes."""
+
+    def accepted_lengths(self, assembly: Any) -> Sequence[int] | None:
+        """The sequence lengths the model accepts, for the default verify lengths (None: any)."""
+
+    def reference(self, assembly: Any, directory: Path) -> tuple[dict[str, Any], dict[str, str]]:
+        """The manifest fields that say how verify rebuilds the torch reference, and the files (key ->
+        name) written into ``directory`` for it."""
+
+
+class RegisteredModel:
+    """A registered model with its variants, built from the job's recipe: seeded, or the checkpoint's
+    weights; verify rebuilds it by name from the manifest's configs and the saved weights."""
+
+    known = True
+
+    def __init__(self, job: ExportJob) -> None:
+        self.job, self.plan, self.settings = job, job.plan, job.settings
+
+    def ops(self) -> list[AttentionOp]:
+        names = [n for n in (self.plan.variant, self.plan.cross_variant) if n]
+        return [op for _, op in get_registry().op_index(names, decode=self.settings.decode)]
+
+    def check(self) -> None:
+        """Nothing beyond the recipe's own checks."""
+
+    def check_layers(self, check: Callable[[ModelSpec, Variant], None]) -> None:
+        registry = get_registry()
+        check(registry.model(self.plan.model), registry.variant(self.plan.variant))
+
+    def _assemble(self) -> Assembly:
+        plan, settings = self.plan, self.settings
+        return assemble(
+            plan.variant,
+            plan.model,
+            plan.options,
+            settings.seed,
+            cross_variant=plan.cross_variant,
+            dtype=settings.dtype,
+        )
+
+    def check_memory(self) -> None:
+        """The model is built on torch's meta device (no memory) to count its weights (after a floor
+        read from its config alone), and the parity check's largest case is costed.
+
+        Raises:
+            AttnxError: the estimate exceeds the memory available, naming both and the fix.
+        """
+        plan, settings, checks = self.plan, self.settings, self.plan.verify
+        what, available = f"exporting this {plan.model}", available_memory()
+        fix = shrink_hint(plan.options, bool(settings.example_lengths), checks.batch)
+        copies = EXPORT_WEIGHT_COPIES if checks.enabled else EXPORT_WEIGHT_COPIES - ORT_WEIGHT_COPIES
+        registry, cross = get_registry(), plan.cross_variant
+        spec, config, _ = configure(registry, plan.variant, plan.model, plan.options, cross_variant=cross)
+        if spec.weights is not None:  # weights no machine holds are refused before the model is built at all
+            floor = spec.weights(config) * (2 if settings.dtype == "fp16" else 4)
+            require_memory(
+                copies * floor, f"{what} (at least {floor / GiB:.2f} GiB of weights)", fix, available
+            )
+
+        def refusal(counted: int) -> AttnxError:
+            return AttnxError(
+                f"{what} needs more than {copies * counted / GiB:.1f} GiB of memory, but "
+                f"{available / GiB:.1f} GiB is available ({copies} copies of its weights, "
+                f"{counted / GiB:.2f} GiB each when building stopped); {fix}"
+            )
+
+        limit = None if available is None else available // copies
+        with weights_within(limit, refusal), meta_build(f"this {plan.model}"):
+            assembly = self._assemble()
+        tensors = [*assembly.module.parameters(), *assembly.module.buffers()]  # buffers: e.g. LSH rotations
+        weights = sum(t.numel() * t.element_size() for t in tensors)
+        needed = self._needs(assembly, weights, copies)
+        require_memory(needed, f"{what} ({weights / GiB:.2f} GiB of weights)", fix, available)
+
+    def _needs(self, assembly: Assembly, weights: int, copies: int) -> int:
+        """The cost model's bytes for the export's trace and the parity check's largest case."""
+        checks = self.plan.verify
+        roles = {"self": (assembly.variant, assembly.variant_config)}
+        if assembly.cross_variant is not None:
+            roles["cross"] = (assembly.cross_variant, assembly.cross_variant_config)
+        traced = export_shapes(assembly, self.settings)[2]  # the export's trace runs at its example lengths
+        batch = max(traced.get("batch", 1), checks.batch if checks.enabled else 1)
+        lengths = [n for axis, n in traced.items() if axis != "batch"]
+        seq = max([*lengths, *(checks.lengths() if checks.enabled else ())])
+        return check_needs(
+            assembly.model,
+            assembly.model_config,
+            roles,
+            weights_bytes=weights,
+            weight_copies=copies,
+            batch=batch,
+            seq=seq,
+        )
+
+    def build(self, report: Progress) -> Assembly:
+        plan, settings = self.plan, self.settings
+        assembly = self._assemble()
+        parameters = sum(p.numel() for p in assembly.module.parameters())
+        report(
+            f"built {plan.model} with {plan.variant} attention ({parameters / 1e6:.2f}M parameters, "
+            f"{settings.dtype}, seed {settings.seed})"
+        )
+        checkpoint = self.job.checkpoint or settings.checkpoint  # given, else the recipe's [export] one
+        if checkpoint is not None:
+            load_checkpoint(assembly.module, checkpoint)
+            report(f"loaded weights from {checkpoint}")
+        return assembly
+
+    def shapes(self, assembly: Assembly) -> Shapes:
+        """The model's inputs and outputs with the axes the settings fix made static (see
+        :func:`attnx.exporter.trace.export_shapes`)."""
+        return export_shapes(assembly, self.settings)
+
+    def trace(self, assembly: Assembly, shapes: Shapes) -> onnx.ModelProto:
+        return to_onnx(assembly, self.settings.opset, *shapes)
+
+    def accepted_lengths(self, assembly: Assembly) -> None:
+        return None
+
+    def reference(self, assembly: Assembly, directory: Path) -> tuple[dict[str, Any], dict[str, str]]:
+        """The model, its variants and their configs (rebuilt by name); no file beyond the weights."""
+        cross = assembly.cross_variant
+        fields = {
+            "variant": assembly.variant.name,
+            "variant_config": assembly.variant_config.to_dict(),
+            "model": assembly.model.name,
+            "model_config": assembly.model_config.to_dict(),
+            "cross_variant": cross.name if cross else None,
+            "cross_variant_config": assembly.cross_variant_config.to_dict() if cross else None,
+            "recipe": self.plan.name or None,
+        }
+        return fields, {}
+
+
+class UserModule:
+    """A user's module, adapted and traced once with torch.export; that program is model.onnx's source
+    and, stored in the export, the reference verify loads without the user's code."""
+
+    known = False  # its ops are known once it is traced; the lowering refuses one without a body
+
+    def __init__(self, given: ModuleSource, settings: ExportSettings) -> None:
+        self.given, self.settings = given, settings
+
+    def ops(self) -> list[AttentionOp]:
+        return []
+
+    def check(self) -> None:
+        settings = self.settings
+        if settings.example_lengths or settings.dynamic_axes is not None:
+            raise AttnxError(
+                "a module export takes its example lengths and dynamic axes from its example inputs and "
+                "dynamic_axes, not from export.example_lengths/export.dynamic_axes"
+            )
+        if settings.tokenizer is not None:
+            raise AttnxError(
+                "--tokenizer serves attnx's own lm exports; a module export does not take one yet"
+            )
+
+    def check_layers(self, check: Callable[[ModelSpec, Variant], None]) -> None:
+        """Nothing before the trace."""
+
+    def check_memory(self) -> None:
+        """Already in memory: the copies an export adds are counted, no cost model."""
+        weights = sum(p.numel() * p.element_size() for p in self.given.module.parameters())
+        require_memory(
+            EXPORT_WEIGHT_COPIES * weights,
+            f"exporting this module ({weights / GiB:.2f} GiB of weights)",
+            "export it on a machine with more memory",
+        )
+
+    def build(self, report: Progress) -> ModuleAssembly:
+        report("applying adapters and tracing the module with torch.export")
+        built = build_module(self.given)
+        adapters = ", ".join(built.section.adapters) or "none"
+        report(f"traced {built.section.module_class} ({built.dtype}, adapters: {adapters})")
+        return built
+
+    def shapes(self, assembly: ModuleAssembly) -> Shapes:
+        """From its example inputs (traced already)."""
+        return assembly.inputs, assembly.outputs, assembly.sizes()
+
+    def trace(self, assembly: ModuleAssembly, shapes: Shapes) -> onnx.ModelProto:
+        """The program traced when the module was built, exported; its ops, known now, are checked
+        against the target."""
+        inputs, outputs, _ = shapes
+        proto = export_onnx(assembly.program, (), assembly.ops, self.settings.opset, inputs, outputs)
+        check_target(self.settings.target, self.settings.lowering, every_op(assembly))
+        return proto
+
+    def accepted_lengths(self, assembly: ModuleAssembly) -> Sequence[int] | None:
+        return assembly.section.lengths
+
+    def reference(self, assembly: ModuleAssembly, directory: Path) -> tuple[dict[str, Any], dict[str, str]]:
+        """The module's section and its stored program; the manifest names its first variant and the
+        model "module", with no options (its layers carry their own)."""
+        fields = {
+            "variant": assembly.variants[0].name,
+            "variant_config": {},
+            "model": MODULE_MODEL,
+            "model_config": {},
+            "module": assembly.section,
+        }
+        return fields, save_reference(assembly, directory)
