@@ -56,10 +56,10 @@ from run import print_targets, target_row
 from torch import nn
 
 from attnx.bench.machine import MemoryProbe, machine_info
-from attnx.exporter.trace import export_onnx
 from attnx.exporter.lowering import lower
 from attnx.exporter.opsets import DEFAULT_OPSET
 from attnx.exporter.signature import dynamic_shapes
+from attnx.exporter.trace import export_onnx
 from attnx.models.spec import TensorSpec
 from attnx.parity.runners import ort_session_options
 from attnx.plugins._gated_core import (

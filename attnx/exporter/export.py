@@ -20,7 +20,6 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-import onnx
 from safetensors.torch import save_model
 
 from attnx.atomic import check_output_dir, staged_directory, write_atomic
