@@ -1,47 +1,24 @@
 """``attnx export --from hf:DIR``: a Hugging Face Reformer from a local ``save_pretrained`` directory.
 
-No hub access (``local_files_only=True``). The class is the first of ``config.json``'s
+No hub access (``local_files_only=True``); the ``hf`` adapter (:mod:`attnx.adapters.hf.load`) checked
+the directory and dispatched it here by its ``model_type``. The class is the first of ``config.json``'s
 ``architectures`` that attnx exports; a model without ``hash_seed`` gets ``DRAWN_SEED`` (HF would
 draw new rotations at every forward), which the export notes.
 """
 
 from __future__ import annotations
 
-import json
 import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from attnx.adapters.hf.load import read_config
 from attnx.errors import AttnxError, first_line
 
 CLASSES = ("ReformerModelWithLMHead", "ReformerForSequenceClassification", "ReformerModel")
 DRAWN_SEED = 0
-
-
-def read_config(path: Path) -> dict[str, Any]:
-    """``DIR/config.json`` of a Reformer.
-
-    Raises:
-        AttnxError: no such file, not JSON, or another model type.
-    """
-    file = path / "config.json"
-    if not file.is_file():
-        raise AttnxError(
-            f"--from hf:{path}: no config.json there; give a directory written by save_pretrained"
-        )
-    try:
-        config = json.loads(file.read_text())
-    except (OSError, ValueError) as exc:
-        raise AttnxError(f"--from hf:{path}: cannot read config.json: {first_line(exc)}") from None
-    kind = config.get("model_type") if isinstance(config, dict) else None
-    if kind != "reformer":
-        raise AttnxError(
-            f"--from hf:{path} holds a '{kind}' model; the hf adapter exports Reformer models (model_type "
-            "'reformer'); export other models from Python with attnx.export_module"
-        )
-    return config
 
 
 def model_class(path: Path, config: dict[str, Any]) -> str:

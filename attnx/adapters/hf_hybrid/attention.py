@@ -1,0 +1,84 @@
+"""Gated full attention of Hugging Face hybrids (Qwen3-Next, Qwen3.5) on attnx's softmax attention.
+
+What HF computes (``Qwen3NextAttention.forward``, ``Qwen3_5Attention.forward``): ``q_proj`` gives the
+queries and a per-channel output gate (interleaved per head: [q_h, gate_h]); q and k pass a per-head
+zero-centred RMSNorm (``q_norm``/``k_norm``), then the rotary embedding on the first
+``partial_rotary_factor`` of each head (``apply_rotary_pos_emb`` with the model's cos/sin); the
+``num_key_value_heads`` key/value heads are repeated to the query heads (``repeat_kv``); causal
+softmax attention with scale head_dim^-1/2 over the keys the 2D padding mask keeps; the output is
+multiplied by sigmoid(gate) and projected by ``o_proj``. The norms, rotary and projections are HF's own
+modules and functions; the attention is ``attnx::SoftmaxAttention`` (causal, key padding mask).
+
+Decoding keeps the KV cache of the *key/value* heads (before ``repeat_kv``), as onnxruntime-genai's
+``past_key_values.{i}.key/value`` are.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from attnx.state import GROWING, StateTensor, Step
+
+# rotate(q, k, cos, sin) -> (q, k): the architecture's apply_rotary_pos_emb; repeat(x, n_rep): its repeat_kv
+Rotary = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+
+class GatedAttention(nn.Module):
+    """An HF gated attention layer (same parameters, same names) computed by ``attnx::SoftmaxAttention``.
+
+    Implements :class:`attnx.state.SteppingAttention` with a KV cache of the key/value heads.
+    """
+
+    def __init__(self, layer: nn.Module, rotate: Rotary, repeat: Callable[[torch.Tensor, int], torch.Tensor]):
+        super().__init__()
+        for name, child in layer.named_children():
+            self.add_module(name, child)
+        self.rotate, self.repeat = rotate, repeat
+        self.head_dim, self.scaling = layer.head_dim, float(layer.scaling)
+        self.groups = layer.num_key_value_groups
+        self.kv_heads = layer.config.num_key_value_heads
+        self.layer_idx = layer.layer_idx
+        self.stepping: Step | None = None
+
+    def decode_state(self) -> list[StateTensor]:
+        axes = ("batch", self.kv_heads, GROWING, self.head_dim)
+        return [
+            StateTensor("key", axes, doc="rotated keys of the key/value heads"),
+            StateTensor("value", axes, doc="values of the key/value heads"),
+        ]
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor],
+        attention_mask: torch.Tensor | None = None,
+        cache: Any = None,
+        **kwargs: Any,
+    ) -> tuple[torch.Tensor, None]:
+        if cache is not None:
+            raise ValueError(
+                "an attnx gated attention layer keeps its KV cache through attnx decoding, not HF's cache"
+            )
+        shape = hidden_states.shape[:-1]
+        heads = (*shape, -1, self.head_dim)
+        query, gate = torch.chunk(self.q_proj(hidden_states).view(*shape, -1, self.head_dim * 2), 2, dim=-1)
+        gate = gate.reshape(*shape, -1)
+        query = self.q_norm(query.view(heads)).transpose(1, 2)
+        key = self.k_norm(self.k_proj(hidden_states).view(heads)).transpose(1, 2)
+        value = self.v_proj(hidden_states).view(heads).transpose(1, 2)
+        query, key = self.rotate(query, key, *position_embeddings)
+        step = self.stepping
+        if step is not None:
+            if step.past is not None:
+                key, value = torch.cat([step.past[0], key], dim=-2), torch.cat([step.past[1], value], dim=-2)
+            step.present = (key, value)
+        padding = None if attention_mask is None else attention_mask.to(torch.bool)
+        out = torch.ops.attnx.softmax_attention(
+            query, self.repeat(key, self.groups), self.repeat(value, self.groups), padding, True, self.scaling
+        )
+        out = out.transpose(1, 2).reshape(*shape, -1) * torch.sigmoid(gate)
+        return self.o_proj(out), None
