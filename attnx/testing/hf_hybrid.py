@@ -170,7 +170,9 @@ def make(arch: str, root: Path | None = None, log: Any = None) -> Path:
     Written into a temporary folder and renamed into place, so a killed run leaves no half model.
     """
     import torch
+    import transformers
 
+    transformers.logging.disable_progress_bar()
     final = (root or cache_root()) / f"{arch}-{recipe_hash(arch)}"
     if (final / "config.json").is_file():
         return final

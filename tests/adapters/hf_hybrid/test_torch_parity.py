@@ -1,0 +1,164 @@
+"""The hf_hybrid adapter's modules against Hugging Face's own forward, in torch, on the trained models.
+
+Layers alone (Gated DeltaNet, gated attention, MoE experts) and whole models, at lengths inside one
+chunk of the linear layers (64) and across one and two chunks, batches left-padded as generate pads
+(position ids cumsum(mask) - 1); stepping (prefill, then one token at a time) against the full forward.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+
+import pytest
+import torch
+from transformers.masking_utils import create_causal_mask
+
+from attnx.adapters.hf_hybrid import qwen
+from attnx.adapters.hf_hybrid.convert import convert
+from attnx.adapters.hf_hybrid.linear import GatedDeltaNet
+from attnx.adapters.hf_hybrid.moe import DenseExperts
+from attnx.registry import get_registry
+from attnx.state import Step
+from tests.adapters.hf_hybrid.conftest import ARCHS
+
+LENGTHS = (1, 7, 65, 130)
+TOLERANCE = get_registry().variant("softmax").tolerance
+
+
+def padded(n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A (2, n) mask whose second row is left-padded by n // 3, and generate's position ids for it."""
+    mask = torch.ones(2, n, dtype=torch.long)
+    mask[1, : n // 3] = 0
+    return mask, (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
+
+
+def assert_close(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    torch.testing.assert_close(actual, expected, atol=TOLERANCE.atol, rtol=TOLERANCE.rtol)
+    return float((actual - expected).abs().max())
+
+
+def layers_of(model, kind: str) -> list:
+    return [getattr(layer, kind) for layer in model.model.layers if hasattr(layer, kind)]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("n", LENGTHS)
+def test_linear_layers_match_hf(trained, arch, n):
+    """Every Gated DeltaNet layer, padded or not, equals HF's (its chunked fallback) at every position."""
+    torch.manual_seed(n)
+    mask, _ = padded(n)
+    for layer in layers_of(trained(arch), "linear_attn"):
+        adapted = convert(layer)
+        assert isinstance(adapted, GatedDeltaNet)
+        x = torch.randn(2, n, layer.hidden_size)
+        with torch.no_grad():
+            for attention_mask in (None, mask):
+                assert_close(
+                    adapted(x, attention_mask=attention_mask), layer(x, attention_mask=attention_mask)
+                )
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("n", LENGTHS)
+def test_attention_layers_match_hf(trained, arch, n):
+    """Every gated attention layer (output gate, partial rotary, grouped KV heads, q/k norms) equals HF's
+    on the real positions of a left-padded batch (HF given its own 4D mask, attnx the 2D one)."""
+    torch.manual_seed(n)
+    model = trained(arch)
+    mask, positions = padded(n)
+    x = torch.randn(2, n, model.config.hidden_size)
+    rotary = model.model.rotary_emb(x, positions)
+    full = create_causal_mask(
+        config=model.config, inputs_embeds=x, attention_mask=mask, cache=None, position_ids=positions
+    )
+    for layer in layers_of(model, "self_attn"):
+        with torch.no_grad():
+            expected, _ = layer(x, position_embeddings=rotary, attention_mask=full)
+            actual, _ = convert(layer)(x, position_embeddings=rotary, attention_mask=mask.bool())
+        assert_close(actual[mask.bool()], expected[mask.bool()])
+
+
+@pytest.mark.parametrize("implementation", ["eager", "grouped_mm"])
+def test_dense_experts_match_hf_experts(trained, implementation):
+    """DenseExperts computes HF's sparse sum over each token's chosen experts (both HF paths)."""
+    model = copy.deepcopy(trained("qwen3_next"))
+    model.set_experts_implementation(implementation)
+    for layer in model.model.layers:
+        if not hasattr(layer.mlp, "experts"):
+            continue
+        torch.manual_seed(0)
+        x = torch.randn(37, model.config.hidden_size)
+        _, weights, index = layer.mlp.gate(x)
+        with torch.no_grad():
+            assert_close(
+                DenseExperts(layer.mlp.experts)(x, index, weights), layer.mlp.experts(x, index, weights)
+            )
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_whole_models_match_hf_forward(trained, arch):
+    """The adapted model's logits equal HF's forward on the real positions of generate-style batches."""
+    model = trained(arch)
+    adapted = convert(copy.deepcopy(model))
+    for n in LENGTHS:
+        torch.manual_seed(n)
+        ids = torch.randint(0, model.config.vocab_size, (2, n))
+        mask, positions = padded(n)
+        with torch.no_grad():
+            expected = model(
+                input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False
+            ).logits
+            actual = adapted(input_ids=ids, attention_mask=mask.bool(), position_ids=positions).logits
+        assert_close(actual[mask.bool()], expected[mask.bool()])
+
+
+def test_a_wrong_projection_split_is_caught(trained):
+    """Seeded defect: Qwen3.5's b and a projections swapped (decay from b, beta from a) fail the parity
+    the layer test above checks."""
+
+    def swapped(layer, x):
+        qkv, z, b, a = qwen._project_35(layer, x)
+        return qkv, z, a, b
+
+    layer = layers_of(trained("qwen3_5"), "linear_attn")[0]
+    wrong = GatedDeltaNet(layer, swapped, convert(layer).activation)
+    x = torch.randn(1, 65, layer.hidden_size)
+    with torch.no_grad(), pytest.raises(AssertionError):
+        assert_close(wrong(x), layer(x))
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("prompt", [1, 9, 66])
+def test_prefill_then_steps_equal_the_full_forward(trained, arch, prompt):
+    """Stepping every layer (the conv and recurrent state of the linear layers, the KV cache of the
+    attention layers): prefill ``prompt`` tokens, then one token at a time, equals the full forward."""
+    model = trained(arch)
+    adapted = convert(copy.deepcopy(model))
+    layers = [m for m in adapted.modules() if hasattr(m, "stepping")]
+    steps = 4
+    torch.manual_seed(prompt)
+    ids = torch.randint(0, model.config.vocab_size, (2, prompt + steps))
+    with torch.no_grad():
+        expected = model(input_ids=ids, use_cache=False).logits
+        past, start = None, 0
+        for end in (prompt, *range(prompt + 1, prompt + steps + 1)):
+            position = torch.tensor([start])
+            for i, layer in enumerate(layers):
+                layer.stepping = Step(None if past is None else past[i], position)
+            logits = adapted(input_ids=ids[:, start:end], past_length=position).logits
+            past = [layer.stepping.present for layer in layers]
+            assert_close(logits, expected[:, start:end])
+            start = end
+    for layer in layers:
+        layer.stepping = None
+
+
+def test_default_lengths_fit_the_config():
+    from attnx.adapters.hf_hybrid.architecture import default_seq_lens
+
+    config = functools.partial(type("Config", (), {}))
+    long, short = config(), config()
+    long.max_position_embeddings, short.max_position_embeddings = 4096, 100
+    assert default_seq_lens(long) == (1, 7, 65, 131)
+    assert default_seq_lens(short) == (1, 7, 65)
