@@ -193,3 +193,41 @@ def make(arch: str, root: Path | None = None, log: Any = None) -> Path:
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return final
+
+
+def hf_greedy(model: Any, prompt: Any, new_tokens: int) -> tuple[list[int], Any]:
+    """HF ``generate``'s greedy continuation of ``prompt`` (ids, (1, n)) for exactly ``new_tokens`` (no
+    stop at end-of-text) and the logits it chose from at each step ((new_tokens, vocab))."""
+    import torch
+
+    with torch.no_grad():
+        out = model.generate(
+            prompt,
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            do_sample=False,
+            output_logits=True,
+            return_dict_in_generate=True,
+            pad_token_id=model.config.pad_token_id,
+        )
+    return out.sequences[0, prompt.shape[1] :].tolist(), torch.cat(out.logits)
+
+
+def agreement(
+    expected: list[int], logits: Any, actual: list[int], tolerance: float
+) -> tuple[int, int | None]:
+    """How many tokens ``actual`` shares with ``expected`` (HF's greedy tokens, chosen from ``logits``), and
+    the step of a legitimate float tie: the first disagreement, when HF's two best logits there are
+    closer than ``tolerance``, is a tie (None when there is none).
+
+    Raises:
+        AssertionError: a disagreement where HF's choice was clear.
+    """
+    for step, (want, got) in enumerate(zip(expected, actual, strict=False)):
+        if want != got:
+            top = logits[step].topk(2).values
+            gap = float(top[0] - top[1])
+            assert gap < tolerance, f"step {step}: {got} instead of HF's {want} (HF's top-two gap {gap:.3g})"
+            return step, step
+    assert len(actual) >= len(expected), f"{len(actual)} tokens, HF made {len(expected)}"
+    return len(expected), None
