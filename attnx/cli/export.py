@@ -192,6 +192,8 @@ def command(
                 f"{'--module' if entry else '--from'} exports a module as it is; drop {', '.join(clashes)}"
             )
         given = from_entry(entry) if entry is not None else from_source(source)
+        if given.tokenizer is not None:
+            options.setdefault("export.tokenizer", str(given.tokenizer))
         result = export_module(
             given.module,
             given.example,

@@ -114,8 +114,6 @@ def preflight(job: ExportJob, extensions: Sequence[GraphExtension] = ()) -> None
             "a module export takes its example lengths and dynamic axes from its example inputs and "
             "dynamic_axes, not from export.example_lengths/export.dynamic_axes"
         )
-    if job.module is not None and settings.tokenizer is not None:
-        raise AttnxError("--tokenizer serves attnx's own lm exports; a module export does not take one yet")
     for extension in extensions:
         if extension.wanted(job):
             extension.check(job)

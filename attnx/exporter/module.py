@@ -63,7 +63,8 @@ class ModuleSource:
     """What ``attnx.export_module`` was given.
 
     ``entry``: "pkg.mod:factory" when it came from ``attnx export --module`` (None from Python);
-    ``notes``: what the adapter that loaded it (``--from``) had to fix, for the manifest.
+    ``notes``: what the adapter that loaded it (``--from``) had to fix, for the manifest;
+    ``tokenizer``: the ``tokenizer.json`` saved beside a loaded model (``--from``), which the export carries.
     """
 
     module: nn.Module
@@ -71,6 +72,7 @@ class ModuleSource:
     dynamic_axes: Mapping[str, Mapping[int, str]] | None = None
     entry: str | None = None
     notes: tuple[str, ...] = ()
+    tokenizer: Path | None = None
 
 
 def from_entry(entry: str) -> ModuleSource:
@@ -113,7 +115,8 @@ def from_entry(entry: str) -> ModuleSource:
 
 def from_source(source: str, registry: Registry | None = None) -> ModuleSource:
     """The module ``attnx export --from SCHEME:PATH`` exports: loaded by the adapter whose ``sources``
-    name SCHEME (``AdapterImpl.load``) from the local directory PATH.
+    name SCHEME (``AdapterImpl.load``) from the local directory PATH, with the directory's
+    ``tokenizer.json`` if it has one.
 
     Raises:
         AttnxError: a malformed source, a scheme no adapter loads, an adapter whose library is not
@@ -132,7 +135,15 @@ def from_source(source: str, registry: Registry | None = None) -> ModuleSource:
     if load is None:
         raise AttnxError(f"adapter {adapter.name} declares source '{scheme}' but loads nothing")
     module, example, dynamic_axes, notes = load(Path(path))
-    return ModuleSource(module, example, dynamic_axes, entry=source, notes=tuple(notes))
+    tokenizer = Path(path) / "tokenizer.json"
+    return ModuleSource(
+        module,
+        example,
+        dynamic_axes,
+        entry=source,
+        notes=tuple(notes),
+        tokenizer=tokenizer if tokenizer.is_file() else None,
+    )
 
 
 @dataclasses.dataclass

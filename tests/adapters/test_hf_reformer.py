@@ -195,6 +195,7 @@ def test_bad_directories_are_refused_in_one_line(tmp_path):
     (masked / "config.json").write_text(
         json.dumps({"model_type": "reformer", "architectures": ["ReformerForMaskedLM"]})
     )
+    (masked / "model.safetensors").write_bytes((directory / "model.safetensors").read_bytes())
     factorised = saved(
         tmp_path / "factorised", transformers.ReformerModel, reformer_config(num_buckets=[2, 2])
     )

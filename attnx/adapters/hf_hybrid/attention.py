@@ -6,8 +6,10 @@ zero-centred RMSNorm (``q_norm``/``k_norm``), then the rotary embedding on the f
 ``partial_rotary_factor`` of each head (``apply_rotary_pos_emb`` with the model's cos/sin); the
 ``num_key_value_heads`` key/value heads are repeated to the query heads (``repeat_kv``); causal
 softmax attention with scale head_dim^-1/2 over the keys the 2D padding mask keeps; the output is
-multiplied by sigmoid(gate) and projected by ``o_proj``. The norms, rotary and projections are HF's own
-modules and functions; the attention is ``attnx::SoftmaxAttention`` (causal, key padding mask).
+multiplied by sigmoid(gate) and projected by ``o_proj``. A query that sees no key at all (a
+left-padded position) gets a zero attention output, which is what HF's default SDPA path returns.
+The norms, rotary and projections are HF's own modules and functions; the attention is
+``attnx::SoftmaxAttention`` (causal, key padding mask).
 
 Decoding keeps the KV cache of the *key/value* heads (before ``repeat_kv``), as onnxruntime-genai's
 ``past_key_values.{i}.key/value`` are.
@@ -80,5 +82,7 @@ class GatedAttention(nn.Module):
         out = torch.ops.attnx.softmax_attention(
             query, self.repeat(key, self.groups), self.repeat(value, self.groups), padding, True, self.scaling
         )
+        if padding is not None:  # a query that sees no key (left padding) gets zeros, as HF's SDPA gives it
+            out = out * (padding.cumsum(-1) > 0)[:, None, :, None].to(out.dtype)
         out = out.transpose(1, 2).reshape(*shape, -1) * torch.sigmoid(gate)
         return self.o_proj(out), None
