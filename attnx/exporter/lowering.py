@@ -30,7 +30,6 @@ if TYPE_CHECKING:
 
     from attnx.ops import AttentionOp
 
-
 def attnx_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
     return [node for node in model.graph.node if node.domain == DOMAIN]
 
