@@ -65,7 +65,16 @@ RECIPES: dict[str, dict[str, Any]] = {
     "qwen3_5": {
         "class": "Qwen3_5ForCausalLM",
         "config": "Qwen3_5TextConfig",
-        "options": {**_SHARED, "tie_word_embeddings": True},
+        "options": {
+            **_SHARED,
+            "tie_word_embeddings": True,
+            # as Qwen3.5's released configs: multimodal rotary sections (their sum is half the rotary width)
+            "rope_parameters": {
+                **_SHARED["rope_parameters"],
+                "mrope_section": [2, 1, 1],
+                "mrope_interleaved": True,
+            },
+        },
     },
 }
 
