@@ -14,6 +14,7 @@ from typing import Any
 
 from torch import nn
 
+from attnx.adapters.hf_hybrid.attention import GatedAttention
 from attnx.adapters.hf_hybrid.linear import CHUNK_SIZE
 from attnx.adapters.hf_hybrid.model import HybridModel, convert_layers
 from attnx.errors import AttnxError
@@ -34,6 +35,8 @@ class Architecture:
         models: the whole-model classes the adapter wraps (causal LM, text model).
         layers: HF layer class -> the attnx module made from it (same parameters).
         untraceable: HF classes that cannot be exported as they are (refused if left unconverted).
+        rotary: the model's rotary embedding class (its cos/sin for positions), which the attention
+            layers of a converted model use to step on their own.
     """
 
     model_type: str
@@ -42,12 +45,18 @@ class Architecture:
     models: tuple[type, ...]
     layers: Mapping[type, Callable[[nn.Module], nn.Module]]
     untraceable: tuple[type, ...]
+    rotary: type
 
     def convert(self, module: nn.Module) -> nn.Module | None:
         """The attnx replacement of a whole model or of one layer of this architecture, or None."""
         if isinstance(module, self.models):
             check_config(module.config, self.model_type)
-            return HybridModel(convert_layers(module, self.layers), module.config.layer_types)
+            rotary = next(m for m in module.modules() if isinstance(m, self.rotary))
+            converted = convert_layers(module, self.layers)
+            for layer in converted.modules():
+                if isinstance(layer, GatedAttention):
+                    layer.rotary = rotary.forward
+            return HybridModel(converted, module.config.layer_types)
         make = self.layers.get(type(module))
         return None if make is None else make(module)
 

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from attnx.errors import AttnxError
 from attnx.state import GROWING, StateTensor, Step
 
 # rotate(q, k, cos, sin) -> (q, k): the architecture's apply_rotary_pos_emb; repeat(x, n_rep): its repeat_kv
@@ -44,6 +45,7 @@ class GatedAttention(nn.Module):
         self.groups = layer.num_key_value_groups
         self.kv_heads = layer.config.num_key_value_heads
         self.layer_idx = layer.layer_idx
+        self.rotary: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None  # set with the model's
         self.stepping: Step | None = None
 
     def decode_state(self) -> list[StateTensor]:
@@ -61,28 +63,62 @@ class GatedAttention(nn.Module):
         cache: Any = None,
         **kwargs: Any,
     ) -> tuple[torch.Tensor, None]:
+        """HF's call (with its cos/sin): the whole sequence, or (while ``stepping`` holds a Step) new
+        tokens after its KV cache."""
         if cache is not None:
             raise ValueError(
                 "an attnx gated attention layer keeps its KV cache through attnx decoding, not HF's cache"
             )
-        shape = hidden_states.shape[:-1]
+        padding = None if attention_mask is None else attention_mask.to(torch.bool)
+        if self.stepping is None:
+            return self.attend(hidden_states, position_embeddings, padding, None)[0], None
+        out, self.stepping.present = self.attend(
+            hidden_states, position_embeddings, padding, self.stepping.past or ()
+        )
+        return out, None
+
+    def step(
+        self, x: torch.Tensor, state: tuple[torch.Tensor, ...] | None, position: torch.Tensor
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        """The output for new tokens ``x`` at ``position`` after the KV cache ``state`` (None: empty), and
+        the cache after them; cos/sin from the model's own rotary module.
+
+        Raises:
+            AttnxError: a layer converted on its own, without its model's rotary module.
+        """
+        if self.rotary is None:
+            raise AttnxError(
+                "a gated attention layer converted without its model cannot step; convert the model"
+            )
+        positions = (torch.arange(x.shape[1], device=x.device) + position)[None]
+        return self.attend(x, self.rotary(x, positions), None, state or ())
+
+    def attend(
+        self,
+        x: torch.Tensor,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor],
+        padding: torch.Tensor | None,
+        past: tuple[torch.Tensor, ...] | None,
+    ) -> tuple[torch.Tensor, Any]:
+        """The layer on (batch, n, width) ``x``; with ``past`` (a KV cache, () when empty) the new keys and
+        values are appended and the cache after ``x`` is returned too."""
+        shape = x.shape[:-1]
         heads = (*shape, -1, self.head_dim)
-        query, gate = torch.chunk(self.q_proj(hidden_states).view(*shape, -1, self.head_dim * 2), 2, dim=-1)
+        query, gate = torch.chunk(self.q_proj(x).view(*shape, -1, self.head_dim * 2), 2, dim=-1)
         gate = gate.reshape(*shape, -1)
         query = self.q_norm(query.view(heads)).transpose(1, 2)
-        key = self.k_norm(self.k_proj(hidden_states).view(heads)).transpose(1, 2)
-        value = self.v_proj(hidden_states).view(heads).transpose(1, 2)
+        key = self.k_norm(self.k_proj(x).view(heads)).transpose(1, 2)
+        value = self.v_proj(x).view(heads).transpose(1, 2)
         query, key = self.rotate(query, key, *position_embeddings)
-        step = self.stepping
-        if step is not None:
-            if step.past is not None:
-                key, value = torch.cat([step.past[0], key], dim=-2), torch.cat([step.past[1], value], dim=-2)
-            step.present = (key, value)
-        padding = None if attention_mask is None else attention_mask.to(torch.bool)
+        present = None
+        if past is not None:
+            if past:
+                key, value = torch.cat([past[0], key], dim=-2), torch.cat([past[1], value], dim=-2)
+            present = (key, value)
         out = torch.ops.attnx.softmax_attention(
             query, self.repeat(key, self.groups), self.repeat(value, self.groups), padding, True, self.scaling
         )
         if padding is not None:  # a query that sees no key (left padding) gets zeros, as HF's SDPA gives it
             out = out * (padding.cumsum(-1) > 0)[:, None, :, None].to(out.dtype)
         out = out.transpose(1, 2).reshape(*shape, -1) * torch.sigmoid(gate)
-        return self.o_proj(out), None
+        return self.o_proj(out), present

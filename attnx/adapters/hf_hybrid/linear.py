@@ -101,38 +101,48 @@ class GatedDeltaNet(nn.Module):
         attention_mask: torch.Tensor | None = None,
         **kwargs: Any,
     ) -> torch.Tensor:
+        """HF's call: the whole sequence, or (while ``stepping`` holds a Step) new tokens after its state."""
         if cache is not None:
             raise ValueError(
                 "an attnx Gated DeltaNet layer keeps its state through attnx decoding, not HF's cache"
             )
-        step = self.stepping
         if attention_mask is not None:
             hidden_states = (hidden_states * attention_mask[:, :, None]).to(hidden_states.dtype)
-        batch, n, _ = hidden_states.shape
-        qkv, z, b, a = self.project(self, hidden_states)
-        past_conv, past_state = (None, None) if step is None or step.past is None else step.past
+        if self.stepping is None:
+            return self.mix(hidden_states, None)[0]
+        out, self.stepping.present = self.step(hidden_states, self.stepping.past, self.stepping.position)
+        return out
+
+    def step(
+        self, x: torch.Tensor, state: tuple[torch.Tensor, ...] | None, position: torch.Tensor
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        """The output for new tokens ``x`` after ``state`` ((conv, recurrent); None: nothing before) and the
+        state after them (the rule does not depend on ``position``)."""
+        out, present = self.mix(x, state or (None, None))
+        return out, present
+
+    def mix(
+        self, x: torch.Tensor, state: tuple[torch.Tensor | None, torch.Tensor | None] | None
+    ) -> tuple[torch.Tensor, Any]:
+        """The layer on (batch, n, width) ``x``: with ``state`` None the full-sequence op, else the step op
+        from ``state`` (its tensors None: empty), returning the state after ``x`` too."""
+        batch, n, _ = x.shape
+        qkv, z, b, a = self.project(self, x)
+        past_conv, past_state = (None, None) if state is None else state
         mixed, conv_state = self.conv(qkv.transpose(1, 2), past_conv)
-        q, k, v = torch.split(
-            mixed.transpose(1, 2),
-            [
-                self.num_k_heads * self.head_k_dim,
-                self.num_k_heads * self.head_k_dim,
-                self.num_v_heads * self.head_v_dim,
-            ],
-            -1,
-        )
-        q, k = (l2norm(x.reshape(batch, n, -1, self.head_k_dim).float()).transpose(1, 2) for x in (q, k))
+        widths = [self.num_k_heads * self.head_k_dim] * 2 + [self.num_v_heads * self.head_v_dim]
+        q, k, v = torch.split(mixed.transpose(1, 2), widths, -1)
+        q, k = (l2norm(t.reshape(batch, n, -1, self.head_k_dim).float()).transpose(1, 2) for t in (q, k))
         v = v.reshape(batch, n, -1, self.head_v_dim).float().transpose(1, 2)
         g = (-self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)).transpose(1, 2)[..., None]
         beta = b.sigmoid().float().transpose(1, 2)
         scale = self.head_k_dim**-0.5
-        if step is None:
+        present = None
+        if state is None:
             out = gated_delta_rule(q, k, v, g, beta, True, scale, CHUNK_SIZE)
         else:
-            out, state = gated_delta_rule_step(q, k, v, g, beta, past_state, True, scale, CHUNK_SIZE)
-            step.present = (conv_state, state)
-        out = out.transpose(1, 2).to(hidden_states.dtype)
-        out = self.norm(out.reshape(-1, self.head_v_dim), z.reshape(-1, self.head_v_dim)).reshape(
-            batch, n, -1
-        )
-        return self.out_proj(out)
+            out, recurrent = gated_delta_rule_step(q, k, v, g, beta, past_state, True, scale, CHUNK_SIZE)
+            present = (conv_state, recurrent)
+        out = out.transpose(1, 2).to(x.dtype).reshape(-1, self.head_v_dim)
+        out = self.norm(out, z.reshape(-1, self.head_v_dim)).reshape(batch, n, -1)
+        return self.out_proj(out), present

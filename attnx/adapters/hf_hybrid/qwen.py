@@ -58,6 +58,7 @@ QWEN3_NEXT = Architecture(
         qnext.Qwen3NextExperts: DenseExperts,
     },
     untraceable=(qnext.Qwen3NextGatedDeltaNet, qnext.Qwen3NextExperts),
+    rotary=qnext.Qwen3NextRotaryEmbedding,
 )
 
 QWEN3_5 = Architecture(
@@ -70,4 +71,5 @@ QWEN3_5 = Architecture(
         q35.Qwen3_5Attention: functools.partial(_attention, q35),
     },
     untraceable=(q35.Qwen3_5GatedDeltaNet,),
+    rotary=q35.Qwen3_5TextRotaryEmbedding,
 )

@@ -194,3 +194,25 @@ def test_greedy_steps_equal_hf_generate_for_200_tokens(trained, saved_dir, arch)
     agreed, tie = hf_hybrid.agreement(expected, logits, tokens, TOLERANCE.atol)
     assert agreed == 200 or tie is not None
     print(f"{arch}: {agreed} tokens agree" + (f", float tie at step {tie}" if tie is not None else ""))
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_each_layer_steps_on_its_own(trained, arch):
+    """``step(x, state, position)`` of every converted layer (the layer's own decode protocol: the
+    attention layers take cos/sin from the model's rotary module): a prompt of 9, then one token at a
+    time, equals the layer's full forward on the whole sequence."""
+    adapted = convert(copy.deepcopy(trained(arch)))
+    torch.manual_seed(0)
+    for layer in [m for m in adapted.modules() if hasattr(m, "step")]:
+        x = torch.randn(2, 12, trained(arch).config.hidden_size)
+        with torch.no_grad():
+            if hasattr(layer, "rotary"):
+                expected = layer(x, layer.rotary(x, torch.arange(12)[None]))[0]
+            else:
+                expected = layer(x)
+            out, state = layer.step(x[:, :9], None, torch.tensor([0]))
+            outs = [out]
+            for i in range(9, 12):
+                out, state = layer.step(x[:, i : i + 1], state, torch.tensor([i]))
+                outs.append(out)
+        assert_close(torch.cat(outs, dim=1), expected)
