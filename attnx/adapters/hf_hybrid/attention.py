@@ -33,7 +33,9 @@ Rotary = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], tupl
 class GatedAttention(nn.Module):
     """An HF gated attention layer (same parameters, same names) computed by ``attnx::SoftmaxAttention``.
 
-    Implements :class:`attnx.state.SteppingAttention` with a KV cache of the key/value heads.
+    Steps on its own (``step(x, state, position)``, a KV cache of the key/value heads) and implements
+    :class:`attnx.state.SteppingAttention` (HF's forward, with HF's cos/sin, steps while ``stepping``
+    holds a Step).
     """
 
     def __init__(self, layer: nn.Module, rotate: Rotary, repeat: Callable[[torch.Tensor, int], torch.Tensor]):

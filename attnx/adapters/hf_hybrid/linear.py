@@ -47,8 +47,9 @@ def l2norm(x: torch.Tensor) -> torch.Tensor:
 class GatedDeltaNet(nn.Module):
     """An HF Gated DeltaNet layer (same parameters, same names) computed by ``attnx::GatedDeltaRule``.
 
-    Implements :class:`attnx.state.SteppingAttention`: while ``stepping`` holds a Step, the forward
-    continues from its conv and recurrent state and stores the state after the new tokens.
+    Steps on its own (``step(x, state, position)``, state (conv, recurrent)) and implements
+    :class:`attnx.state.SteppingAttention`: while ``stepping`` holds a Step, the forward steps from it
+    and stores the state after the new tokens.
     """
 
     def __init__(
