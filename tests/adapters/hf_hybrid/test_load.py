@@ -83,3 +83,18 @@ def test_a_rotary_that_rescales_per_forward_is_refused_by_name(saved_dir, tmp_pa
     rope = {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0, "partial_rotary_factor": 0.25}
     directory = copy_of(saved_dir("qwen3_next"), tmp_path / "rope", rope_parameters=rope)
     refused(directory, tmp_path, "rope_type='dynamic'")
+
+
+def test_a_sharded_save_loads_and_a_missing_shard_is_named(trained, tmp_path):
+    """Sharded safetensors (an index naming the shards) load through every check; a shard the index
+    names but the directory lacks is refused by name."""
+    from attnx.adapters.hf.load import load
+
+    directory = tmp_path / "sharded"
+    trained("qwen3_5").save_pretrained(directory, max_shard_size="200KB")
+    shards = sorted(directory.glob("model-*.safetensors"))
+    assert len(shards) > 1
+    model, example, _, _ = load(directory)
+    assert type(model).__name__ == "Qwen3_5ForCausalLM" and set(example) >= {"input_ids", "attention_mask"}
+    shards[-1].unlink()
+    refused(directory, tmp_path, f"names {shards[-1].name}, which is missing")
