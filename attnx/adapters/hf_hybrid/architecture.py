@@ -15,7 +15,6 @@ from typing import Any
 from torch import nn
 
 from attnx.adapters.hf_hybrid.attention import GatedAttention
-from attnx.adapters.hf_hybrid.linear import CHUNK_SIZE
 from attnx.adapters.hf_hybrid.model import HybridModel, convert_layers
 from attnx.errors import AttnxError
 
@@ -80,12 +79,3 @@ def check_config(config: Any, model_type: str) -> None:
             f"{model_type} with layer_types {', '.join(unknown)}: attnx adapts "
             f"{' and '.join(LAYER_TYPES)} layers"
         )
-
-
-def default_seq_lens(config: Any) -> tuple[int, ...]:
-    """Parity lengths the model takes: 1, an odd length inside one chunk of the linear layers, and odd
-    lengths just past one and two chunks (HF's chunked rule pads to multiples of 64), within
-    ``max_position_embeddings``."""
-    wanted = (1, 7, CHUNK_SIZE + 1, 2 * CHUNK_SIZE + 3)
-    limit = getattr(config, "max_position_embeddings", None) or max(wanted)
-    return tuple(n for n in wanted if n <= limit) or (1,)

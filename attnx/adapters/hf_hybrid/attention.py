@@ -23,19 +23,20 @@ from typing import Any
 import torch
 from torch import nn
 
+from attnx.attention import Stepping
 from attnx.errors import AttnxError
-from attnx.state import GROWING, StateTensor, Step
+from attnx.state import StateTensor, kv_cache
 
 # rotate(q, k, cos, sin) -> (q, k): the architecture's apply_rotary_pos_emb; repeat(x, n_rep): its repeat_kv
 Rotary = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 
-class GatedAttention(nn.Module):
+class GatedAttention(Stepping, nn.Module):
     """An HF gated attention layer (same parameters, same names) computed by ``attnx::SoftmaxAttention``.
 
-    Steps on its own (``step(x, state, position)``, a KV cache of the key/value heads) and implements
-    :class:`attnx.state.SteppingAttention` (HF's forward, with HF's cos/sin, steps while ``stepping``
-    holds a Step).
+    A :class:`attnx.state.DecodableLayer`: ``step(x, state, position)`` continues a KV cache of the
+    key/value heads, with cos/sin from the model's own rotary module; while ``stepping`` holds a Step
+    (:class:`attnx.attention.Stepping`), HF's call of the layer is that step.
     """
 
     def __init__(self, layer: nn.Module, rotate: Rotary, repeat: Callable[[torch.Tensor, int], torch.Tensor]):
@@ -48,14 +49,10 @@ class GatedAttention(nn.Module):
         self.kv_heads = layer.config.num_key_value_heads
         self.layer_idx = layer.layer_idx
         self.rotary: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None  # set with the model's
-        self.stepping: Step | None = None
 
     def decode_state(self) -> list[StateTensor]:
-        axes = ("batch", self.kv_heads, GROWING, self.head_dim)
-        return [
-            StateTensor("key", axes, doc="rotated keys of the key/value heads"),
-            StateTensor("value", axes, doc="values of the key/value heads"),
-        ]
+        """A KV cache of the key/value heads (keys after their norm and rotation)."""
+        return kv_cache(self.kv_heads, self.head_dim)
 
     def forward(
         self,
@@ -65,19 +62,16 @@ class GatedAttention(nn.Module):
         cache: Any = None,
         **kwargs: Any,
     ) -> tuple[torch.Tensor, None]:
-        """HF's call (with its cos/sin): the whole sequence, or (while ``stepping`` holds a Step) new
-        tokens after its KV cache."""
+        """HF's call (with its cos/sin): the whole sequence, or (while ``stepping`` holds a Step) the step
+        of new tokens after its KV cache."""
         if cache is not None:
             raise ValueError(
                 "an attnx gated attention layer keeps its KV cache through attnx decoding, not HF's cache"
             )
+        if self.stepping is not None:
+            return self.stepped(hidden_states), None
         padding = None if attention_mask is None else attention_mask.to(torch.bool)
-        if self.stepping is None:
-            return self.attend(hidden_states, position_embeddings, padding, None)[0], None
-        out, self.stepping.present = self.attend(
-            hidden_states, position_embeddings, padding, self.stepping.past or ()
-        )
-        return out, None
+        return self.attend(hidden_states, position_embeddings, padding, None)[0], None
 
     def step(
         self, x: torch.Tensor, state: tuple[torch.Tensor, ...] | None, position: torch.Tensor

@@ -29,8 +29,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from attnx.attention import Stepping
 from attnx.plugins._gated_core import gated_delta_rule, gated_delta_rule_step
-from attnx.state import StateTensor, Step
+from attnx.state import StateTensor, conv_state
 
 CHUNK_SIZE = 64  # HF's torch_chunk_gated_delta_rule default; the chunking changes only the rounding
 L2_EPS = 1e-6
@@ -44,12 +45,12 @@ def l2norm(x: torch.Tensor) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + L2_EPS)
 
 
-class GatedDeltaNet(nn.Module):
+class GatedDeltaNet(Stepping, nn.Module):
     """An HF Gated DeltaNet layer (same parameters, same names) computed by ``attnx::GatedDeltaRule``.
 
-    Steps on its own (``step(x, state, position)``, state (conv, recurrent)) and implements
-    :class:`attnx.state.SteppingAttention`: while ``stepping`` holds a Step, the forward steps from it
-    and stores the state after the new tokens.
+    A :class:`attnx.state.DecodableLayer`: ``step(x, state, position)`` continues from its state (the
+    conv carry and the recurrent state, ``attnx::GatedDeltaRuleStep``); while ``stepping`` holds a Step
+    (:class:`attnx.attention.Stepping`), HF's call of the layer is that step.
     """
 
     def __init__(
@@ -65,21 +66,17 @@ class GatedDeltaNet(nn.Module):
         self.num_k_heads, self.num_v_heads = layer.num_k_heads, layer.num_v_heads
         self.head_k_dim, self.head_v_dim = layer.head_k_dim, layer.head_v_dim
         self.conv_kernel_size, self.layer_idx = layer.conv_kernel_size, layer.layer_idx
-        self.stepping: Step | None = None
 
     def decode_state(self) -> list[StateTensor]:
+        """The conv carry over the q, k, v channels and the delta rule's state per value head."""
         channels = 2 * self.num_k_heads * self.head_k_dim + self.num_v_heads * self.head_v_dim
         return [
-            StateTensor(
-                "conv",
-                ("batch", channels, self.conv_kernel_size - 1),
-                doc="the last kernel-1 inputs of the causal depthwise conv over q, k, v",
-            ),
+            conv_state(channels, self.conv_kernel_size),
             StateTensor(
                 "recurrent",
                 ("batch", self.num_v_heads, self.head_k_dim, self.head_v_dim),
                 "float32",
-                doc="delta-rule state S per value head",
+                doc="delta-rule state S (d_k, d_v) per value head",
             ),
         ]
 
@@ -109,10 +106,9 @@ class GatedDeltaNet(nn.Module):
             )
         if attention_mask is not None:
             hidden_states = (hidden_states * attention_mask[:, :, None]).to(hidden_states.dtype)
-        if self.stepping is None:
-            return self.mix(hidden_states, None)[0]
-        out, self.stepping.present = self.step(hidden_states, self.stepping.past, self.stepping.position)
-        return out
+        if self.stepping is not None:
+            return self.stepped(hidden_states)
+        return self.mix(hidden_states, None)[0]
 
     def step(
         self, x: torch.Tensor, state: tuple[torch.Tensor, ...] | None, position: torch.Tensor

@@ -8,7 +8,6 @@ chunk of the linear layers (64) and across one and two chunks, batches left-padd
 from __future__ import annotations
 
 import copy
-import functools
 
 import pytest
 import torch
@@ -155,16 +154,6 @@ def test_prefill_then_steps_equal_the_full_forward(trained, arch, prompt):
             start = end
     for layer in layers:
         layer.stepping = None
-
-
-def test_default_lengths_fit_the_config():
-    from attnx.adapters.hf_hybrid.architecture import default_seq_lens
-
-    config = functools.partial(type("Config", (), {}))
-    long, short = config(), config()
-    long.max_position_embeddings, short.max_position_embeddings = 4096, 100
-    assert default_seq_lens(long) == (1, 7, 65, 131)
-    assert default_seq_lens(short) == (1, 7, 65)
 
 
 @pytest.mark.slow
