@@ -12,9 +12,12 @@ import transformers
 
 from attnx.registry import get_registry
 from attnx.testing import hf_hybrid
+from tests.adapters.hf_hybrid.conftest import ARCHS
 from tests.helpers import run_cli
 
 TOLERANCE = get_registry().variant("softmax").tolerance
+# odd, inside one chunk of the linear layers (64), either side of one chunk, across two
+LENGTHS = (1, 7, 63, 65, 130)
 
 
 def full_attention_copy(arch: str, path):
@@ -72,3 +75,21 @@ def test_qwen3_next_attention_and_moe_export_and_match_hf(tmp_path):
     ort_matches_hf_on_left_padded_batches(model, out / "model.onnx", (1, 7, 65, 130))
     code, stdout, stderr = run_cli(["verify", str(out)])
     assert code == 0, stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ARCHS)
+def test_trained_hybrid_exports_and_matches_hf(trained, saved_dir, tmp_path, arch):
+    """The trained hybrid (Gated DeltaNet + gated attention) exported with one command: its own parity
+    run passes, ONNX Runtime equals HF's forward on generate-style left-padded batches at lengths inside
+    and across the linear layers' chunks, and a bare ``attnx verify`` passes in the default lengths."""
+    out = tmp_path / "out"
+    code, stdout, stderr = run_cli(["export", "--from", f"hf:{saved_dir(arch)}", "-o", str(out)])
+    assert code == 0, stderr
+    assert "parity: PASSED" in stdout
+    manifest = json.loads((out / "attnx.json").read_text())
+    assert manifest["module"]["variants"] == ["gated_delta", "softmax"]
+    ort_matches_hf_on_left_padded_batches(trained(arch), out / "model.onnx", LENGTHS)
+    code, stdout, stderr = run_cli(["verify", str(out)])
+    assert code == 0, stderr
+    assert "parity: PASSED" in stdout
