@@ -78,13 +78,16 @@ def test_qwen3_next_attention_and_moe_export_and_match_hf(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("target", ["portable", "ort"])
 @pytest.mark.parametrize("arch", ARCHS)
-def test_trained_hybrid_exports_and_matches_hf(trained, saved_dir, tmp_path, arch):
-    """The trained hybrid (Gated DeltaNet + gated attention) exported with one command: its own parity
-    run passes, ONNX Runtime equals HF's forward on generate-style left-padded batches at lengths inside
-    and across the linear layers' chunks, and a bare ``attnx verify`` passes in the default lengths."""
+def test_trained_hybrid_exports_and_matches_hf(trained, saved_dir, tmp_path, arch, target):
+    """The trained hybrid (Gated DeltaNet + gated attention) exported with one command, on standard ONNX
+    ops or ONNX Runtime's own kernels (``--target ort``): its own parity run passes, ONNX Runtime equals
+    HF's forward on generate-style left-padded batches at lengths inside and across the linear layers'
+    chunks, and a bare ``attnx verify`` passes in the default lengths."""
     out = tmp_path / "out"
-    code, stdout, stderr = run_cli(["export", "--from", f"hf:{saved_dir(arch)}", "-o", str(out)])
+    command = ["export", "--from", f"hf:{saved_dir(arch)}", "--target", target, "-o", str(out)]
+    code, stdout, stderr = run_cli(command)
     assert code == 0, stderr
     assert "parity: PASSED" in stdout
     manifest = json.loads((out / "attnx.json").read_text())
