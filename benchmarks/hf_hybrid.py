@@ -106,24 +106,6 @@ def builder_prefill(model_dir: Path, ids: np.ndarray) -> np.ndarray:
     return session.run(["logits"], feed)[0]
 
 
-def genai_greedy(model_dir: Path, prompt: list[int], new_tokens: int) -> tuple[list[int], float]:
-    """Greedy tokens after ``prompt`` in onnxruntime-genai (exactly ``new_tokens``) and tokens/s."""
-    import onnxruntime_genai as og
-
-    model = og.Model(str(model_dir))
-    params = og.GeneratorParams(model)
-    total = len(prompt) + new_tokens
-    params.set_search_options(do_sample=False, max_length=total, min_length=total)
-    generator = og.Generator(model, params)
-    start = time.perf_counter()
-    generator.append_tokens(prompt)
-    while not generator.is_done():
-        generator.generate_next_token()
-    seconds = time.perf_counter() - start
-    tokens = list(generator.get_sequence(0))[len(prompt) :]
-    return tokens, len(tokens) / seconds
-
-
 def hf_logits(model: Any, ids: np.ndarray) -> np.ndarray:
     with torch.no_grad():
         return model(input_ids=torch.from_numpy(ids), use_cache=False).logits.numpy()
@@ -162,7 +144,7 @@ def genai_builder(arch_dir: Path, model: Any, tokenizer: Any, work: Path, args: 
     )
     prompt = tokenizer(PROMPT).input_ids
     expected, logits = hf_hybrid.hf_greedy(model, torch.tensor([prompt]), args.new_tokens)
-    tokens, speed = genai_greedy(built, prompt, args.new_tokens)
+    tokens, speed = hf_hybrid.genai_greedy(built, prompt, args.new_tokens)
     try:
         agreed, tie = hf_hybrid.agreement(expected, logits, tokens, 1e-4)
         verdict = f"{agreed} agree" + (f" (tie at {tie})" if tie is not None else "")

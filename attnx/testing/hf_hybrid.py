@@ -18,12 +18,14 @@ import json
 import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
 FIXTURE_VERSION = 1
 VOCAB_SIZE = 512
 SPECIAL = "<|endoftext|>"
+PROMPT = "def fibonacci(n):\n    "  # a prompt for greedy agreement (the corpus is Python's documentation)
 TRAINING: dict[str, Any] = {"steps": 300, "batch": 8, "length": 64, "lr": 3e-3, "seed": 0}
 
 _SHARED = {
@@ -220,6 +222,24 @@ def hf_greedy(model: Any, prompt: Any, new_tokens: int) -> tuple[list[int], Any]
             pad_token_id=model.config.pad_token_id,
         )
     return out.sequences[0, prompt.shape[1] :].tolist(), torch.cat(out.logits)
+
+
+def genai_greedy(model_dir: Path | str, prompt: list[int], new_tokens: int) -> tuple[list[int], float]:
+    """Greedy tokens after ``prompt`` in onnxruntime-genai (exactly ``new_tokens``) and tokens/s."""
+    import onnxruntime_genai as og
+
+    model = og.Model(str(model_dir))
+    params = og.GeneratorParams(model)
+    total = len(prompt) + new_tokens
+    params.set_search_options(do_sample=False, max_length=total, min_length=total)
+    generator = og.Generator(model, params)
+    start = time.perf_counter()
+    generator.append_tokens(prompt)
+    while not generator.is_done():
+        generator.generate_next_token()
+    seconds = time.perf_counter() - start
+    tokens = list(generator.get_sequence(0))[len(prompt) :]
+    return tokens, len(tokens) / seconds
 
 
 def agreement(
