@@ -5,6 +5,7 @@ text in and out with the saved tokenizer (slow: whole decode exports)."""
 
 from __future__ import annotations
 
+import functools
 import json
 
 import pytest
@@ -93,3 +94,47 @@ def test_generate_takes_text_with_the_saved_tokenizer(decode_export, saved_dir):
     tokenizer = transformers.AutoTokenizer.from_pretrained(saved_dir("qwen3_next"))
     assert result["prompt"] == tokenizer(hf_hybrid.PROMPT).input_ids
     assert result["text"] == tokenizer.decode(result["tokens"])
+
+
+def triton_tokens(out, repo, cache, log, prompt: list[int], new_tokens: int) -> list[int]:
+    """Greedy tokens of one sequence served by a real tritonserver from ``attnx triton OUT --backend
+    python`` (the server keeps each layer's state between requests)."""
+    import numpy as np
+    import tritonclient.http as client_module
+
+    from tests.serve.tritonserver import running, server_build
+
+    args = ["triton", str(out), "--repo", str(repo), "--backend", "python", "--name", "hybrid", "-q"]
+    code, _, stderr = run_cli([*args, "--env-cache", str(cache / "python-env")])
+    assert code == 0, stderr
+    tokens: list[int] = []
+    with running(server_build(cache), [repo], log) as server:
+        client = client_module.InferenceServerClient(server.http_url, network_timeout=60)
+        for step in range(new_tokens):
+            ids = np.asarray([prompt if step == 0 else tokens[-1:]], dtype=np.int64)
+            tensor = client_module.InferInput("input_ids", list(ids.shape), "INT64")
+            tensor.set_data_from_numpy(ids)
+            flags = {"sequence_start": step == 0, "sequence_end": step == new_tokens - 1}
+            result = server.call(functools.partial(client.infer, "hybrid", [tensor], sequence_id=7, **flags))
+            tokens.append(int(result.as_numpy("logits")[0, -1].argmax()))
+        client.close()
+    return tokens
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)  # the first run fetches the server wheel and builds the backend's environment
+def test_a_real_triton_server_serves_the_hybrid_token_by_token(decode_export, request, tmp_path):
+    """``attnx triton --backend python`` of the Qwen3-Next decode export, served by a real tritonserver
+    with the state kept per sequence: a prompt then one token per request gives ``attnx generate``'s
+    greedy tokens."""
+    pytest.importorskip("tritonclient.http")
+    from tests.serve.tritonserver import Unavailable
+
+    out = decode_export("qwen3_next")
+    cache = request.config.cache.mkdir("attnx-triton")
+    prompt = [5, 17, 230, 41, 9, 88, 3]
+    try:
+        served = triton_tokens(out, tmp_path / "repo", cache, tmp_path / "server.log", prompt, 16)
+    except Unavailable as exc:
+        pytest.skip(f"no tritonserver to test with: {exc}")
+    assert served == generate(out, prompt, 16).tokens
