@@ -14,7 +14,8 @@ On the small trained models of ``attnx.testing.hf_hybrid`` (``examples/train_hf_
 * **speed** (``--speed``): a Qwen3.5 text model of width 512 (3 Gated DeltaNet + 1 gated attention
   layer, random weights: speed does not depend on training): prefill of 4096 tokens and decode
   ms/token after 4096 tokens of context, HF eager torch (its cache) against the genai builder's model
-  in onnxruntime-genai, both on 2 threads.
+  and attnx's export (``--decode``, ``--target ort`` and portable) in onnxruntime-genai and in
+  ``attnx generate``, all on 2 threads.
 
     python benchmarks/hf_hybrid.py [--archs qwen3_5,qwen3_next] [--lengths 7,37,65,130] [--new-tokens 200]
     python benchmarks/hf_hybrid.py --speed [--context 4096] [--steps 32]
@@ -267,6 +268,25 @@ def genai_speed(model_dir: Path, context: int, steps: int) -> dict[str, float]:
     return {"prefill_s": prefill, "decode_ms_per_token": 1000 * decode}
 
 
+def export_with_attnx(text_dir: Path, out: Path, target: str) -> float:
+    """``attnx export --from hf:DIR --decode --target TARGET`` (not verified: the tests verify these
+    exports); returns its wall time (s)."""
+    start = time.perf_counter()
+    command = [sys.executable, "-m", "attnx", "export", "--from", f"hf:{text_dir}", "--decode", "--no-verify"]
+    subprocess.run([*command, "--target", target, "-o", str(out)], check=True, capture_output=True)
+    return time.perf_counter() - start
+
+
+def attnx_generate_speed(out: Path, context: int, steps: int) -> dict[str, float]:
+    """``attnx generate`` (ONNX Runtime, 2 threads): prefill of ``context`` tokens (s) and ms per decoded
+    token after it."""
+    import attnx
+
+    prompt = np.random.default_rng(0).integers(1, hf_hybrid.VOCAB_SIZE, context).tolist()
+    run = attnx.generate(out, prompt, steps + 1, threads=2)  # the first new token comes from prefill
+    return {"prefill_s": run.prefill_seconds, "decode_ms_per_token": 1000 * run.decode_seconds / steps}
+
+
 def speed(args: Any, work: Path) -> list[dict[str, Any]]:
     model, checkpoint = speed_model(work)
     build_with_genai(checkpoint, work / "speed-builder")
@@ -278,6 +298,14 @@ def speed(args: Any, work: Path) -> list[dict[str, Any]]:
             **genai_speed(work / "speed-builder", args.context, args.steps),
         }
     )
+    for target in ("ort", "portable"):
+        out = work / f"speed-attnx-{target}"
+        seconds = export_with_attnx(work / "text", out, target)
+        for tool, run in (("genai", genai_speed), ("attnx-generate", attnx_generate_speed)):
+            measured = run(out, args.context, args.steps)
+            rows.append(
+                {"tool": f"attnx-{target} {tool}", "context": args.context, "export_s": seconds, **measured}
+            )
     return rows
 
 

@@ -78,6 +78,44 @@ RECIPES: dict[str, dict[str, Any]] = {
             },
         },
     },
+    "minimax": {
+        "class": "MiniMaxForCausalLM",
+        "config": "MiniMaxConfig",
+        "options": {
+            **{k: _SHARED[k] for k in ("vocab_size", "hidden_size", "num_hidden_layers", "layer_types")},
+            **{
+                k: _SHARED[k]
+                for k in ("num_attention_heads", "num_key_value_heads", "max_position_embeddings")
+            },
+            **{k: _SHARED[k] for k in ("pad_token_id", "bos_token_id", "eos_token_id")},
+            "head_dim": 16,
+            "intermediate_size": 64,
+            "num_local_experts": 4,
+            "num_experts_per_tok": 2,
+            "block_size": 64,  # HF's lightning block (256 in the released config): prefill crosses blocks
+            "tie_word_embeddings": False,
+            # the released config's residual factors differ per layer kind; these make the test see them
+            "full_attn_alpha_factor": 1.5,
+            "linear_attn_beta_factor": 0.7,
+        },
+    },
+    "qwen3_5_moe": {
+        "class": "Qwen3_5MoeForCausalLM",
+        "config": "Qwen3_5MoeTextConfig",
+        "options": {
+            **_SHARED,
+            "tie_word_embeddings": False,
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 64,
+            "shared_expert_intermediate_size": 64,
+            "rope_parameters": {
+                **_SHARED["rope_parameters"],
+                "mrope_section": [2, 1, 1],
+                "mrope_interleaved": True,
+            },
+        },
+    },
 }
 
 

@@ -1,10 +1,11 @@
 """``hf_hybrid``: Hugging Face hybrid LLMs (gated linear attention + a few softmax layers) on attnx ops.
 
-Qwen3-Next (``qwen3_next``) and Qwen3.5's text model (``qwen3_5``): their Gated DeltaNet layers become
-attnx's gated delta rule (``attnx::GatedDeltaRule``, decode ``attnx::GatedDeltaRuleStep``), their gated
-full-attention layers attnx's softmax attention with a KV cache, their sparse MoE experts a dense
-weighted sum that exports; everything else (embeddings, norms, rotary tables, routers, MLPs, head)
-runs Hugging Face's own code. One module per architecture (``qwen.py``), shared layers beside it.
+Qwen3-Next (``qwen3_next``) and the text models of Qwen3.5 (``qwen3_5``) and Qwen3.5-MoE
+(``qwen3_5_moe``): their Gated DeltaNet layers become attnx's gated delta rule
+(``attnx::GatedDeltaRule``, decode ``attnx::GatedDeltaRuleStep``), their gated full-attention layers
+attnx's softmax attention with a KV cache, their sparse MoE experts a dense weighted sum that
+exports; everything else (embeddings, norms, rotary tables, routers, MLPs, head) runs Hugging Face's
+own code. One module per architecture family (``qwen.py``), shared layers beside it.
 See docs/importing.md.
 """
 
@@ -15,7 +16,7 @@ from attnx.hookspecs import hookimpl
 
 ADAPTER = Adapter(
     name="hf_hybrid",
-    summary="Hugging Face Qwen3-Next / Qwen3.5 (Gated DeltaNet, gated softmax, MoE) -> gated delta, softmax",
+    summary="HF Qwen3-Next, Qwen3.5, Qwen3.5-MoE (Gated DeltaNet, gated attention, MoE) -> gated_delta",
     library="transformers",
     impl="attnx.adapters.hf_hybrid.convert:IMPL",
 )

@@ -64,8 +64,14 @@ def check_config(config: Any, model_type: str) -> None:
     """Refuse, by name, the options of a hybrid config that the adapter does not reproduce.
 
     Raises:
-        AttnxError: a rotary type HF rescales per forward, or a layer type other than linear/full attention.
+        AttnxError: a rotary type HF rescales per forward, a layer type other than linear/full attention,
+            or a sliding window on the full attention layers (MiniMax's ``sliding_window``).
     """
+    if getattr(config, "sliding_window", None) is not None:
+        raise AttnxError(
+            f"{model_type} with sliding_window={config.sliding_window}: attnx's full attention layers attend "
+            "to every earlier token; export a config with sliding_window null"
+        )
     rope = (getattr(config, "rope_parameters", None) or {}).get("rope_type", "default")
     if rope in RESCALED_ROPE:
         raise AttnxError(

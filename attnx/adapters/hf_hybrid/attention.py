@@ -1,4 +1,4 @@
-"""Gated full attention of Hugging Face hybrids (Qwen3-Next, Qwen3.5) on attnx's softmax attention.
+"""Full attention of Hugging Face hybrids (Qwen3-Next, Qwen3.5 gated; MiniMax plain) on attnx's softmax.
 
 What HF computes (``Qwen3NextAttention.forward``, ``Qwen3_5Attention.forward``): ``q_proj`` gives the
 queries and a per-channel output gate (interleaved per head: [q_h, gate_h]); q and k pass a per-head
@@ -9,7 +9,8 @@ softmax attention with scale head_dim^-1/2 over the keys the 2D padding mask kee
 multiplied by sigmoid(gate) and projected by ``o_proj``. A query that sees no key at all (a
 left-padded position) gets a zero attention output, which is what HF's default SDPA path returns.
 The norms, rotary and projections are HF's own modules and functions; the attention is
-``attnx::SoftmaxAttention`` (causal, key padding mask).
+``attnx::SoftmaxAttention`` (causal, key padding mask). MiniMax's ``MiniMaxAttention`` is the same
+without the output gate and the q/k norms (``gated=False``).
 
 Decoding keeps the KV cache of the *key/value* heads (before ``repeat_kv``), as onnxruntime-genai's
 ``past_key_values.{i}.key/value`` are.
@@ -32,15 +33,23 @@ Rotary = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], tupl
 
 
 class GatedAttention(Stepping, nn.Module):
-    """An HF gated attention layer (same parameters, same names) computed by ``attnx::SoftmaxAttention``.
+    """An HF full attention layer (same parameters, same names) computed by ``attnx::SoftmaxAttention``;
+    ``gated``: Qwen's output gate in ``q_proj`` and q/k norms (False: MiniMax's plain layer).
 
     A :class:`attnx.state.DecodableLayer`: ``step(x, state, position)`` continues a KV cache of the
     key/value heads, with cos/sin from the model's own rotary module; while ``stepping`` holds a Step
     (:class:`attnx.attention.Stepping`), HF's call of the layer is that step.
     """
 
-    def __init__(self, layer: nn.Module, rotate: Rotary, repeat: Callable[[torch.Tensor, int], torch.Tensor]):
+    def __init__(
+        self,
+        layer: nn.Module,
+        rotate: Rotary,
+        repeat: Callable[[torch.Tensor, int], torch.Tensor],
+        gated: bool = True,
+    ):
         super().__init__()
+        self.gated = gated
         for name, child in layer.named_children():
             self.add_module(name, child)
         self.rotate, self.repeat = rotate, repeat
@@ -100,10 +109,15 @@ class GatedAttention(Stepping, nn.Module):
         values are appended and the cache after ``x`` is returned too."""
         shape = x.shape[:-1]
         heads = (*shape, -1, self.head_dim)
-        query, gate = torch.chunk(self.q_proj(x).view(*shape, -1, self.head_dim * 2), 2, dim=-1)
-        gate = gate.reshape(*shape, -1)
-        query = self.q_norm(query.view(heads)).transpose(1, 2)
-        key = self.k_norm(self.k_proj(x).view(heads)).transpose(1, 2)
+        if self.gated:
+            query, gate = torch.chunk(self.q_proj(x).view(*shape, -1, self.head_dim * 2), 2, dim=-1)
+            query = self.q_norm(query.view(heads)).transpose(1, 2)
+            key = self.k_norm(self.k_proj(x).view(heads)).transpose(1, 2)
+        else:
+            query, key = (
+                self.q_proj(x).view(heads).transpose(1, 2),
+                self.k_proj(x).view(heads).transpose(1, 2),
+            )
         value = self.v_proj(x).view(heads).transpose(1, 2)
         query, key = self.rotate(query, key, *position_embeddings)
         present = None
@@ -116,5 +130,7 @@ class GatedAttention(Stepping, nn.Module):
         )
         if padding is not None:  # a query that sees no key (left padding) gets zeros, as HF's SDPA gives it
             out = out * (padding.cumsum(-1) > 0)[:, None, :, None].to(out.dtype)
-        out = out.transpose(1, 2).reshape(*shape, -1) * torch.sigmoid(gate)
+        out = out.transpose(1, 2).reshape(*shape, -1)
+        if self.gated:
+            out = out * torch.sigmoid(gate.reshape(*shape, -1))
         return self.o_proj(out), present

@@ -19,7 +19,10 @@ from attnx.adapters.hf_hybrid.convert import ARCHITECTURES
 from attnx.errors import AttnxError, first_line
 
 EXAMPLE_LENGTH = 17  # any length >= 2 traces every length (the ops and HF's code take symbolic sizes)
-TEXT_TYPES = {"qwen3_5_text": "qwen3_5"}  # a text model's config model_type -> its architecture
+TEXT_TYPES = {
+    "qwen3_5_text": "qwen3_5",
+    "qwen3_5_moe_text": "qwen3_5_moe",
+}  # a text model's config model_type -> its architecture
 
 
 def architecture(path: Path, raw: dict[str, Any]) -> tuple[Architecture, str]:

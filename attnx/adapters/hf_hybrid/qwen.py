@@ -1,11 +1,13 @@
-"""Qwen3-Next (``qwen3_next``) and Qwen3.5's text model (``qwen3_5``), as transformers 5.24 writes them.
+"""Qwen3-Next (``qwen3_next``) and the text models of Qwen3.5 (``qwen3_5``) and Qwen3.5-MoE
+(``qwen3_5_moe``), as transformers 5.24 writes them.
 
-The two share their layers' maths and differ in the linear layers' projections: Qwen3-Next packs
+They share their layers' maths and differ in the linear layers' projections: Qwen3-Next packs
 q, k, v, z per key-head group in ``in_proj_qkvz`` and b, a in ``in_proj_ba`` (un-interleaved by its
-own ``fix_query_key_value_ordering``, which runs here), Qwen3.5 has ``in_proj_qkv``, ``in_proj_z``,
-``in_proj_b``, ``in_proj_a``. Qwen3-Next's MoE blocks keep HF's router and shared expert; their
-experts become :class:`attnx.adapters.hf_hybrid.moe.DenseExperts`. Qwen3.5's multimodal rotary
-(``mrope_section``) is HF's own code: for text its three position rows are equal, the plain rotary.
+own ``fix_query_key_value_ordering``, which runs here), Qwen3.5 and Qwen3.5-MoE have ``in_proj_qkv``,
+``in_proj_z``, ``in_proj_b``, ``in_proj_a``. The MoE blocks (Qwen3-Next, Qwen3.5-MoE) keep HF's
+router and shared expert; their experts become :class:`attnx.adapters.hf_hybrid.moe.DenseExperts`.
+The Qwen3.5 multimodal rotary (``mrope_section``) is HF's own code: for text its three position rows
+are equal, the plain rotary.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import torch
 from torch import nn
 from transformers.activations import ACT2FN
 from transformers.models.qwen3_5 import modeling_qwen3_5 as q35
+from transformers.models.qwen3_5_moe import modeling_qwen3_5_moe as q35moe
 from transformers.models.qwen3_next import modeling_qwen3_next as qnext
 
 from attnx.adapters.hf_hybrid.architecture import Architecture
@@ -72,4 +75,18 @@ QWEN3_5 = Architecture(
     },
     untraceable=(q35.Qwen3_5GatedDeltaNet,),
     rotary=q35.Qwen3_5TextRotaryEmbedding,
+)
+
+QWEN3_5_MOE = Architecture(
+    model_type="qwen3_5_moe",
+    config_class="Qwen3_5MoeTextConfig",
+    classes=("Qwen3_5MoeForCausalLM", "Qwen3_5MoeTextModel"),
+    models=(q35moe.Qwen3_5MoeForCausalLM, q35moe.Qwen3_5MoeTextModel),
+    layers={
+        q35moe.Qwen3_5MoeGatedDeltaNet: functools.partial(_linear, _project_35),
+        q35moe.Qwen3_5MoeAttention: functools.partial(_attention, q35moe),
+        q35moe.Qwen3_5MoeExperts: DenseExperts,
+    },
+    untraceable=(q35moe.Qwen3_5MoeGatedDeltaNet, q35moe.Qwen3_5MoeExperts),
+    rotary=q35moe.Qwen3_5MoeTextRotaryEmbedding,
 )

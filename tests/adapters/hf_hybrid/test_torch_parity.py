@@ -1,6 +1,6 @@
 """The hf_hybrid adapter's modules against Hugging Face's own forward, in torch, on the trained models.
 
-Layers alone (Gated DeltaNet, gated attention, MoE experts) and whole models, at lengths inside one
+Layers alone (Gated DeltaNet / lightning, full attention, MoE experts) and whole models, at lengths inside one
 chunk of the linear layers (64) and across one and two chunks, batches left-padded as generate pads
 (position ids cumsum(mask) - 1); stepping (prefill, then one token at a time) against the full forward.
 """
@@ -15,6 +15,7 @@ from transformers.masking_utils import create_causal_mask
 
 from attnx.adapters.hf_hybrid import qwen
 from attnx.adapters.hf_hybrid.convert import convert
+from attnx.adapters.hf_hybrid.lightning import LightningAttention
 from attnx.adapters.hf_hybrid.linear import GatedDeltaNet
 from attnx.adapters.hf_hybrid.moe import DenseExperts
 from attnx.registry import get_registry
@@ -39,32 +40,46 @@ def assert_close(actual: torch.Tensor, expected: torch.Tensor) -> float:
 
 
 def layers_of(model, kind: str) -> list:
-    return [getattr(layer, kind) for layer in model.model.layers if hasattr(layer, kind)]
+    """The token mixers of the ``kind`` ("linear_attention" / "full_attention") layers (Qwen keeps the
+    linear ones in ``linear_attn``, MiniMax every kind in ``self_attn``)."""
+    return [
+        getattr(layer, "linear_attn", None) or layer.self_attn
+        for layer, layer_type in zip(model.model.layers, model.config.layer_types, strict=True)
+        if layer_type == kind
+    ]
+
+
+def call_linear(layer, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """A linear layer's output on ``x`` (HF's and attnx's: Qwen's take x and the mask, MiniMax's the
+    rotary too and return a pair)."""
+    if hasattr(layer, "output_gate"):
+        return layer(x, None, mask)[0]
+    return layer(x, attention_mask=mask)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("n", LENGTHS)
 def test_linear_layers_match_hf(trained, arch, n):
-    """Every Gated DeltaNet layer, padded or not, equals HF's (its chunked fallback) at every position."""
+    """Every linear layer (Gated DeltaNet, MiniMax's lightning attention), padded or not, equals HF's (its
+    chunked / blocked fallback) at every position."""
     torch.manual_seed(n)
     mask, _ = padded(n)
-    for layer in layers_of(trained(arch), "linear_attn"):
+    model = trained(arch)
+    for layer in layers_of(model, "linear_attention"):
         adapted = convert(layer)
-        assert isinstance(adapted, GatedDeltaNet)
-        x = torch.randn(2, n, layer.hidden_size)
+        assert isinstance(adapted, (GatedDeltaNet, LightningAttention))
+        x = torch.randn(2, n, model.config.hidden_size)
         with torch.no_grad():
             for attention_mask in (None, mask):
-                assert_close(
-                    adapted(x, attention_mask=attention_mask), layer(x, attention_mask=attention_mask)
-                )
+                assert_close(call_linear(adapted, x, attention_mask), call_linear(layer, x, attention_mask))
 
 
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("n", LENGTHS)
 def test_attention_layers_match_hf(trained, arch, n):
-    """Every gated attention layer (output gate, partial rotary, grouped KV heads, q/k norms) equals HF's
-    (default SDPA path) on a left-padded batch, padded positions included (HF given its own 4D mask,
-    attnx the 2D one)."""
+    """Every full attention layer (Qwen's output gate, partial rotary and q/k norms; grouped KV heads)
+    equals HF's (default SDPA path) on a left-padded batch, padded positions included (HF given its own
+    4D mask, attnx the 2D one)."""
     torch.manual_seed(n)
     model = trained(arch)
     mask, positions = padded(n)
@@ -73,7 +88,7 @@ def test_attention_layers_match_hf(trained, arch, n):
     full = create_causal_mask(
         config=model.config, inputs_embeds=x, attention_mask=mask, cache=None, position_ids=positions
     )
-    for layer in layers_of(model, "self_attn"):
+    for layer in layers_of(model, "full_attention"):
         with torch.no_grad():
             expected, _ = layer(x, position_embeddings=rotary, attention_mask=full)
             actual, _ = convert(layer)(x, position_embeddings=rotary, attention_mask=mask.bool())
@@ -123,7 +138,7 @@ def test_a_wrong_projection_split_is_caught(trained):
         qkv, z, b, a = qwen._project_35(layer, x)
         return qkv, z, a, b
 
-    layer = layers_of(trained("qwen3_5"), "linear_attn")[0]
+    layer = layers_of(trained("qwen3_5"), "linear_attention")[0]
     wrong = GatedDeltaNet(layer, swapped, convert(layer).activation)
     x = torch.randn(1, 65, layer.hidden_size)
     with torch.no_grad(), pytest.raises(AssertionError):
@@ -198,7 +213,7 @@ def test_each_layer_steps_on_its_own(trained, arch):
             if hasattr(layer, "rotary"):
                 expected = layer(x, layer.rotary(x, torch.arange(12)[None]))[0]
             else:
-                expected = layer(x)
+                expected = call_linear(layer, x, None)
             out, state = layer.step(x[:, :9], None, torch.tensor([0]))
             outs = [out]
             for i in range(9, 12):
