@@ -81,7 +81,7 @@ def test_qwen3_next_attention_and_moe_export_and_match_hf(tmp_path):
 @pytest.mark.parametrize("target", ["portable", "ort"])
 @pytest.mark.parametrize("arch", ARCHS)
 def test_trained_hybrid_exports_and_matches_hf(trained, saved_dir, tmp_path, arch, target):
-    """The trained hybrid (Gated DeltaNet + gated attention) exported with one command, on standard ONNX
+    """The trained hybrid (linear + full attention layers) exported with one command, on standard ONNX
     ops or ONNX Runtime's own kernels (``--target ort``): its own parity run passes, ONNX Runtime equals
     HF's forward on generate-style left-padded batches at lengths inside and across the linear layers'
     chunks, and a bare ``attnx verify`` passes in the default lengths."""
