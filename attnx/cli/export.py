@@ -253,6 +253,8 @@ def _export_module(
             f"{'--module' if entry else '--from'} exports a module as it is; drop {', '.join(clashes)}"
         )
     given = from_entry(entry) if entry is not None else from_source(source)
+    if given.tokenizer is not None:  # a tokenizer saved beside the model travels with the export
+        options.setdefault("export.tokenizer", str(given.tokenizer))
     return export_module(
         given.module,
         given.example,

@@ -7,17 +7,23 @@ new tokens while each such layer holds a :class:`attnx.state.Step` with its stat
 forward returns its own ``step`` (:class:`attnx.attention.Stepping`), so everything around attention
 (embeddings, feed-forward blocks, norms, the head) is the module's own code.
 
-The module must be a causal language model: one int64 input of token ids (batch, seq) and the
-logits (batch, seq, vocab) as its first output. A module that adds absolute positions must take a
-keyword argument ``past_length`` (int64 (1,), the position of its first token; 0 in a full
-forward) and offset them by it; decode parity (every decoded position against the full forward)
-catches a module that does not.
+The module must be a causal language model: token ids (batch, seq) int64 as its first input and
+the logits (batch, seq, vocab) as its first output. Its other inputs must be ones its forward can
+omit (a parameter with a default), each a (batch, seq) bool padding mask or int64 position ids (a
+Hugging Face model's ``attention_mask`` and ``position_ids``): the decode graphs take token ids only
+and call the forward without them, and decode parity compares with the full forward given what
+they stand for when omitted (:func:`full_inputs`: every token real, positions 0..n-1). A module
+that adds absolute positions must take a keyword argument ``past_length`` (int64 (1,), the
+position of its first token; 0 in a full forward) and offset them by it; decode parity (every
+decoded position against the full forward) catches a module that does not.
 """
 
 from __future__ import annotations
 
 import inspect
+from collections.abc import Sequence
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -25,8 +31,13 @@ from attnx.decode.model import PAST_LENGTH, POSITION, TOKENS, DecodeLayout, Stat
 from attnx.errors import AttnxError
 from attnx.exporter.module import ModuleAssembly
 from attnx.exporter.signature import fixed_arity, flatten_outputs
+from attnx.models.spec import TensorSpec
 from attnx.parity.runners import BackendSkipped
 from attnx.state import DecodableLayer, Step
+
+# What an omitted (batch, seq) input stands for, by dtype: a padding mask of real tokens only, or
+# the positions 0..n-1 of every row.
+OMITTED = {"bool": "every token real", "int64": "positions 0..n-1"}
 
 
 def stepping_layers(model: nn.Module) -> list[nn.Module]:
@@ -47,18 +58,19 @@ def module_layout(assembly: ModuleAssembly) -> DecodeLayout:
     """
     kind = assembly.section.module_class
     inputs, logits = assembly.inputs, assembly.outputs[0]
-    if len(inputs) != 1 or inputs[0].dtype != "int64" or len(inputs[0].axes) != 2:
-        taken = ", ".join(f"{s.name} ({s.dtype})" for s in inputs)
+    if inputs[0].dtype != "int64" or len(inputs[0].axes) != 2:
         raise AttnxError(
-            "a decode export of a module takes token ids only (one int64 (batch, seq) input); "
-            f"{kind} takes {taken}; export it without --decode"
+            "a decode export of a module takes token ids (an int64 (batch, seq) input) first; "
+            f"{kind} takes {inputs[0].name} ({inputs[0].dtype}) first; export it without --decode"
         )
     if len(logits.axes) != 3 or not isinstance(logits.axes[-1], int) or not logits.dtype.startswith("float"):
         raise AttnxError(
             f"a decode export of a module returns the logits (batch, seq, vocab) first; {kind}'s first "
             f"output '{logits.name}' is {logits.dtype} {logits.axes}; export it without --decode"
         )
-    layers = stepping_layers(_adapted(assembly))
+    adapted = _adapted(assembly)
+    _check_omittable(adapted, inputs[1:], kind)
+    layers = stepping_layers(adapted)
     if not layers:
         raise AttnxError(
             f"{kind} has no attention layer that decodes (attnx.state.DecodableLayer with a stepping slot, "
@@ -66,6 +78,39 @@ def module_layout(assembly: ModuleAssembly) -> DecodeLayout:
         )
     slots = [StateSlot(None, POSITION), *layer_slots(layers)]
     return DecodeLayout("lm", logits.axes[-1], 0, tuple(slots), logits.dtype)
+
+
+def _check_omittable(model: nn.Module, inputs: Sequence[TensorSpec], kind: str) -> None:
+    """Refuse inputs beside the token ids that the decode graphs cannot omit (see the module docstring).
+
+    Raises:
+        AttnxError: an input that is not a (batch, seq) bool mask or int64 positions, or that the
+            forward requires.
+    """
+    parameters = inspect.signature(model.forward).parameters
+    for spec in inputs:
+        parameter = parameters.get(spec.name)
+        optional = parameter is not None and parameter.default is not inspect.Parameter.empty
+        if spec.dtype not in OMITTED or spec.axes != ("batch", "seq") or not optional:
+            raise AttnxError(
+                f"a decode export of a module takes token ids only, and {kind} also takes {spec.name} "
+                f"({spec.dtype} {spec.axes}{'' if optional else ', required'}); its decode graphs can omit "
+                "only optional (batch, seq) padding masks (bool) and position ids (int64); export it "
+                "without --decode"
+            )
+
+
+def full_inputs(inputs: Sequence[TensorSpec], ids: np.ndarray) -> list[torch.Tensor]:
+    """The full forward's inputs for token ids ``ids`` (batch, seq): the ids, and for each omitted input
+    what its omission stands for (:data:`OMITTED`)."""
+    batch, n = ids.shape
+    made = [torch.from_numpy(ids)]
+    for spec in inputs[1:]:
+        if spec.dtype == "bool":
+            made.append(torch.ones(batch, n, dtype=torch.bool))
+        else:
+            made.append(torch.arange(n).expand(batch, n).contiguous())
+    return made
 
 
 def _adapted(assembly: ModuleAssembly) -> nn.Module:

@@ -20,11 +20,13 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from attnx.decode.module import full_inputs
 from attnx.decode.runtime import Stepper, decode_graphs, decode_section
 from attnx.exporter.assemble import Assembly
 from attnx.exporter.directory import ExportDir
 from attnx.exporter.inputs import random_feed
 from attnx.exporter.manifest import DecodeSection
+from attnx.exporter.module import ModuleAssembly
 from attnx.parity.backends import BACKENDS, REFERENCE, Backend
 from attnx.parity.check import Cases
 from attnx.parity.report import BackendParity, Comparison
@@ -46,8 +48,11 @@ class DecodeCase:
     full: np.ndarray
 
 
-def decode_cases(section: DecodeSection, assembly: Assembly, cases: Cases) -> list[DecodeCase]:
-    """A :class:`DecodeCase` per verify length, each through the torch model's full forward once."""
+def decode_cases(
+    section: DecodeSection, assembly: Assembly | ModuleAssembly, cases: Cases
+) -> list[DecodeCase]:
+    """A :class:`DecodeCase` per verify length, each through the torch model's full forward once (a
+    module's inputs beside the token ids as their omission stands for: :func:`full_inputs`)."""
     rng = np.random.default_rng(cases.seed + 1)
     source_specs = section.prefill.inputs[:-1]  # seq2seq: source ids and mask
     runs = []
@@ -57,6 +62,8 @@ def decode_cases(section: DecodeSection, assembly: Assembly, cases: Cases) -> li
         args = [torch.from_numpy(a) for a in source.values()] + [torch.from_numpy(ids)]
         if source:
             args.append(torch.ones(ids.shape, dtype=torch.bool))  # every target token is real
+        if isinstance(assembly, ModuleAssembly):
+            args = full_inputs(assembly.inputs, ids)
         with torch.inference_mode():
             full = assembly.module(*args)[0]  # the logits (a module export's first output)
         runs.append(DecodeCase(n, ids, source, full.float().numpy()))

@@ -65,7 +65,8 @@ class ModuleSource:
     """What ``attnx.export_module`` was given.
 
     ``entry``: "pkg.mod:factory" when it came from ``attnx export --module`` (None from Python);
-    ``notes``: what the adapter that loaded it (``--from``) had to fix, for the manifest.
+    ``notes``: what the adapter that loaded it (``--from``) had to fix, for the manifest;
+    ``tokenizer``: the ``tokenizer.json`` saved beside a loaded model (``--from``), which the export carries.
     """
 
     module: nn.Module
@@ -73,6 +74,7 @@ class ModuleSource:
     dynamic_axes: Mapping[str, Mapping[int, str]] | None = None
     entry: str | None = None
     notes: tuple[str, ...] = ()
+    tokenizer: Path | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.module, nn.Module):
@@ -139,7 +141,8 @@ def user_code(what: str, keep: tuple[type[BaseException], ...] = ()) -> Iterator
 
 def from_source(source: str, registry: Registry | None = None) -> ModuleSource:
     """The module ``attnx export --from SCHEME:PATH`` exports: loaded by the adapter whose ``sources``
-    name SCHEME (``AdapterImpl.load``) from the local directory PATH.
+    name SCHEME (``AdapterImpl.load``) from the local directory PATH, with the directory's
+    ``tokenizer.json`` if it has one.
 
     Raises:
         AttnxError: a malformed source, a scheme no adapter loads, an adapter whose library is not
@@ -158,7 +161,15 @@ def from_source(source: str, registry: Registry | None = None) -> ModuleSource:
     if load is None:
         raise AttnxError(f"adapter {adapter.name} declares source '{scheme}' but loads nothing")
     module, example, dynamic_axes, notes = load(Path(path))
-    return ModuleSource(module, example, dynamic_axes, entry=source, notes=tuple(notes))
+    tokenizer = Path(path) / "tokenizer.json"
+    return ModuleSource(
+        module,
+        example,
+        dynamic_axes,
+        entry=source,
+        notes=tuple(notes),
+        tokenizer=tokenizer if tokenizer.is_file() else None,
+    )
 
 
 @dataclasses.dataclass

@@ -226,10 +226,6 @@ class UserModule:
                 "a module export takes its example lengths and dynamic axes from its example inputs and "
                 "dynamic_axes, not from export.example_lengths/export.dynamic_axes"
             )
-        if settings.tokenizer is not None:
-            raise AttnxError(
-                "--tokenizer serves attnx's own lm exports; a module export does not take one yet"
-            )
 
     def check_layers(self, check: Callable[[ModelSpec, Variant], None]) -> None:
         """Nothing before the trace."""

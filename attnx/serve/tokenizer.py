@@ -103,6 +103,24 @@ def describe(tokenizer: Any, config: dict[str, Any], vocab_size: int, where: str
     return TokenizerSection(size, **special_ids(tokenizer, config))
 
 
+def vocabulary(assembly: Assembly) -> int:
+    """The model's vocabulary size: its config's, or a module's logits' last axis (its first output).
+
+    Raises:
+        AttnxError: a module whose first output has no fixed last axis (not a language model's logits).
+    """
+    config = getattr(assembly, "model_config", None)  # a module export (ModuleAssembly) has none
+    if config is not None:
+        return config.vocab_size
+    logits = assembly.outputs[0]
+    if not logits.axes or not isinstance(logits.axes[-1], int):
+        raise AttnxError(
+            f"a tokenizer travels with a language model; this module's first output '{logits.name}' has "
+            f"axes {logits.axes}, not (batch, seq, vocab)"
+        )
+    return logits.axes[-1]
+
+
 class TokenizerFile:
     """The tokenizer extension of an export (manifest section ``tokenizer``)."""
 
@@ -113,11 +131,14 @@ class TokenizerFile:
 
     def check(self, job: ExportJob) -> None:
         """Refuse, before any work, a file that is not a tokenizer or makes ids the model lacks (the
-        model is built on torch's meta device, which allocates nothing, to know its vocabulary)."""
+        model is built on torch's meta device, which allocates nothing, to know its vocabulary; a
+        module's vocabulary is known once it is traced, and checked then)."""
         import torch
 
         path, plan = Path(str(job.settings.tokenizer)), job.plan
         tokenizer = load_tokenizer(path)
+        if job.module is not None:
+            return
         with torch.device("meta"):
             built = assemble(plan.variant, plan.model, plan.options, cross_variant=plan.cross_variant)
         describe(tokenizer, _config_beside(path), built.model_config.vocab_size, str(path))
@@ -126,7 +147,7 @@ class TokenizerFile:
         """Copy the tokenizer (and write its tokenizer_config.json) into ``directory``."""
         path = Path(str(settings.tokenizer))
         tokenizer, config = load_tokenizer(path), _config_beside(path)
-        section = describe(tokenizer, config, assembly.model_config.vocab_size, str(path))
+        section = describe(tokenizer, config, vocabulary(assembly), str(path))
         shutil.copyfile(path, directory / TOKENIZER_FILE)
         if not config:
             config = {"tokenizer_class": "PreTrainedTokenizerFast"}

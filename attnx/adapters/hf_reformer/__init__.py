@@ -4,7 +4,8 @@
 ``ReformerModelWithLMHead`` and ``ReformerForSequenceClassification`` become attnx
 ``ReformerTraxAttention`` / ``ReformerLocalAttention`` ops (the trax layout HF computes) with the
 layers' own projections and options; the LSH rotations HF draws at every forward are fixed from
-``config.hash_seed``. ``attnx export --from hf:DIR`` loads a local ``save_pretrained`` directory.
+``config.hash_seed``. ``attnx export --from hf:DIR`` loads a local ``save_pretrained`` directory
+(through the ``hf`` adapter, :mod:`attnx.adapters.hf`).
 See docs/importing.md.
 """
 
@@ -18,7 +19,6 @@ ADAPTER = Adapter(
     summary="Hugging Face Reformer (LSHSelfAttention, LocalSelfAttention) -> reformer (trax layout)",
     library="transformers",
     impl="attnx.adapters.hf_reformer.convert:IMPL",
-    sources=("hf",),
 )
 
 

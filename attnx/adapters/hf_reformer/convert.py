@@ -42,7 +42,6 @@ from torch import nn
 from transformers.models.reformer import modeling_reformer as hf
 
 from attnx.adapter import AdapterImpl, Lengths
-from attnx.adapters.hf_reformer.load import load
 from attnx.attention import merge_heads, split_heads
 from attnx.errors import AttnxError
 from attnx.registry import get_registry
@@ -310,4 +309,4 @@ def needs_adapter(module: nn.Module) -> bool:
     return isinstance(module, hf.LSHSelfAttention | hf.LocalSelfAttention)
 
 
-IMPL = AdapterImpl(convert=convert, needs_adapter=needs_adapter, load=load, lengths=lengths)
+IMPL = AdapterImpl(convert=convert, needs_adapter=needs_adapter, lengths=lengths)

@@ -1,71 +1,26 @@
 """``attnx export --from hf:DIR``: a Hugging Face Reformer from a local ``save_pretrained`` directory.
 
-No hub access (``local_files_only=True``). The class is the first of ``config.json``'s
+No hub access (``local_files_only=True``); the ``hf`` adapter (:mod:`attnx.adapters.hf.load`) checked
+the directory and dispatched it here by its ``model_type``. The class is the first of ``config.json``'s
 ``architectures`` that attnx exports; a model without ``hash_seed`` gets ``DRAWN_SEED`` (HF would
 draw new rotations at every forward), which the export notes. Weights load from safetensors only
-(``use_safetensors=True``): a directory whose weights are pickled (``pytorch_model.bin``) is refused
-by name, since unpickling a file someone else made can run code.
+(``use_safetensors=True``; the ``hf`` adapter refused pickled weights by name, since unpickling a file
+someone else made can run code).
 """
 
 from __future__ import annotations
 
-import json
 import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from attnx.adapters.hf.load import read_config
 from attnx.errors import AttnxError, first_line
 
 CLASSES = ("ReformerModelWithLMHead", "ReformerForSequenceClassification", "ReformerModel")
 DRAWN_SEED = 0
-SAFETENSORS = ("model.safetensors", "model.safetensors.index.json")
-PICKLED = ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl", "*.pickle")
-
-
-def check_weights(path: Path) -> None:
-    """``DIR`` holds its weights as safetensors.
-
-    Raises:
-        AttnxError: naming a pickled weights file (or saying there is none) and the fix.
-    """
-    if any((path / name).is_file() for name in SAFETENSORS):
-        return
-    pickled = sorted(p.name for pattern in PICKLED for p in path.glob(pattern))
-    if pickled:
-        raise AttnxError(
-            f"--from hf:{path}: its weights are {pickled[0]}, a pickle, which attnx does not load "
-            "(unpickling a file someone else made can run code); save them as safetensors (transformers' "
-            "save_pretrained writes model.safetensors) and export that"
-        )
-    raise AttnxError(
-        f"--from hf:{path}: no model.safetensors there; give a directory written by save_pretrained"
-    )
-
-
-def read_config(path: Path) -> dict[str, Any]:
-    """``DIR/config.json`` of a Reformer.
-
-    Raises:
-        AttnxError: no such file, not JSON, or another model type.
-    """
-    file = path / "config.json"
-    if not file.is_file():
-        raise AttnxError(
-            f"--from hf:{path}: no config.json there; give a directory written by save_pretrained"
-        )
-    try:
-        config = json.loads(file.read_text())
-    except (OSError, ValueError, RecursionError) as exc:
-        raise AttnxError(f"--from hf:{path}: cannot read config.json: {first_line(exc)}") from None
-    kind = config.get("model_type") if isinstance(config, dict) else None
-    if kind != "reformer":
-        raise AttnxError(
-            f"--from hf:{path} holds a '{kind}' model; the hf adapter exports Reformer models (model_type "
-            "'reformer'); export other models from Python with attnx.export_module"
-        )
-    return config
 
 
 def model_class(path: Path, config: dict[str, Any]) -> str:
@@ -95,7 +50,6 @@ def load(path: Path) -> tuple[Any, dict[str, Any], None, list[str]]:
     transformers.logging.disable_progress_bar()
     raw = read_config(path)
     name = model_class(path, raw)
-    check_weights(path)
     try:
         config = transformers.ReformerConfig.from_pretrained(path, local_files_only=True)
     except Exception as exc:  # transformers validates a config's values with any type

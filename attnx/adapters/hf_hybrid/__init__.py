@@ -1,0 +1,27 @@
+"""``hf_hybrid``: Hugging Face hybrid LLMs (gated linear attention + a few softmax layers) on attnx ops.
+
+Qwen3-Next (``qwen3_next``) and the text models of Qwen3.5 (``qwen3_5``) and Qwen3.5-MoE
+(``qwen3_5_moe``): their Gated DeltaNet layers become attnx's gated delta rule
+(``attnx::GatedDeltaRule``, decode ``attnx::GatedDeltaRuleStep``), their gated full-attention layers
+attnx's softmax attention with a KV cache, their sparse MoE experts a dense weighted sum that
+exports; everything else (embeddings, norms, rotary tables, routers, MLPs, head) runs Hugging Face's
+own code. One module per architecture family (``qwen.py``), shared layers beside it.
+See docs/importing.md.
+"""
+
+from __future__ import annotations
+
+from attnx.adapter import Adapter
+from attnx.hookspecs import hookimpl
+
+ADAPTER = Adapter(
+    name="hf_hybrid",
+    summary="HF Qwen3-Next, Qwen3.5, Qwen3.5-MoE (Gated DeltaNet, gated attention, MoE) -> gated_delta",
+    library="transformers",
+    impl="attnx.adapters.hf_hybrid.convert:IMPL",
+)
+
+
+@hookimpl
+def attnx_register_adapters() -> list[Adapter]:
+    return [ADAPTER]

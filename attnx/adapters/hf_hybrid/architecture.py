@@ -1,0 +1,87 @@
+"""What the hybrid adapter knows about one Hugging Face architecture, and what all of them share.
+
+An :class:`Architecture` is declared once per ``model_type`` (``qwen.py``; Kimi Linear and MiniMax
+add theirs beside it): the classes ``--from hf:DIR`` loads, the whole-model classes the adapter wraps
+(:class:`attnx.adapters.hf_hybrid.model.HybridModel`), and per HF layer class the attnx module that
+replaces it. Shared code keys on these declarations, never on an architecture's name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from torch import nn
+
+from attnx.adapters.hf_hybrid.attention import GatedAttention
+from attnx.adapters.hf_hybrid.model import HybridModel, convert_layers
+from attnx.errors import AttnxError
+
+LAYER_TYPES = ("linear_attention", "full_attention")
+# Rotary types whose frequencies HF recomputes from the input length at every forward (dynamic_rope_update)
+RESCALED_ROPE = ("dynamic", "longrope")
+
+
+@dataclasses.dataclass(frozen=True)
+class Architecture:
+    """One ``model_type`` the adapter exports.
+
+    Attributes:
+        model_type: ``config.json``'s ``model_type``.
+        config_class: the transformers config class ``--from`` reads it with.
+        classes: the model classes ``--from`` loads, best first (``architectures`` picks one).
+        models: the whole-model classes the adapter wraps (causal LM, text model).
+        layers: HF layer class -> the attnx module made from it (same parameters).
+        untraceable: HF classes that cannot be exported as they are (refused if left unconverted).
+        rotary: the model's rotary embedding class (its cos/sin for positions), which the attention
+            layers of a converted model use to step on their own.
+    """
+
+    model_type: str
+    config_class: str
+    classes: tuple[str, ...]
+    models: tuple[type, ...]
+    layers: Mapping[type, Callable[[nn.Module], nn.Module]]
+    untraceable: tuple[type, ...]
+    rotary: type
+
+    def convert(self, module: nn.Module) -> nn.Module | None:
+        """The attnx replacement of a whole model or of one layer of this architecture, or None."""
+        if isinstance(module, self.models):
+            check_config(module.config, self.model_type)
+            rotary = next(m for m in module.modules() if isinstance(m, self.rotary))
+            converted = convert_layers(module, self.layers)
+            for layer in converted.modules():
+                if isinstance(layer, GatedAttention):
+                    layer.rotary = rotary.forward
+            return HybridModel(converted, module.config.layer_types)
+        make = self.layers.get(type(module))
+        return None if make is None else make(module)
+
+
+def check_config(config: Any, model_type: str) -> None:
+    """Refuse, by name, the options of a hybrid config that the adapter does not reproduce.
+
+    Raises:
+        AttnxError: a rotary type HF rescales per forward, a layer type other than linear/full attention,
+            or a sliding window on the full attention layers (MiniMax's ``sliding_window``).
+    """
+    if getattr(config, "sliding_window", None) is not None:
+        raise AttnxError(
+            f"{model_type} with sliding_window={config.sliding_window}: attnx's full attention layers attend "
+            "to every earlier token; export a config with sliding_window null"
+        )
+    rope = (getattr(config, "rope_parameters", None) or {}).get("rope_type", "default")
+    if rope in RESCALED_ROPE:
+        raise AttnxError(
+            f"{model_type} with rope_parameters.rope_type='{rope}': Hugging Face recomputes its rotary "
+            "frequencies from the input length at every forward, which an exported graph cannot follow; "
+            f"attnx exports the other rotary types (not {', '.join(RESCALED_ROPE)})"
+        )
+    unknown = sorted(set(config.layer_types) - set(LAYER_TYPES))
+    if unknown:
+        raise AttnxError(
+            f"{model_type} with layer_types {', '.join(unknown)}: attnx adapts "
+            f"{' and '.join(LAYER_TYPES)} layers"
+        )

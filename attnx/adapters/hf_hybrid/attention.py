@@ -1,0 +1,136 @@
+"""Full attention of Hugging Face hybrids (Qwen3-Next, Qwen3.5 gated; MiniMax plain) on attnx's softmax.
+
+What HF computes (``Qwen3NextAttention.forward``, ``Qwen3_5Attention.forward``): ``q_proj`` gives the
+queries and a per-channel output gate (interleaved per head: [q_h, gate_h]); q and k pass a per-head
+zero-centred RMSNorm (``q_norm``/``k_norm``), then the rotary embedding on the first
+``partial_rotary_factor`` of each head (``apply_rotary_pos_emb`` with the model's cos/sin); the
+``num_key_value_heads`` key/value heads are repeated to the query heads (``repeat_kv``); causal
+softmax attention with scale head_dim^-1/2 over the keys the 2D padding mask keeps; the output is
+multiplied by sigmoid(gate) and projected by ``o_proj``. A query that sees no key at all (a
+left-padded position) gets a zero attention output, which is what HF's default SDPA path returns.
+The norms, rotary and projections are HF's own modules and functions; the attention is
+``attnx::SoftmaxAttention`` (causal, key padding mask). MiniMax's ``MiniMaxAttention`` is the same
+without the output gate and the q/k norms (``gated=False``).
+
+Decoding keeps the KV cache of the *key/value* heads (before ``repeat_kv``), as onnxruntime-genai's
+``past_key_values.{i}.key/value`` are.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from attnx.attention import Stepping
+from attnx.errors import AttnxError
+from attnx.state import StateTensor, kv_cache
+
+# rotate(q, k, cos, sin) -> (q, k): the architecture's apply_rotary_pos_emb; repeat(x, n_rep): its repeat_kv
+Rotary = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+
+class GatedAttention(Stepping, nn.Module):
+    """An HF full attention layer (same parameters, same names) computed by ``attnx::SoftmaxAttention``;
+    ``gated``: Qwen's output gate in ``q_proj`` and q/k norms (False: MiniMax's plain layer).
+
+    A :class:`attnx.state.DecodableLayer`: ``step(x, state, position)`` continues a KV cache of the
+    key/value heads, with cos/sin from the model's own rotary module; while ``stepping`` holds a Step
+    (:class:`attnx.attention.Stepping`), HF's call of the layer is that step.
+    """
+
+    def __init__(
+        self,
+        layer: nn.Module,
+        rotate: Rotary,
+        repeat: Callable[[torch.Tensor, int], torch.Tensor],
+        gated: bool = True,
+    ):
+        super().__init__()
+        self.gated = gated
+        for name, child in layer.named_children():
+            self.add_module(name, child)
+        self.rotate, self.repeat = rotate, repeat
+        self.head_dim, self.scaling = layer.head_dim, float(layer.scaling)
+        self.groups = layer.num_key_value_groups
+        self.kv_heads = layer.config.num_key_value_heads
+        self.layer_idx = layer.layer_idx
+        self.rotary: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None  # set with the model's
+
+    def decode_state(self) -> list[StateTensor]:
+        """A KV cache of the key/value heads (keys after their norm and rotation)."""
+        return kv_cache(self.kv_heads, self.head_dim)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor],
+        attention_mask: torch.Tensor | None = None,
+        cache: Any = None,
+        **kwargs: Any,
+    ) -> tuple[torch.Tensor, None]:
+        """HF's call (with its cos/sin): the whole sequence, or (while ``stepping`` holds a Step) the step
+        of new tokens after its KV cache."""
+        if cache is not None:
+            raise ValueError(
+                "an attnx gated attention layer keeps its KV cache through attnx decoding, not HF's cache"
+            )
+        if self.stepping is not None:
+            return self.stepped(hidden_states), None
+        padding = None if attention_mask is None else attention_mask.to(torch.bool)
+        return self.attend(hidden_states, position_embeddings, padding, None)[0], None
+
+    def step(
+        self, x: torch.Tensor, state: tuple[torch.Tensor, ...] | None, position: torch.Tensor
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        """The output for new tokens ``x`` at ``position`` after the KV cache ``state`` (None: empty), and
+        the cache after them; cos/sin from the model's own rotary module.
+
+        Raises:
+            AttnxError: a layer converted on its own, without its model's rotary module.
+        """
+        if self.rotary is None:
+            raise AttnxError(
+                "a gated attention layer converted without its model cannot step; convert the model"
+            )
+        positions = (torch.arange(x.shape[1], device=x.device) + position)[None]
+        return self.attend(x, self.rotary(x, positions), None, state or ())
+
+    def attend(
+        self,
+        x: torch.Tensor,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor],
+        padding: torch.Tensor | None,
+        past: tuple[torch.Tensor, ...] | None,
+    ) -> tuple[torch.Tensor, Any]:
+        """The layer on (batch, n, width) ``x``; with ``past`` (a KV cache, () when empty) the new keys and
+        values are appended and the cache after ``x`` is returned too."""
+        shape = x.shape[:-1]
+        heads = (*shape, -1, self.head_dim)
+        if self.gated:
+            query, gate = torch.chunk(self.q_proj(x).view(*shape, -1, self.head_dim * 2), 2, dim=-1)
+            query = self.q_norm(query.view(heads)).transpose(1, 2)
+            key = self.k_norm(self.k_proj(x).view(heads)).transpose(1, 2)
+        else:
+            query, key = (
+                self.q_proj(x).view(heads).transpose(1, 2),
+                self.k_proj(x).view(heads).transpose(1, 2),
+            )
+        value = self.v_proj(x).view(heads).transpose(1, 2)
+        query, key = self.rotate(query, key, *position_embeddings)
+        present = None
+        if past is not None:
+            if past:
+                key, value = torch.cat([past[0], key], dim=-2), torch.cat([past[1], value], dim=-2)
+            present = (key, value)
+        out = torch.ops.attnx.softmax_attention(
+            query, self.repeat(key, self.groups), self.repeat(value, self.groups), padding, True, self.scaling
+        )
+        if padding is not None:  # a query that sees no key (left padding) gets zeros, as HF's SDPA gives it
+            out = out * (padding.cumsum(-1) > 0)[:, None, :, None].to(out.dtype)
+        out = out.transpose(1, 2).reshape(*shape, -1)
+        if self.gated:
+            out = out * torch.sigmoid(gate.reshape(*shape, -1))
+        return self.o_proj(out), present

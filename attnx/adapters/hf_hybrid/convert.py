@@ -1,0 +1,35 @@
+"""The heavy half of the ``hf_hybrid`` adapter (imports transformers and torch): every architecture's
+declaration, the walk's ``convert``/``needs_adapter``, and ``--from hf:DIR`` loading."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from attnx.adapter import AdapterImpl
+from attnx.adapters.hf_hybrid.architecture import Architecture
+from attnx.adapters.hf_hybrid.minimax import MINIMAX
+from attnx.adapters.hf_hybrid.qwen import QWEN3_5, QWEN3_5_MOE, QWEN3_NEXT
+from attnx.registry import get_registry
+
+ARCHITECTURES: dict[str, Architecture] = {
+    a.model_type: a for a in (QWEN3_NEXT, QWEN3_5, QWEN3_5_MOE, MINIMAX)
+}
+
+
+def convert(module: nn.Module) -> nn.Module | None:
+    """A whole hybrid model or one of its layers on attnx ops; None for anything else."""
+    for architecture in ARCHITECTURES.values():
+        replacement = architecture.convert(module)
+        if replacement is not None:
+            get_registry().variant("softmax").load()  # registers torch.ops.attnx.softmax_attention
+            return replacement
+    return None
+
+
+def needs_adapter(module: nn.Module) -> bool:
+    """The linear layers (HF's chunked rule loops a traced number of chunks) and MoE experts (a
+    data-dependent loop, or grouped_mm without an ONNX translation)."""
+    return any(isinstance(module, a.untraceable) for a in ARCHITECTURES.values())
+
+
+IMPL = AdapterImpl(convert=convert, needs_adapter=needs_adapter)

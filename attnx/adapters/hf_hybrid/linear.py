@@ -1,0 +1,145 @@
+"""Gated DeltaNet layers of Hugging Face hybrids (Qwen3-Next, Qwen3.5) on attnx's gated delta rule.
+
+What HF computes (``Qwen3NextGatedDeltaNet.forward``, ``Qwen3_5GatedDeltaNet.forward``, transformers
+5.24), and so this layer, for hidden states x (batch, n, width):
+
+1. x is multiplied by the 2D padding mask (``apply_mask_to_padding_states``), so a padded token
+   projects to zeros;
+2. the projections give the q, k, v channels (concatenated), the output gate z and the per-value-head
+   b, a (the architecture's ``project``: Qwen3-Next interleaves them per key-head group in
+   ``in_proj_qkvz`` / ``in_proj_ba``, Qwen3.5 has one projection each);
+3. one causal depthwise conv (kernel ``linear_conv_kernel_dim``, no padding past the start: the
+   K-1 channels before the first token are zeros, or the carried conv state) and the config's
+   activation run over the q, k, v channels;
+4. q and k are L2-normalised in float32 (eps 1e-6 inside the rsqrt), q scaled by d_k^-1/2; the
+   decay g = -exp(A_log) softplus(a + dt_bias) and beta = sigmoid(b) per value head; each q/k head
+   serves Hv/Hk consecutive value heads; the delta rule runs in float32;
+5. the output passes HF's gated RMSNorm (norm(o) * silu(z), per value head) and ``out_proj``.
+
+A padded token is then exactly a no-op on the state at the start (left padding): its q, k, v are
+silu(conv(0)) = 0, so the zero state stays zero whatever its decay.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from attnx.attention import Stepping
+from attnx.plugins._gated_core import gated_delta_rule, gated_delta_rule_step
+from attnx.state import StateTensor, conv_state
+
+CHUNK_SIZE = 64  # HF's torch_chunk_gated_delta_rule default; the chunking changes only the rounding
+L2_EPS = 1e-6
+
+# project(layer, x) -> (qkv channels (b, n, conv_dim), z (b, n, Hv, Dv), b (b, n, Hv), a (b, n, Hv))
+Projector = Callable[[nn.Module, torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]
+
+
+def l2norm(x: torch.Tensor) -> torch.Tensor:
+    """HF's ``l2norm``: x * rsqrt(sum(x^2) + 1e-6) over the last dim."""
+    return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + L2_EPS)
+
+
+class GatedDeltaNet(Stepping, nn.Module):
+    """An HF Gated DeltaNet layer (same parameters, same names) computed by ``attnx::GatedDeltaRule``.
+
+    A :class:`attnx.state.DecodableLayer`: ``step(x, state, position)`` continues from its state (the
+    conv carry and the recurrent state, ``attnx::GatedDeltaRuleStep``); while ``stepping`` holds a Step
+    (:class:`attnx.attention.Stepping`), HF's call of the layer is that step.
+    """
+
+    def __init__(
+        self, layer: nn.Module, project: Projector, activation: Callable[[torch.Tensor], torch.Tensor]
+    ):
+        super().__init__()
+        for name, child in layer.named_children():
+            self.add_module(name, child)
+        for name, parameter in layer.named_parameters(recurse=False):
+            self.register_parameter(name, parameter)
+        self.project, self.activation = project, activation
+        # HF's names, so the architecture's own helpers (Qwen3-Next's fix_query_key_value_ordering) run on it
+        self.num_k_heads, self.num_v_heads = layer.num_k_heads, layer.num_v_heads
+        self.head_k_dim, self.head_v_dim = layer.head_k_dim, layer.head_v_dim
+        self.conv_kernel_size, self.layer_idx = layer.conv_kernel_size, layer.layer_idx
+
+    def decode_state(self) -> list[StateTensor]:
+        """The conv carry over the q, k, v channels and the delta rule's state per value head."""
+        channels = 2 * self.num_k_heads * self.head_k_dim + self.num_v_heads * self.head_v_dim
+        return [
+            conv_state(channels, self.conv_kernel_size),
+            StateTensor(
+                "recurrent",
+                ("batch", self.num_v_heads, self.head_k_dim, self.head_v_dim),
+                "float32",
+                doc="delta-rule state S (d_k, d_v) per value head",
+            ),
+        ]
+
+    def conv(self, qkv: torch.Tensor, past: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The causal depthwise conv + activation over (b, C, n) channels after ``past`` (b, C, K-1)
+        (None: zeros, as HF's left padding of K-1); returns (out, the last K-1 inputs)."""
+        if past is None:
+            past = qkv.new_zeros(qkv.shape[0], qkv.shape[1], self.conv_kernel_size - 1)
+        window = torch.cat([past.to(qkv.dtype), qkv], dim=-1)
+        weight = self.conv1d.weight
+        out = F.conv1d(window.to(weight.dtype), weight, self.conv1d.bias, groups=qkv.shape[1])
+        return self.activation(out).to(qkv.dtype), window[
+            :, :, window.shape[-1] - (self.conv_kernel_size - 1) :
+        ]
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        cache: Any = None,
+        attention_mask: torch.Tensor | None = None,
+        **kwargs: Any,
+    ) -> torch.Tensor:
+        """HF's call: the whole sequence, or (while ``stepping`` holds a Step) new tokens after its state."""
+        if cache is not None:
+            raise ValueError(
+                "an attnx Gated DeltaNet layer keeps its state through attnx decoding, not HF's cache"
+            )
+        if attention_mask is not None:
+            hidden_states = (hidden_states * attention_mask[:, :, None]).to(hidden_states.dtype)
+        if self.stepping is not None:
+            return self.stepped(hidden_states)
+        return self.mix(hidden_states, None)[0]
+
+    def step(
+        self, x: torch.Tensor, state: tuple[torch.Tensor, ...] | None, position: torch.Tensor
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        """The output for new tokens ``x`` after ``state`` ((conv, recurrent); None: nothing before) and the
+        state after them (the rule does not depend on ``position``)."""
+        out, present = self.mix(x, state or (None, None))
+        return out, present
+
+    def mix(
+        self, x: torch.Tensor, state: tuple[torch.Tensor | None, torch.Tensor | None] | None
+    ) -> tuple[torch.Tensor, Any]:
+        """The layer on (batch, n, width) ``x``: with ``state`` None the full-sequence op, else the step op
+        from ``state`` (its tensors None: empty), returning the state after ``x`` too."""
+        batch, n, _ = x.shape
+        qkv, z, b, a = self.project(self, x)
+        past_conv, past_state = (None, None) if state is None else state
+        mixed, conv_state = self.conv(qkv.transpose(1, 2), past_conv)
+        widths = [self.num_k_heads * self.head_k_dim] * 2 + [self.num_v_heads * self.head_v_dim]
+        q, k, v = torch.split(mixed.transpose(1, 2), widths, -1)
+        q, k = (l2norm(t.reshape(batch, n, -1, self.head_k_dim).float()).transpose(1, 2) for t in (q, k))
+        v = v.reshape(batch, n, -1, self.head_v_dim).float().transpose(1, 2)
+        g = (-self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)).transpose(1, 2)[..., None]
+        beta = b.sigmoid().float().transpose(1, 2)
+        scale = self.head_k_dim**-0.5
+        present = None
+        if state is None:
+            out = gated_delta_rule(q, k, v, g, beta, True, scale, CHUNK_SIZE)
+        else:
+            out, recurrent = gated_delta_rule_step(q, k, v, g, beta, past_state, True, scale, CHUNK_SIZE)
+            present = (conv_state, recurrent)
+        out = out.transpose(1, 2).to(x.dtype).reshape(-1, self.head_v_dim)
+        out = self.norm(out, z.reshape(-1, self.head_v_dim)).reshape(batch, n, -1)
+        return self.out_proj(out), present

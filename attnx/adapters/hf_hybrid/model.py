@@ -1,0 +1,64 @@
+"""A whole Hugging Face hybrid model with its layers converted (what the adapter returns for it).
+
+HF's own forward runs (embeddings, decoder layers, norms, rotary tables, routers, MLPs, the head),
+called with what attnx's layers take:
+
+* masks: HF builds a 4D causal mask for the attention layers and passes the 2D padding mask to the
+  linear ones; its forward also takes a ready mapping layer type -> mask, which this wrapper passes
+  with the 2D mask for every layer type (attnx's softmax op is causal itself and takes the 2D key
+  padding mask; HF's ``create_recurrent_attention_mask`` gives the linear layers that same mask);
+* positions: ``position_ids`` as given (generate passes cumsum(mask) - 1 for left padding), else
+  0..n-1 as HF counts them, offset by ``past_length`` (the decode graphs' position of the first new
+  token; HF counts its cache instead).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from attnx.errors import AttnxError
+
+
+def convert_layers(model: nn.Module, layers: Mapping[type, Callable[[nn.Module], nn.Module]]) -> nn.Module:
+    """``model`` (the walk's private copy) with every submodule of a class in ``layers`` replaced."""
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            make = layers.get(type(child))
+            if make is not None:
+                setattr(parent, name, make(child))
+    return model
+
+
+class HybridModel(nn.Module):
+    """An HF hybrid causal LM (or its text model) with attnx layers, called as attnx exports it."""
+
+    def __init__(self, model: nn.Module, layer_types: list[str]):
+        super().__init__()
+        self.model = model
+        self.layer_types = sorted(set(layer_types))
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        past_length: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        if use_cache:
+            raise AttnxError(
+                "an exported Hugging Face hybrid takes the whole sequence (its decode state goes through "
+                "attnx --decode): pass use_cache=False"
+            )
+        if position_ids is None:
+            start = 0 if past_length is None else past_length
+            position_ids = (torch.arange(input_ids.shape[1], device=input_ids.device) + start)[None]
+        masks = {kind: attention_mask for kind in self.layer_types}
+        return self.model(
+            input_ids=input_ids, attention_mask=masks, position_ids=position_ids, use_cache=False, **kwargs
+        )

@@ -1,0 +1,300 @@
+"""Small *trained* Hugging Face hybrid models (Qwen3-Next, Qwen3.5's text model) for tests and benchmarks.
+
+Each recipe is a small config of the architecture (a few layers mixing Gated DeltaNet and gated
+softmax attention, width 64, MoE with four experts for Qwen3-Next), a byte-level BPE tokenizer
+trained with ``tokenizers`` on the Python documentation that ships with CPython
+(``pydoc_data.topics``), and a few hundred AdamW steps of next-token training on that text on CPU.
+The result is written with ``save_pretrained`` (safetensors) plus the tokenizer into
+``<cache>/<arch>-<hash>``, where the hash covers the recipe and the training settings, so it is
+made once per recipe and reused (``make``). ``examples/train_hf_hybrid.py`` makes them from the
+command line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+FIXTURE_VERSION = 1
+VOCAB_SIZE = 512
+SPECIAL = "<|endoftext|>"
+PROMPT = "def fibonacci(n):\n    "  # a prompt for greedy agreement (the corpus is Python's documentation)
+TRAINING: dict[str, Any] = {"steps": 300, "batch": 8, "length": 64, "lr": 3e-3, "seed": 0}
+
+_SHARED = {
+    "vocab_size": VOCAB_SIZE,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 4,
+    "layer_types": ["linear_attention", "linear_attention", "linear_attention", "full_attention"],
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 32,
+    "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4,
+    "linear_key_head_dim": 16,
+    "linear_value_head_dim": 16,
+    "linear_conv_kernel_dim": 4,
+    "max_position_embeddings": 4096,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
+    "pad_token_id": 0,
+    "bos_token_id": 0,
+    "eos_token_id": 0,
+}
+
+RECIPES: dict[str, dict[str, Any]] = {
+    "qwen3_next": {
+        "class": "Qwen3NextForCausalLM",
+        "config": "Qwen3NextConfig",
+        "options": {
+            **_SHARED,
+            "tie_word_embeddings": False,
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 64,
+            "shared_expert_intermediate_size": 64,
+            "decoder_sparse_step": 1,
+            "mlp_only_layers": [1],
+        },
+    },
+    "qwen3_5": {
+        "class": "Qwen3_5ForCausalLM",
+        "config": "Qwen3_5TextConfig",
+        "options": {
+            **_SHARED,
+            "tie_word_embeddings": True,
+            # as Qwen3.5's released configs: multimodal rotary sections (their sum is half the rotary width)
+            "rope_parameters": {
+                **_SHARED["rope_parameters"],
+                "mrope_section": [2, 1, 1],
+                "mrope_interleaved": True,
+            },
+        },
+    },
+    "minimax": {
+        "class": "MiniMaxForCausalLM",
+        "config": "MiniMaxConfig",
+        "options": {
+            **{k: _SHARED[k] for k in ("vocab_size", "hidden_size", "num_hidden_layers", "layer_types")},
+            **{
+                k: _SHARED[k]
+                for k in ("num_attention_heads", "num_key_value_heads", "max_position_embeddings")
+            },
+            **{k: _SHARED[k] for k in ("pad_token_id", "bos_token_id", "eos_token_id")},
+            "head_dim": 16,
+            "intermediate_size": 64,
+            "num_local_experts": 4,
+            "num_experts_per_tok": 2,
+            "block_size": 64,  # HF's lightning block (256 in the released config): prefill crosses blocks
+            "tie_word_embeddings": False,
+            # the released config's residual factors differ per layer kind; these make the test see them
+            "full_attn_alpha_factor": 1.5,
+            "linear_attn_beta_factor": 0.7,
+        },
+    },
+    "qwen3_5_moe": {
+        "class": "Qwen3_5MoeForCausalLM",
+        "config": "Qwen3_5MoeTextConfig",
+        "options": {
+            **_SHARED,
+            "tie_word_embeddings": False,
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 64,
+            "shared_expert_intermediate_size": 64,
+            "rope_parameters": {
+                **_SHARED["rope_parameters"],
+                "mrope_section": [2, 1, 1],
+                "mrope_interleaved": True,
+            },
+        },
+    },
+}
+
+
+def recipe_hash(arch: str) -> str:
+    """12 hex digits of the SHA-256 of the recipe, the training settings and the fixture version."""
+    text = json.dumps([FIXTURE_VERSION, VOCAB_SIZE, TRAINING, RECIPES[arch]], sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def cache_root() -> Path:
+    """``$ATTNX_HF_FIXTURES``, else ``~/.cache/attnx/hf-fixtures``."""
+    env = os.environ.get("ATTNX_HF_FIXTURES")
+    return Path(env) if env else Path.home() / ".cache" / "attnx" / "hf-fixtures"
+
+
+def corpus() -> str:
+    """The training text: every topic of CPython's own documentation (``pydoc_data.topics``)."""
+    from pydoc_data.topics import topics
+
+    return "\n\n".join(topics[key] for key in sorted(topics))
+
+
+def train_tokenizer() -> Any:
+    """A byte-level BPE tokenizer of :data:`VOCAB_SIZE` tokens (id 0 is ``<|endoftext|>``), as a
+    ``PreTrainedTokenizerFast`` that pads on the left, as decoder-only generation does."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB_SIZE,
+        special_tokens=[SPECIAL],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator([corpus()], trainer=trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        eos_token=SPECIAL,
+        pad_token=SPECIAL,
+        bos_token=SPECIAL,
+        padding_side="left",
+    )
+
+
+def build(arch: str) -> Any:
+    """The randomly initialised model of ``arch``'s recipe (seeded)."""
+    import torch
+    import transformers
+
+    recipe = RECIPES[arch]
+    config = getattr(transformers, recipe["config"])(**recipe["options"])
+    torch.manual_seed(TRAINING["seed"])
+    return getattr(transformers, recipe["class"])(config)
+
+
+def train(model: Any, ids: Any, log: Any = None) -> list[float]:
+    """Next-token training of ``model`` on random windows of ``ids`` (AdamW); returns the losses.
+
+    One intra-op thread: these matrices are tiny, and on a shared 2-core machine several threads
+    spinning on them made a step 18 times slower (measured)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _train(model, ids, log)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _train(model: Any, ids: Any, log: Any) -> list[float]:
+    import torch
+
+    generator = torch.Generator().manual_seed(TRAINING["seed"])
+    optimizer = torch.optim.AdamW(model.parameters(), lr=TRAINING["lr"], weight_decay=0.0)
+    steps, batch, length = TRAINING["steps"], TRAINING["batch"], TRAINING["length"]
+    schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, TRAINING["lr"], total_steps=steps)
+    model.train()
+    losses = []
+    for step in range(steps):
+        starts = torch.randint(0, len(ids) - length - 1, (batch,), generator=generator)
+        window = torch.stack([ids[s : s + length] for s in starts.tolist()])
+        loss = model(input_ids=window, labels=window, use_cache=False).loss
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        schedule.step()
+        losses.append(loss.item())
+        if log is not None and (step % 50 == 0 or step == steps - 1):
+            log(f"{step:4d} loss {losses[-1]:.3f}")
+    return losses
+
+
+def make(arch: str, root: Path | None = None, log: Any = None) -> Path:
+    """The ``save_pretrained`` directory of ``arch``'s trained model (made on first use, then reused).
+
+    Written into a temporary folder and renamed into place, so a killed run leaves no half model.
+    """
+    import torch
+    import transformers
+
+    transformers.logging.disable_progress_bar()
+    final = (root or cache_root()) / f"{arch}-{recipe_hash(arch)}"
+    if (final / "config.json").is_file():
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
+    try:
+        tokenizer = train_tokenizer()
+        ids = torch.tensor(tokenizer(corpus())["input_ids"], dtype=torch.long)
+        model = build(arch)
+        losses = train(model, ids, log)
+        model.eval().save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        (staging / "training.json").write_text(
+            json.dumps({"recipe": RECIPES[arch], "training": TRAINING, "losses": losses[::10]}, indent=1)
+        )
+        with contextlib.suppress(OSError):  # another process made it first: keep theirs
+            staging.rename(final)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return final
+
+
+def hf_greedy(model: Any, prompt: Any, new_tokens: int) -> tuple[list[int], Any]:
+    """HF ``generate``'s greedy continuation of ``prompt`` (ids, (1, n)) for exactly ``new_tokens`` (no
+    stop at end-of-text) and the logits it chose from at each step ((new_tokens, vocab))."""
+    import torch
+
+    with torch.no_grad():
+        out = model.generate(
+            prompt,
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            do_sample=False,
+            output_logits=True,
+            return_dict_in_generate=True,
+            pad_token_id=model.config.pad_token_id,
+        )
+    return out.sequences[0, prompt.shape[1] :].tolist(), torch.cat(out.logits)
+
+
+def genai_greedy(model_dir: Path | str, prompt: list[int], new_tokens: int) -> tuple[list[int], float]:
+    """Greedy tokens after ``prompt`` in onnxruntime-genai (exactly ``new_tokens``) and tokens/s."""
+    import onnxruntime_genai as og
+
+    model = og.Model(str(model_dir))
+    params = og.GeneratorParams(model)
+    total = len(prompt) + new_tokens
+    params.set_search_options(do_sample=False, max_length=total, min_length=total)
+    generator = og.Generator(model, params)
+    start = time.perf_counter()
+    generator.append_tokens(prompt)
+    while not generator.is_done():
+        generator.generate_next_token()
+    seconds = time.perf_counter() - start
+    tokens = list(generator.get_sequence(0))[len(prompt) :]
+    return tokens, len(tokens) / seconds
+
+
+def agreement(
+    expected: list[int], logits: Any, actual: list[int], tolerance: float
+) -> tuple[int, int | None]:
+    """How many tokens ``actual`` shares with ``expected`` (HF's greedy tokens, chosen from ``logits``), and
+    the step of a legitimate float tie: the first disagreement, when HF's two best logits there are
+    closer than ``tolerance``, is a tie (None when there is none).
+
+    Raises:
+        AssertionError: a disagreement where HF's choice was clear.
+    """
+    for step, (want, got) in enumerate(zip(expected, actual, strict=False)):
+        if want != got:
+            top = logits[step].topk(2).values
+            gap = float(top[0] - top[1])
+            assert gap < tolerance, f"step {step}: {got} instead of HF's {want} (HF's top-two gap {gap:.3g})"
+            return step, step
+    assert len(actual) >= len(expected), f"{len(actual)} tokens, HF made {len(expected)}"
+    return len(expected), None

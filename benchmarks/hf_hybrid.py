@@ -1,0 +1,359 @@
+"""Hugging Face hybrids (Qwen3.5, Qwen3-Next) exported by the ecosystem's own tools, measured against
+HF's own forward (docs/benchmarks.md, "Hugging Face hybrids").
+
+On the small trained models of ``attnx.testing.hf_hybrid`` (``examples/train_hf_hybrid.py``):
+
+* **onnxruntime-genai's model builder** (``python -m onnxruntime_genai.models.builder``, 0.18): it
+  takes Qwen3.5 only as a ``Qwen3_5ForConditionalGeneration`` checkpoint (with a vision tower), so
+  the trained text model is wrapped into one (a one-block vision tower, the text weights copied; its
+  text forward is checked equal to the text model's). Measured: build time, the built model's prefill
+  logits against HF's forward at several lengths (empty state), greedy tokens and tokens/s in genai
+  against HF ``generate``.
+* **transformers' own ``OnnxExporter``** (``transformers.exporters.exporter_onnx``): export time,
+  which inputs the graph takes (state or not), logits against HF's forward at several lengths.
+* **speed** (``--speed``): a Qwen3.5 text model of width 512 (3 Gated DeltaNet + 1 gated attention
+  layer, random weights: speed does not depend on training): prefill of 4096 tokens and decode
+  ms/token after 4096 tokens of context, HF eager torch (its cache) against the genai builder's model
+  and attnx's export (``--decode``, ``--target ort`` and portable) in onnxruntime-genai and in
+  ``attnx generate``, all on 2 threads.
+
+    python benchmarks/hf_hybrid.py [--archs qwen3_5,qwen3_next] [--lengths 7,37,65,130] [--new-tokens 200]
+    python benchmarks/hf_hybrid.py --speed [--context 4096] [--steps 32]
+
+Prints one JSON object per measurement and a summary table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from attnx.testing import hf_hybrid
+
+PROMPT = "def fibonacci(n):\n    "
+
+
+def conditional_checkpoint(text_dir: Path, out: Path) -> Path:
+    """A ``Qwen3_5ForConditionalGeneration`` checkpoint holding the trained text model of ``text_dir``.
+
+    Raises:
+        AssertionError: its text forward differs from the text model's.
+    """
+    import transformers
+
+    text = transformers.Qwen3_5ForCausalLM.from_pretrained(text_dir).eval()
+    settings = text.config.to_dict()
+    vision = {"depth": 1, "hidden_size": 32, "num_heads": 2, "intermediate_size": 64}
+    config = transformers.Qwen3_5Config(
+        text_config=settings,
+        vision_config={**vision, "out_hidden_size": settings["hidden_size"]},
+        tie_word_embeddings=settings["tie_word_embeddings"],
+    )
+    model = transformers.Qwen3_5ForConditionalGeneration(config).eval()
+    model.model.language_model.load_state_dict(text.model.state_dict())
+    model.lm_head.load_state_dict(text.lm_head.state_dict())
+    ids = torch.randint(0, settings["vocab_size"], (1, 33))
+    with torch.no_grad():
+        same = torch.equal(text(input_ids=ids).logits, model(input_ids=ids).logits)
+    assert same, "the conditional-generation wrapper changed the text forward"
+    model.save_pretrained(out)
+    transformers.AutoTokenizer.from_pretrained(text_dir).save_pretrained(out)
+    return out
+
+
+def build_with_genai(checkpoint: Path, out: Path) -> float:
+    """onnxruntime-genai's model builder (fp32, CPU) on ``checkpoint``; returns its wall time (s)."""
+    start = time.perf_counter()
+    subprocess.run(
+        [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(checkpoint), "-o", str(out)]
+        + ["-p", "fp32", "-e", "cpu", "-c", str(out.parent / "builder-cache")],
+        check=True,
+        capture_output=True,
+    )
+    return time.perf_counter() - start
+
+
+def builder_prefill(model_dir: Path, ids: np.ndarray) -> np.ndarray:
+    """The builder model's logits for ``ids`` (1, n) from an empty state (its own input layout)."""
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(model_dir / "model.onnx"), providers=["CPUExecutionProvider"])
+    n = ids.shape[1]
+    feed: dict[str, np.ndarray] = {}
+    for arg in session.get_inputs():
+        if arg.name == "input_ids":
+            feed[arg.name] = ids
+        elif arg.name == "attention_mask":
+            feed[arg.name] = np.ones((1, n), np.int64)
+        elif arg.name == "position_ids":
+            rows = [d for d in arg.shape[:-2] if isinstance(d, int)]
+            feed[arg.name] = np.broadcast_to(np.arange(n), (*rows, 1, n)).astype(np.int64).copy()
+        else:  # state: an empty KV cache, zero conv and recurrent state
+            shape = [
+                1 if d == "batch_size" else 0 if isinstance(d, str) and "past" in d else d for d in arg.shape
+            ]
+            shape = [32 if isinstance(d, str) else d for d in shape]  # kv_cache_dim: head_dim of the model
+            feed[arg.name] = np.zeros(shape, np.float32)
+    return session.run(["logits"], feed)[0]
+
+
+def hf_logits(model: Any, ids: np.ndarray) -> np.ndarray:
+    with torch.no_grad():
+        return model(input_ids=torch.from_numpy(ids), use_cache=False).logits.numpy()
+
+
+def error_rows(tool: str, arch: str, lengths: list[int], model: Any, run: Any) -> list[dict[str, Any]]:
+    """Max abs logit error of ``run(ids)`` against HF's forward at each length (or why it fails to run),
+    and the logit range."""
+    rows = []
+    for n in lengths:
+        ids = np.random.default_rng(n).integers(0, model.config.vocab_size, (1, n), dtype=np.int64)
+        expected = hf_logits(model, ids)
+        try:
+            error: float | str = float(np.abs(run(ids) - expected).max())
+        except Exception as exc:  # the tool's model failing to run at this length is the measurement
+            error = f"fails: {str(exc).splitlines()[0][-160:]}"
+        rows.append(
+            {
+                "tool": tool,
+                "arch": arch,
+                "length": n,
+                "max_abs_error": error,
+                "logit_range": float(expected.max() - expected.min()),
+            }
+        )
+    return rows
+
+
+def genai_builder(arch_dir: Path, model: Any, tokenizer: Any, work: Path, args: Any) -> list[dict[str, Any]]:
+    checkpoint = conditional_checkpoint(arch_dir, work / "conditional")
+    built = work / "builder"
+    seconds = build_with_genai(checkpoint, built)
+    rows = [{"tool": "genai-builder", "arch": "qwen3_5", "build_s": round(seconds, 1)}]
+    rows += error_rows(
+        "genai-builder", "qwen3_5", args.lengths, model, lambda ids: builder_prefill(built, ids)
+    )
+    prompt = tokenizer(PROMPT).input_ids
+    expected, logits = hf_hybrid.hf_greedy(model, torch.tensor([prompt]), args.new_tokens)
+    tokens, speed = hf_hybrid.genai_greedy(built, prompt, args.new_tokens)
+    try:
+        agreed, tie = hf_hybrid.agreement(expected, logits, tokens, 1e-4)
+        verdict = f"{agreed} agree" + (f" (tie at {tie})" if tie is not None else "")
+    except AssertionError as exc:
+        verdict = f"differs: {exc}"
+    rows.append(
+        {
+            "tool": "genai-builder",
+            "arch": "qwen3_5",
+            "greedy_vs_hf_generate": verdict,
+            "genai_tokens_per_s": round(speed, 1),
+        }
+    )
+    return rows
+
+
+def transformers_exporter(arch: str, model: Any, args: Any) -> list[dict[str, Any]]:
+    import onnxruntime as ort
+    from transformers.exporters.exporter_onnx import OnnxConfig, OnnxExporter
+
+    sample = {"input_ids": torch.randint(0, model.config.vocab_size, (1, 37))}
+    start = time.perf_counter()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            exported = OnnxExporter().export(model, sample, config=OnnxConfig(dynamic=True))
+    except Exception as exc:  # the exporter's own failure is the measurement
+        return [{"tool": "transformers-onnx", "arch": arch, "error": str(exc).splitlines()[0][:200]}]
+    seconds = time.perf_counter() - start
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "model.onnx"
+        import onnx_ir
+
+        onnx_ir.save(exported.program, str(path))
+        session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        inputs = [a.name for a in session.get_inputs()]
+        outputs = [a.name for a in session.get_outputs()]
+
+        def run(ids: np.ndarray) -> np.ndarray:
+            return session.run([outputs[0]], {"input_ids": ids})[0]
+
+        rows = [
+            {
+                "tool": "transformers-onnx",
+                "arch": arch,
+                "export_s": round(seconds, 1),
+                "inputs": inputs,
+                "outputs": len(outputs),
+            }
+        ]
+        return rows + error_rows("transformers-onnx", arch, args.lengths, model, run)
+
+
+SPEED_TEXT = {
+    "vocab_size": hf_hybrid.VOCAB_SIZE,
+    "hidden_size": 512,
+    "intermediate_size": 1536,
+    "num_hidden_layers": 4,
+    "layer_types": ["linear_attention", "linear_attention", "linear_attention", "full_attention"],
+    "num_attention_heads": 8,
+    "num_key_value_heads": 2,
+    "head_dim": 64,
+    "linear_num_key_heads": 4,
+    "linear_num_value_heads": 8,
+    "linear_key_head_dim": 64,
+    "linear_value_head_dim": 64,
+    "max_position_embeddings": 8192,
+    "tie_word_embeddings": True,
+    "rope_parameters": {  # mrope sections sum to half the rotary width (64 * 0.25 / 2)
+        **hf_hybrid.RECIPES["qwen3_5"]["options"]["rope_parameters"],
+        "mrope_section": [4, 2, 2],
+    },
+}
+
+
+def speed_model(out: Path) -> tuple[Any, Path]:
+    """The width-512 Qwen3.5 text model (seeded random weights) and its conditional-generation save."""
+    import transformers
+
+    torch.manual_seed(0)
+    model = transformers.Qwen3_5ForCausalLM(transformers.Qwen3_5TextConfig(**SPEED_TEXT)).eval()
+    model.save_pretrained(out / "text")
+    hf_hybrid.train_tokenizer().save_pretrained(out / "text")
+    return model, conditional_checkpoint(out / "text", out / "conditional")
+
+
+def hf_speed(model: Any, context: int, steps: int) -> dict[str, float]:
+    """HF eager: prefill of ``context`` tokens (s) and ms per decoded token after it (its own cache)."""
+    ids = torch.randint(0, model.config.vocab_size, (1, context))
+    with torch.no_grad():
+        start = time.perf_counter()
+        out = model(input_ids=ids, use_cache=True)
+        prefill = time.perf_counter() - start
+        cache, token = out.cache, out.logits[:, -1:].argmax(-1)
+        start = time.perf_counter()
+        for _ in range(steps):
+            out = model(input_ids=token, cache=cache, use_cache=True)
+            cache, token = out.cache, out.logits[:, -1:].argmax(-1)
+        decode = (time.perf_counter() - start) / steps
+    return {"prefill_s": prefill, "decode_ms_per_token": 1000 * decode}
+
+
+def genai_speed(model_dir: Path, context: int, steps: int) -> dict[str, float]:
+    """onnxruntime-genai: prefill of ``context`` tokens (s) and ms per decoded token after it."""
+    import onnxruntime_genai as og
+
+    model = og.Model(str(model_dir))
+    params = og.GeneratorParams(model)
+    total = context + steps
+    params.set_search_options(do_sample=False, max_length=total, min_length=total)
+    generator = og.Generator(model, params)
+    prompt = np.random.default_rng(0).integers(1, hf_hybrid.VOCAB_SIZE, context).tolist()
+    start = time.perf_counter()
+    generator.append_tokens(prompt)
+    prefill = time.perf_counter() - start
+    start = time.perf_counter()
+    while not generator.is_done():
+        generator.generate_next_token()
+    decode = (time.perf_counter() - start) / steps
+    return {"prefill_s": prefill, "decode_ms_per_token": 1000 * decode}
+
+
+def export_with_attnx(text_dir: Path, out: Path, target: str) -> float:
+    """``attnx export --from hf:DIR --decode --target TARGET`` (not verified: the tests verify these
+    exports); returns its wall time (s)."""
+    start = time.perf_counter()
+    command = [sys.executable, "-m", "attnx", "export", "--from", f"hf:{text_dir}", "--decode", "--no-verify"]
+    subprocess.run([*command, "--target", target, "-o", str(out)], check=True, capture_output=True)
+    return time.perf_counter() - start
+
+
+def genai_copy(out: Path, context: int) -> Path:
+    """A copy of the export for onnxruntime-genai with ``context`` tokens of context: a module export's
+    genai_config.json says 4096 (attnx does not read a module's position limit yet); the export itself
+    stays as written (attnx checks its files against the manifest)."""
+    copy = out.with_name(out.name + "-genai")
+    shutil.copytree(out, copy)
+    config = json.loads((copy / "genai_config.json").read_text())
+    config["model"]["context_length"] = config["search"]["max_length"] = context
+    (copy / "genai_config.json").write_text(json.dumps(config, indent=2))
+    return copy
+
+
+def attnx_generate_speed(out: Path, context: int, steps: int) -> dict[str, float]:
+    """``attnx generate`` (ONNX Runtime, 2 threads): prefill of ``context`` tokens (s) and ms per decoded
+    token after it."""
+    import attnx
+
+    prompt = np.random.default_rng(0).integers(1, hf_hybrid.VOCAB_SIZE, context).tolist()
+    run = attnx.generate(out, prompt, steps + 1, threads=2)  # the first new token comes from prefill
+    return {"prefill_s": run.prefill_seconds, "decode_ms_per_token": 1000 * run.decode_seconds / steps}
+
+
+def speed(args: Any, work: Path) -> Iterator[dict[str, Any]]:
+    """The speed rows, each as soon as it is measured."""
+    model, checkpoint = speed_model(work)
+    yield {"tool": "hf-eager", "context": args.context, **hf_speed(model, args.context, args.steps)}
+    build_with_genai(checkpoint, work / "speed-builder")
+    builder = genai_speed(work / "speed-builder", args.context, args.steps)
+    yield {"tool": "genai-builder", "context": args.context, **builder}
+    for target in args.targets.split(","):
+        out = work / f"speed-attnx-{target}"
+        seconds = export_with_attnx(work / "text", out, target)
+        runs = {
+            "genai": genai_speed(genai_copy(out, args.context + args.steps), args.context, args.steps),
+            "attnx-generate": attnx_generate_speed(out, args.context, args.steps),
+        }
+        for tool, measured in runs.items():
+            yield {"tool": f"attnx-{target} {tool}", "context": args.context, "export_s": seconds, **measured}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--archs", default=",".join(hf_hybrid.RECIPES))
+    parser.add_argument("--lengths", default="7,37,65,130")
+    parser.add_argument("--new-tokens", type=int, default=200)
+    parser.add_argument("--skip", default="", help="comma list of: builder, transformers")
+    parser.add_argument("--speed", action="store_true", help="the speed run instead (width 512)")
+    parser.add_argument("--context", type=int, default=4096)
+    parser.add_argument("--steps", type=int, default=32)
+    parser.add_argument("--targets", default="ort,portable", help="attnx export targets of the speed run")
+    args = parser.parse_args()
+    args.lengths = [int(n) for n in args.lengths.split(",")]
+    skip = set(args.skip.split(","))
+    torch.set_num_threads(2)
+    import transformers
+
+    rows = []
+    with tempfile.TemporaryDirectory() as folder:
+        work = Path(folder)
+        if args.speed:
+            for row in speed(args, work):
+                print(json.dumps(row), flush=True)
+            return
+        for arch in args.archs.split(","):
+            directory = hf_hybrid.make(arch)
+            model = getattr(transformers, hf_hybrid.RECIPES[arch]["class"]).from_pretrained(directory).eval()
+            tokenizer = transformers.AutoTokenizer.from_pretrained(directory)
+            if arch == "qwen3_5" and "builder" not in skip:
+                rows += genai_builder(directory, model, tokenizer, work, args)
+            if "transformers" not in skip:
+                rows += transformers_exporter(arch, model, args)
+            for row in rows:
+                print(json.dumps(row), flush=True)
+            rows.clear()
+
+
+if __name__ == "__main__":
+    main()

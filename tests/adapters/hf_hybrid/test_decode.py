@@ -1,0 +1,148 @@
+"""``attnx export --from hf:DIR --decode`` of the trained hybrids: prefill/decode/genai graphs (the KV
+cache of the attention layers, conv + recurrent state of the Gated DeltaNet layers, onnxruntime-genai
+0.18's names), greedy tokens of onnxruntime-genai and ``attnx generate`` against HF's own ``generate``,
+text in and out with the saved tokenizer (slow: whole decode exports)."""
+
+from __future__ import annotations
+
+import functools
+import json
+
+import pytest
+
+from attnx.decode.generate import generate
+from attnx.registry import get_registry
+from attnx.testing import hf_hybrid
+from tests.adapters.hf_hybrid.conftest import ARCHS
+from tests.adapters.hf_hybrid.test_torch_parity import layers_of
+from tests.helpers import run_cli
+
+TOLERANCE = get_registry().variant("softmax").tolerance
+NEW_TOKENS = 200
+
+
+@pytest.fixture(scope="module")
+def decode_export(saved_dir, tmp_path_factory):
+    """``decode_export(arch)``: OUT of ``attnx export --from hf:DIR --decode`` (verified), made once."""
+    made = {}
+
+    def get(arch: str):
+        if arch not in made:
+            out = tmp_path_factory.mktemp(f"decode-{arch}") / "out"
+            code, stdout, stderr = run_cli(
+                ["export", "--from", f"hf:{saved_dir(arch)}", "--decode", "-o", str(out)]
+            )
+            assert code == 0, stderr
+            assert "parity: PASSED on ort-cpu, torch decode, ort-cpu decode, ort-cpu genai" in stdout
+            made[arch] = out
+        return made[arch]
+
+    return get
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ARCHS)
+def test_genai_config_names_each_layers_state(decode_export, trained, arch):
+    """genai_config.json: the KV cache names of the attention layers and the conv/recurrent names of the
+    linear layers, as onnxruntime-genai 0.18 reads them, and genai.onnx takes those per layer (a conv
+    state only for a layer with a short conv)."""
+    import onnx
+
+    out = decode_export(arch)
+    decoder = json.loads((out / "genai_config.json").read_text())["model"]["decoder"]
+    assert decoder["inputs"]["past_recurrent_names"] == "past.%d.recurrent"
+    assert decoder["inputs"]["past_conv_names"] == "past.%d.conv"
+    assert decoder["inputs"]["past_key_names"] == "past_key_values.%d.key"
+    names = {i.name for i in onnx.load(str(out / "genai.onnx"), load_external_data=False).graph.input}
+    model = trained(arch)
+    mixers = {kind: iter(layers_of(model, kind)) for kind in set(model.config.layer_types)}
+    for i, kind in enumerate(model.config.layer_types):
+        mixer = next(mixers[kind])
+        if kind == "full_attention":
+            wanted = {f"past_key_values.{i}.key", f"past_key_values.{i}.value"}
+        else:  # a short conv carries its state beside the recurrent one (MiniMax's layers have none)
+            wanted = {f"past.{i}.recurrent"} | ({f"past.{i}.conv"} if hasattr(mixer, "conv1d") else set())
+        assert wanted <= names, (i, kind, sorted(names))
+        assert not {f"past.{i}.conv"} - wanted & names
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ARCHS)
+def test_genai_and_attnx_generate_equal_hf_generate_for_200_tokens(decode_export, trained, saved_dir, arch):
+    """Greedy onnxruntime-genai and ``attnx generate`` (ONNX Runtime) pick HF ``generate``'s tokens (its
+    own cache path) for 200 tokens, up to a float tie (HF's top-two logits closer than the tolerance)."""
+    import transformers
+
+    out = decode_export(arch)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(saved_dir(arch))
+    prompt = tokenizer(hf_hybrid.PROMPT, return_tensors="pt").input_ids
+    expected, logits = hf_hybrid.hf_greedy(trained(arch), prompt, NEW_TOKENS)
+    runs = {
+        "genai": hf_hybrid.genai_greedy(out, prompt[0].tolist(), NEW_TOKENS)[0],
+        "attnx generate": generate(out, prompt[0].tolist(), NEW_TOKENS).tokens,
+    }
+    for name, tokens in runs.items():
+        agreed, tie = hf_hybrid.agreement(expected, logits, tokens, TOLERANCE.atol)
+        assert agreed == NEW_TOKENS or tie is not None
+        print(f"{arch} {name}: {agreed} tokens agree" + ("" if tie is None else f", float tie at step {tie}"))
+
+
+@pytest.mark.slow
+def test_generate_takes_text_with_the_saved_tokenizer(decode_export, saved_dir):
+    """``attnx generate OUT --prompt TEXT`` on an HF export needs no extra flag: the text is HF's
+    tokenizer's decoding of the greedy tokens."""
+    import transformers
+
+    out = decode_export("qwen3_next")
+    code, stdout, stderr = run_cli(
+        ["generate", str(out), "--prompt", hf_hybrid.PROMPT, "-n", "12", "--json", "-q"]
+    )
+    assert code == 0, stderr
+    result = json.loads(stdout)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(saved_dir("qwen3_next"))
+    assert result["prompt"] == tokenizer(hf_hybrid.PROMPT).input_ids
+    assert result["text"] == tokenizer.decode(result["tokens"])
+
+
+def triton_tokens(out, repo, cache, log, prompt: list[int], new_tokens: int) -> list[int]:
+    """Greedy tokens of one sequence served by a real tritonserver from ``attnx triton OUT --backend
+    python`` (the server keeps each layer's state between requests)."""
+    import numpy as np
+    import tritonclient.http as client_module
+
+    from tests.serve.tritonserver import running, server_build
+
+    args = ["triton", str(out), "--repo", str(repo), "--backend", "python", "--name", "hybrid", "-q"]
+    code, _, stderr = run_cli([*args, "--env-cache", str(cache / "python-env")])
+    assert code == 0, stderr
+    tokens: list[int] = []
+    with running(server_build(cache), [repo], log) as server:
+        client = client_module.InferenceServerClient(server.http_url, network_timeout=60)
+        for step in range(new_tokens):
+            ids = np.asarray([prompt if step == 0 else tokens[-1:]], dtype=np.int64)
+            tensor = client_module.InferInput("input_ids", list(ids.shape), "INT64")
+            tensor.set_data_from_numpy(ids)
+            flags = {"sequence_start": step == 0, "sequence_end": step == new_tokens - 1}
+            result = server.call(functools.partial(client.infer, "hybrid", [tensor], sequence_id=7, **flags))
+            tokens.append(int(result.as_numpy("logits")[0, -1].argmax()))
+        client.close()
+    return tokens
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)  # the first run fetches the server wheel and builds the backend's environment
+def test_a_real_triton_server_serves_the_hybrid_token_by_token(decode_export, request, tmp_path):
+    """``attnx triton --backend python`` of the Qwen3-Next decode export, served by a real tritonserver
+    with the state kept per sequence: a prompt then one token per request gives ``attnx generate``'s
+    greedy tokens."""
+    pytest.importorskip("tritonclient.http")
+    from tests.serve.tritonserver import Unavailable
+
+    out = decode_export("qwen3_next")
+    cache = request.config.cache.mkdir("attnx-triton")
+    prompt = [5, 17, 230, 41, 9, 88, 3]
+    try:
+        served = triton_tokens(out, tmp_path / "repo", cache, tmp_path / "server.log", prompt, 16)
+    except Unavailable as exc:
+        pytest.skip(f"no tritonserver to test with: {exc}")
+    assert served == generate(out, prompt, 16).tokens

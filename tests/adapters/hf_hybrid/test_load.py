@@ -1,0 +1,105 @@
+"""``attnx export --from hf:DIR`` refusals for hybrids: one line, exit 2, nothing written."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import assert_one_line_error, run_cli
+
+
+def copy_of(source: Path, target: Path, **config_changes) -> Path:
+    shutil.copytree(source, target)
+    if config_changes:
+        config = json.loads((target / "config.json").read_text())
+        (target / "config.json").write_text(json.dumps({**config, **config_changes}))
+    return target
+
+
+def refused(directory: Path, tmp_path: Path, *fragments: str) -> None:
+    out = tmp_path / "out"
+    code, _, stderr = run_cli(["export", "--from", f"hf:{directory}", "-o", str(out)])
+    assert_one_line_error(code, stderr, *fragments)
+    assert not out.exists()
+
+
+def test_an_architecture_attnx_does_not_adapt_is_named_with_the_supported_ones(tmp_path):
+    other = tmp_path / "llama"
+    other.mkdir()
+    (other / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    refused(other, tmp_path, "'llama' model", "minimax", "qwen3_5", "qwen3_5_moe", "qwen3_next", "reformer")
+
+
+def test_a_class_attnx_does_not_export_is_named(saved_dir, tmp_path):
+    directory = copy_of(
+        saved_dir("qwen3_next"), tmp_path / "cls", architectures=["Qwen3NextForTokenClassification"]
+    )
+    refused(directory, tmp_path, "Qwen3NextForTokenClassification", "Qwen3NextForCausalLM")
+
+
+@pytest.mark.parametrize(
+    "damage,fragment",
+    [
+        ("pickled", "pickled weights (pytorch_model.bin)"),
+        ("missing", "no model.safetensors"),
+        ("garbage", "not a readable safetensors file"),
+        ("truncated", "file not fully covered"),
+    ],
+)
+def test_weights_that_are_pickled_missing_or_corrupt_are_refused(saved_dir, tmp_path, damage, fragment):
+    directory = copy_of(saved_dir("qwen3_5"), tmp_path / damage)
+    weights = directory / "model.safetensors"
+    data = weights.read_bytes()
+    if damage == "pickled":
+        weights.rename(directory / "pytorch_model.bin")
+    elif damage == "missing":
+        weights.unlink()
+    elif damage == "garbage":
+        weights.write_bytes(b"not safetensors at all" * 10)
+    else:
+        weights.write_bytes(data[: len(data) // 2])
+    refused(directory, tmp_path, fragment)
+
+
+def test_weights_that_do_not_match_the_config_are_refused(saved_dir, tmp_path):
+    source = saved_dir("qwen3_next")
+    layer_types = json.loads((source / "config.json").read_text())["layer_types"]
+    directory = copy_of(
+        source, tmp_path / "more", num_hidden_layers=5, layer_types=[*layer_types, "full_attention"]
+    )
+    refused(directory, tmp_path, "do not match its config.json", "missing keys: model.layers.4")
+
+
+def test_a_tokenizer_that_does_not_load_is_refused(saved_dir, tmp_path):
+    directory = copy_of(saved_dir("qwen3_5"), tmp_path / "tok")
+    (directory / "tokenizer.json").write_text("{not json")
+    refused(directory, tmp_path, "its tokenizer does not load")
+
+
+def test_a_rotary_that_rescales_per_forward_is_refused_by_name(saved_dir, tmp_path):
+    rope = {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0, "partial_rotary_factor": 0.25}
+    directory = copy_of(saved_dir("qwen3_next"), tmp_path / "rope", rope_parameters=rope)
+    refused(directory, tmp_path, "rope_type='dynamic'")
+
+
+def test_a_minimax_sliding_window_is_refused_by_name(saved_dir, tmp_path):
+    directory = copy_of(saved_dir("minimax"), tmp_path / "window", sliding_window=32)
+    refused(directory, tmp_path, "sliding_window=32")
+
+
+def test_a_sharded_save_loads_and_a_missing_shard_is_named(trained, tmp_path):
+    """Sharded safetensors (an index naming the shards) load through every check; a shard the index
+    names but the directory lacks is refused by name."""
+    from attnx.adapters.hf.load import load
+
+    directory = tmp_path / "sharded"
+    trained("qwen3_5").save_pretrained(directory, max_shard_size="200KB")
+    shards = sorted(directory.glob("model-*.safetensors"))
+    assert len(shards) > 1
+    model, example, _, _ = load(directory)
+    assert type(model).__name__ == "Qwen3_5ForCausalLM" and set(example) >= {"input_ids", "attention_mask"}
+    shards[-1].unlink()
+    refused(directory, tmp_path, f"names {shards[-1].name}, which is missing")

@@ -1,0 +1,222 @@
+"""The hf_hybrid adapter's modules against Hugging Face's own forward, in torch, on the trained models.
+
+Layers alone (Gated DeltaNet / lightning, full attention, MoE experts) and whole models, at lengths inside one
+chunk of the linear layers (64) and across one and two chunks, batches left-padded as generate pads
+(position ids cumsum(mask) - 1); stepping (prefill, then one token at a time) against the full forward.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from transformers.masking_utils import create_causal_mask
+
+from attnx.adapters.hf_hybrid import qwen
+from attnx.adapters.hf_hybrid.convert import convert
+from attnx.adapters.hf_hybrid.lightning import LightningAttention
+from attnx.adapters.hf_hybrid.linear import GatedDeltaNet
+from attnx.adapters.hf_hybrid.moe import DenseExperts
+from attnx.registry import get_registry
+from attnx.state import Step
+from attnx.testing import hf_hybrid
+from tests.adapters.hf_hybrid.conftest import ARCHS
+
+LENGTHS = (1, 7, 65, 130)
+TOLERANCE = get_registry().variant("softmax").tolerance
+
+
+def padded(n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A (2, n) mask whose second row is left-padded by n // 3, and generate's position ids for it."""
+    mask = torch.ones(2, n, dtype=torch.long)
+    mask[1, : n // 3] = 0
+    return mask, (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
+
+
+def assert_close(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    torch.testing.assert_close(actual, expected, atol=TOLERANCE.atol, rtol=TOLERANCE.rtol)
+    return float((actual - expected).abs().max())
+
+
+def layers_of(model, kind: str) -> list:
+    """The token mixers of the ``kind`` ("linear_attention" / "full_attention") layers (Qwen keeps the
+    linear ones in ``linear_attn``, MiniMax every kind in ``self_attn``)."""
+    return [
+        getattr(layer, "linear_attn", None) or layer.self_attn
+        for layer, layer_type in zip(model.model.layers, model.config.layer_types, strict=True)
+        if layer_type == kind
+    ]
+
+
+def call_linear(layer, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """A linear layer's output on ``x`` (HF's and attnx's: Qwen's take x and the mask, MiniMax's the
+    rotary too and return a pair)."""
+    if hasattr(layer, "output_gate"):
+        return layer(x, None, mask)[0]
+    return layer(x, attention_mask=mask)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("n", LENGTHS)
+def test_linear_layers_match_hf(trained, arch, n):
+    """Every linear layer (Gated DeltaNet, MiniMax's lightning attention), padded or not, equals HF's (its
+    chunked / blocked fallback) at every position."""
+    torch.manual_seed(n)
+    mask, _ = padded(n)
+    model = trained(arch)
+    for layer in layers_of(model, "linear_attention"):
+        adapted = convert(layer)
+        assert isinstance(adapted, (GatedDeltaNet, LightningAttention))
+        x = torch.randn(2, n, model.config.hidden_size)
+        with torch.no_grad():
+            for attention_mask in (None, mask):
+                assert_close(call_linear(adapted, x, attention_mask), call_linear(layer, x, attention_mask))
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("n", LENGTHS)
+def test_attention_layers_match_hf(trained, arch, n):
+    """Every full attention layer (Qwen's output gate, partial rotary and q/k norms; grouped KV heads)
+    equals HF's (default SDPA path) on a left-padded batch, padded positions included (HF given its own
+    4D mask, attnx the 2D one)."""
+    torch.manual_seed(n)
+    model = trained(arch)
+    mask, positions = padded(n)
+    x = torch.randn(2, n, model.config.hidden_size)
+    rotary = model.model.rotary_emb(x, positions)
+    full = create_causal_mask(
+        config=model.config, inputs_embeds=x, attention_mask=mask, cache=None, position_ids=positions
+    )
+    for layer in layers_of(model, "full_attention"):
+        with torch.no_grad():
+            expected, _ = layer(x, position_embeddings=rotary, attention_mask=full)
+            actual, _ = convert(layer)(x, position_embeddings=rotary, attention_mask=mask.bool())
+        assert_close(actual, expected)
+
+
+@pytest.mark.parametrize("implementation", ["eager", "grouped_mm"])
+def test_dense_experts_match_hf_experts(trained, implementation):
+    """DenseExperts computes HF's sparse sum over each token's chosen experts (both HF paths)."""
+    model = copy.deepcopy(trained("qwen3_next"))
+    model.set_experts_implementation(implementation)
+    for layer in model.model.layers:
+        if not hasattr(layer.mlp, "experts"):
+            continue
+        torch.manual_seed(0)
+        x = torch.randn(37, model.config.hidden_size)
+        _, weights, index = layer.mlp.gate(x)
+        with torch.no_grad():
+            assert_close(
+                DenseExperts(layer.mlp.experts)(x, index, weights), layer.mlp.experts(x, index, weights)
+            )
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_whole_models_match_hf_forward(trained, arch):
+    """The adapted model's logits equal HF's forward on generate-style (left-padded) batches, padded
+    positions included."""
+    model = trained(arch)
+    adapted = convert(copy.deepcopy(model))
+    for n in LENGTHS:
+        torch.manual_seed(n)
+        ids = torch.randint(0, model.config.vocab_size, (2, n))
+        mask, positions = padded(n)
+        with torch.no_grad():
+            expected = model(
+                input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False
+            ).logits
+            actual = adapted(input_ids=ids, attention_mask=mask.bool(), position_ids=positions).logits
+        assert_close(actual, expected)
+
+
+def test_a_wrong_projection_split_is_caught(trained):
+    """Seeded defect: Qwen3.5's b and a projections swapped (decay from b, beta from a) fail the parity
+    the layer test above checks."""
+
+    def swapped(layer, x):
+        qkv, z, b, a = qwen._project_35(layer, x)
+        return qkv, z, a, b
+
+    layer = layers_of(trained("qwen3_5"), "linear_attention")[0]
+    wrong = GatedDeltaNet(layer, swapped, convert(layer).activation)
+    x = torch.randn(1, 65, layer.hidden_size)
+    with torch.no_grad(), pytest.raises(AssertionError):
+        assert_close(wrong(x), layer(x))
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("prompt", [1, 9, 66])
+def test_prefill_then_steps_equal_the_full_forward(trained, arch, prompt):
+    """Stepping every layer (the conv and recurrent state of the linear layers, the KV cache of the
+    attention layers): prefill ``prompt`` tokens, then one token at a time, equals the full forward."""
+    model = trained(arch)
+    adapted = convert(copy.deepcopy(model))
+    layers = [m for m in adapted.modules() if hasattr(m, "stepping")]
+    steps = 4
+    torch.manual_seed(prompt)
+    ids = torch.randint(0, model.config.vocab_size, (2, prompt + steps))
+    with torch.no_grad():
+        expected = model(input_ids=ids, use_cache=False).logits
+        past, start = None, 0
+        for end in (prompt, *range(prompt + 1, prompt + steps + 1)):
+            position = torch.tensor([start])
+            for i, layer in enumerate(layers):
+                layer.stepping = Step(None if past is None else past[i], position)
+            logits = adapted(input_ids=ids[:, start:end], past_length=position).logits
+            past = [layer.stepping.present for layer in layers]
+            assert_close(logits, expected[:, start:end])
+            start = end
+    for layer in layers:
+        layer.stepping = None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ARCHS)
+def test_greedy_steps_equal_hf_generate_for_200_tokens(trained, saved_dir, arch):
+    """Stepping the adapted model (prefill, then one token per step) picks HF generate's greedy tokens
+    (HF's own cache path: its recurrent rule and conv update) for 200 tokens, up to a float tie."""
+    import transformers
+
+    model = trained(arch)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(saved_dir(arch))
+    prompt = tokenizer("def fibonacci(n):\n    ", return_tensors="pt").input_ids
+    expected, logits = hf_hybrid.hf_greedy(model, prompt, 200)
+    adapted = convert(copy.deepcopy(model))
+    layers = [m for m in adapted.modules() if hasattr(m, "stepping")]
+    tokens, past, ids, start = [], None, prompt, 0
+    with torch.no_grad():
+        while len(tokens) < 200:
+            position = torch.tensor([start])
+            for i, layer in enumerate(layers):
+                layer.stepping = Step(None if past is None else past[i], position)
+            logits_now = adapted(input_ids=ids, past_length=position).logits[0, -1]
+            past = [layer.stepping.present for layer in layers]
+            start += ids.shape[1]
+            tokens.append(int(logits_now.argmax()))
+            ids = torch.tensor([[tokens[-1]]])
+    agreed, tie = hf_hybrid.agreement(expected, logits, tokens, TOLERANCE.atol)
+    assert agreed == 200 or tie is not None
+    print(f"{arch}: {agreed} tokens agree" + (f", float tie at step {tie}" if tie is not None else ""))
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_each_layer_steps_on_its_own(trained, arch):
+    """``step(x, state, position)`` of every converted layer (the layer's own decode protocol: the
+    attention layers take cos/sin from the model's rotary module): a prompt of 9, then one token at a
+    time, equals the layer's full forward on the whole sequence."""
+    adapted = convert(copy.deepcopy(trained(arch)))
+    torch.manual_seed(0)
+    for layer in [m for m in adapted.modules() if hasattr(m, "step")]:
+        x = torch.randn(2, 12, trained(arch).config.hidden_size)
+        with torch.no_grad():
+            if hasattr(layer, "rotary"):
+                expected = layer(x, layer.rotary(x, torch.arange(12)[None]))[0]
+            else:
+                expected = call_linear(layer, x, None)
+            out, state = layer.step(x[:, :9], None, torch.tensor([0]))
+            outs = [out]
+            for i in range(9, 12):
+                out, state = layer.step(x[:, i : i + 1], state, torch.tensor([i]))
+                outs.append(out)
+        assert_close(torch.cat(outs, dim=1), expected)
