@@ -71,7 +71,7 @@ def logits(path, ids: np.ndarray) -> np.ndarray:
 
 @pytest.mark.parametrize("variant", ["gated_delta", pytest.param("retention", marks=pytest.mark.slow)])
 def test_ort_target_matches_torch_and_the_portable_body(tmp_path, variant):
-    settings = {**TINY, **OPTIONS[variant], "export.seed": 3, "verify.seq_lens": [1, 7, 19]}
+    settings = {**TINY, **OPTIONS[variant], "export.seed": 3, "verify.seq_lens": [19]}
     native = export(variant, tmp_path / "ort", model="lm", options={**settings, "export.target": "ort"})
     assert native.parity.passed, native.parity.to_dict()  # against the torch model
     proto = onnx.load(str(tmp_path / "ort" / "model.onnx"))
