@@ -277,7 +277,7 @@ def _name_of(fn: Any) -> str | None:
     if fn is None:
         return None
     for name, known in _act2fn().items():
-        if fn is known:
+        if fn == known:  # a bound autograd.Function.apply is a new object at each access
             return name
     return getattr(fn, "__name__", repr(fn))
 
