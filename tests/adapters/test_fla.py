@@ -22,6 +22,7 @@ from attnx.adapters.fla import cpu  # noqa: E402
 from attnx.adapters.fla.convert import convert, needs_adapter  # noqa: E402
 from attnx.errors import AttnxError  # noqa: E402
 from attnx.state import Step  # noqa: E402
+from tests.helpers import assert_one_line_error, run_cli  # noqa: E402
 
 HIDDEN = 32
 
@@ -238,3 +239,23 @@ def test_runtime_arguments_the_export_does_not_take_are_refused():
         replacement(x, attention_mask=torch.ones(1, 4))
     with pytest.raises(AttnxError, match="use_cache=False"):
         replacement(x, use_cache=True)
+
+
+# --- attnx export --from fla:DIR refusals ---------------------------------------------------------
+
+
+def test_from_fla_refuses_a_directory_it_cannot_load(tmp_path):
+    code, _, err = run_cli(["export", "--from", f"fla:{tmp_path}", "-o", str(tmp_path / "out")])
+    assert_one_line_error(code, err, "no config.json")
+    (tmp_path / "config.json").write_text('{"model_type": "mamba2"}')
+    code, _, err = run_cli(["export", "--from", f"fla:{tmp_path}", "-o", str(tmp_path / "out")])
+    assert_one_line_error(code, err, "'mamba2'", "gla (GatedLinearAttention)", "rwkv6 (RWKV6Attention)")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_missing_library_names_the_extra(tmp_path, monkeypatch):
+    from attnx.adapter import Adapter
+
+    monkeypatch.setattr(Adapter, "library_version", lambda self: None)
+    code, _, err = run_cli(["export", "--from", f"fla:{tmp_path}", "-o", str(tmp_path / "out")])
+    assert_one_line_error(code, err, "flash-linear-attention", "pip install 'attnx[fla]'")

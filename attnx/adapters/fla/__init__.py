@@ -18,6 +18,7 @@ ADAPTER = Adapter(
     library="flash-linear-attention",
     impl="attnx.adapters.fla.convert:IMPL",
     sources=("fla",),
+    extra="fla",
 )
 
 
