@@ -72,9 +72,10 @@ class AdapterImpl:
             ``module`` computes with the same parameters, or None when this adapter does not handle
             it. attnx walks a private copy of the model (parameters shared) top-down and replaces the
             first module an adapter converts (its children are not visited), so ``convert`` may also
-            change the module it is given and return it. A replacement that decodes implements
-            :class:`attnx.state.SteppingAttention`. A module whose library behaviour cannot be
-            reproduced raises :class:`attnx.errors.AttnxError` naming why.
+            change the module it is given and return it. A replacement that decodes is (or holds)
+            an :class:`attnx.state.DecodableLayer` with a ``stepping`` slot (an attnx layer, or
+            :class:`attnx.attention.Stepping` on the library's layer). A module whose library
+            behaviour cannot be reproduced raises :class:`attnx.errors.AttnxError` naming why.
         needs_adapter: ``needs_adapter(module) -> bool``: a module that must be converted for the
             model to export (the library's attention classes); one left unconverted is refused,
             naming its class and the adapters that exist.

@@ -204,8 +204,8 @@ def verify(
     return report
 
 
-# attnx.triton(out, repo, *, name, max_batch, batching, instances, force): a Triton model repository
-# serving the export (docs/deploying.md); the serving layer does the whole job.
+# attnx.triton(out, repo, *, name, max_batch, batching, instances, force, backend, env_cache, progress): a
+# Triton model repository serving the export (docs/deploying.md); the serving layer does the whole job.
 triton = write_repository
 
 

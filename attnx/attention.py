@@ -1,15 +1,23 @@
-"""Shared torch building blocks for attention variants: projections and head reshapes.
+"""Shared torch building blocks for attention variants: projections, head reshapes, the default step.
 
 A variant subclasses :class:`MultiHeadAttention` and implements :meth:`attend`,
-which calls the variant's ``attnx::`` custom op on per-head tensors.
+which calls the variant's ``attnx::`` custom op on per-head tensors. A variant that decodes adds
+``decode_state()`` and ``attend_step(q, k, v, state, position)``; :meth:`MultiHeadAttention.step`
+(the :class:`attnx.state.DecodableLayer` step) puts the projections around it. A layer whose step
+needs more than q, k, v (gates from ``x``, a convolution carry, an output gate) overrides ``step``.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from attnx.variant import AttentionSpec
+
+if TYPE_CHECKING:
+    from attnx.state import Step
 
 # Score bias of padded keys: the most negative fp16 value, so the same constant is
 # exact in fp16 and fp32 and a query whose keys are all padded stays finite.
@@ -26,12 +34,29 @@ def merge_heads(x: torch.Tensor) -> torch.Tensor:
     return x.transpose(1, 2).flatten(2)
 
 
-class MultiHeadAttention(nn.Module):
+class Stepping:
+    """Drives a decodable layer through the forward of the module around it (``attnx.export_module``):
+    while ``stepping`` holds an :class:`attnx.state.Step`, the layer's forward returns :meth:`stepped`,
+    its own ``step`` on the input it was given, and records the state after it."""
+
+    stepping: Step | None = None
+
+    def stepped(self, x: torch.Tensor) -> torch.Tensor:
+        """``step(x)`` after ``stepping.past`` at ``stepping.position``, the state after it kept in
+        ``stepping.present``."""
+        step = self.stepping
+        assert step is not None, "stepped() is called only while stepping"
+        y, step.present = self.step(x, step.past, step.position)  # type: ignore[attr-defined]
+        return y
+
+
+class MultiHeadAttention(Stepping, nn.Module):
     """Query/key/value/output projections around a variant's attention kernel.
 
     ``forward(x, context=None, key_padding_mask=None)``: ``x`` (batch, n, d_model)
     gives queries; keys and values come from ``context`` (cross attention) or ``x``.
     ``key_padding_mask`` is bool (batch, n_keys), True where the key is a real token.
+    While ``stepping`` is set (a module export decoding, :class:`Stepping`) it is :meth:`step`.
     """
 
     def __init__(self, spec: AttentionSpec) -> None:
@@ -49,6 +74,8 @@ class MultiHeadAttention(nn.Module):
         context: torch.Tensor | None = None,
         key_padding_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        if self.stepping is not None:
+            return self.stepped(x)
         source = x if context is None else context
         heads = self.spec.n_heads
         q = split_heads(self.q_proj(x), heads)
@@ -61,3 +88,13 @@ class MultiHeadAttention(nn.Module):
     ) -> torch.Tensor:
         """Per-head attention: (b, h, n, d) tensors in, (b, h, n, d_v) out."""
         raise NotImplementedError
+
+    def step(
+        self, x: torch.Tensor, state: tuple[torch.Tensor, ...] | None, position: torch.Tensor
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        """The default decode step: the projections of new tokens ``x`` around the variant's
+        ``attend_step(q, k, v, state, position) -> (out, state)`` on per-head tensors."""
+        heads = self.spec.n_heads
+        q, k, v = (split_heads(project(x), heads) for project in (self.q_proj, self.k_proj, self.v_proj))
+        out, state = self.attend_step(q, k, v, state, position)  # type: ignore[attr-defined]
+        return self.out_proj(merge_heads(out)), state

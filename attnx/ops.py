@@ -27,6 +27,7 @@ from onnx import defs
 from onnxscript import opset18
 
 from attnx.domains import DOMAIN, LIBRARY_DOMAIN
+from attnx.targets import PORTABLE
 from attnx.variant import AttentionSpec
 
 OPSET = onnxscript.values.Opset(DOMAIN, 1)
@@ -144,6 +145,21 @@ class OpArgument:
 
 
 @dataclasses.dataclass(frozen=True)
+class TargetBodies:
+    """An op's bodies for a lowering target's runtime kernels (:mod:`attnx.targets`), beside its portable
+    ones: onnxscript functions in the ``attnx`` opset with the op's inputs and attributes, matched to a
+    node's present inputs as :attr:`AttentionOp.bodies` are, that may call the target's kernels (e.g.
+    ``onnxscript.values.Opset("com.microsoft", 1).LinearAttention``).
+
+    ``since``: the oldest release of the target's runtime that has every kernel the bodies call (named
+    when the installed one lacks one).
+    """
+
+    bodies: Sequence[onnxscript.OnnxFunction]
+    since: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
 class AttentionOp:
     """One ``attnx::<name>`` op: a torch custom op plus its ONNX function bodies.
 
@@ -168,6 +184,9 @@ class AttentionOp:
             torch fake kernel cannot be evaluated on symbolic dimensions.
         kernel: "module:attribute" of an :class:`attnx.kernels.TritonKernel` computing the op in
             one launch (TensorRT's AOT plugins, GPU benchmarks), imported only when asked; None: none.
+        targets: bodies for lowering targets' runtime kernels, by target name (``{"ort":
+            TargetBodies(...)}``): ``attnx export --target ort`` lowers the op with them. A node whose
+            inputs none of them takes is refused then, as a missing portable body is.
     """
 
     name: str
@@ -179,6 +198,7 @@ class AttentionOp:
     output_names: Sequence[str] = ()
     output_types: Mapping[str, str] = dataclasses.field(default_factory=dict)
     kernel: str | None = None
+    targets: Mapping[str, TargetBodies] = dataclasses.field(default_factory=dict)
 
     @functools.cached_property
     def overload(self) -> torch._ops.OpOverload:
@@ -288,18 +308,24 @@ class AttentionOp:
         return sorted({body_opset(body) for body in self.bodies})
 
     def body_for(
-        self, present_inputs: Sequence[str], opset: int | None = None, portable: bool = False
+        self,
+        present_inputs: Sequence[str],
+        opset: int | None = None,
+        portable: bool = False,
+        target: str = PORTABLE,
     ) -> onnxscript.OnnxFunction | None:
         """The body for a node with exactly ``present_inputs``, if one was given.
 
         Among such bodies that a model at ``opset`` can hold (None: any), the one written against the
         newest opset (built on newer standard ops, e.g. softmax's ``Attention`` from opset 23), or with
-        ``portable`` the oldest (primitive ops that every runtime and graph tool handles).
+        ``portable`` the oldest (primitive ops that every runtime and graph tool handles). With a
+        ``target`` the op declares (:attr:`targets`), among that target's bodies instead.
         """
         present = list(present_inputs)
+        bodies = self.targets[target].bodies if target in self.targets else self.bodies
         fitting = [
             body
-            for body in self.bodies
+            for body in bodies
             if [p.name for p in body.function_ir.inputs] == present
             and (opset is None or body_opset(body) <= opset)
         ]

@@ -27,6 +27,9 @@ DecodeMode = Literal["kv-cache", "recurrent"]
 class Capabilities:
     """What a variant's module supports; attnx refuses other uses before building.
 
+    ``bidirectional``: every query attends every key (an encoder, a seq2seq's encoder). The gated and
+    delta rules are causal only: such a variant declares ``bidirectional=False`` and serves ``lm``s.
+
     ``fp16``: the variant exports in half precision with parity against torch in fp16. A
     variant whose output is a discontinuous function of its inputs (reformer's LSH buckets)
     cannot promise that: fp16 rounding differences between backends change its decisions.
@@ -41,6 +44,7 @@ class Capabilities:
     causal: bool = False
     cross: bool = False
     key_padding_mask: bool = True
+    bidirectional: bool = True
     decode: DecodeMode | None = None
     fp16: bool = True
     trainable: bool = False
@@ -150,6 +154,10 @@ class Variant:
     def check_spec(self, spec: AttentionSpec) -> None:
         """Refuse uses the variant does not support, with a one-line reason."""
         caps = self.capabilities
+        if not (spec.causal or spec.cross or caps.bidirectional):
+            raise AttnxError(
+                f"variant '{self.name}' does not support bidirectional attention ({describe(caps)})"
+            )
         if spec.causal and not caps.causal:
             raise AttnxError(f"variant '{self.name}' does not support causal attention ({describe(caps)})")
         if spec.cross and not caps.cross:
@@ -160,8 +168,7 @@ class Variant:
 
 def describe(caps: Capabilities) -> str:
     """Human summary of capabilities, e.g. "supports: bidirectional, causal, cross"."""
-    parts = ["bidirectional"]
-    parts += [name for name in ("causal", "cross") if getattr(caps, name)]
+    parts = [name for name in ("bidirectional", "causal", "cross") if getattr(caps, name)]
     if caps.key_padding_mask:
         parts.append("key padding mask")
     if caps.decode:

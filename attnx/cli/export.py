@@ -30,6 +30,7 @@ Examples:
   attnx export --recipe linear-lm --decode -o lm-decode
   attnx export --variant linear --model lm --dtype fp16 -o lm-fp16
   attnx export --recipe tiny-lm --decode --tokenizer tokenizer.json -o chat   # + genai, text in/out
+  attnx export --variant myplugin --model lm --target ort -o fused     # ONNX Runtime's own kernels
   attnx export --module mymodels.py:linear_lm --decode -o my-lm     # any nn.Module (docs/importing.md)
 """
 
@@ -66,6 +67,12 @@ Examples:
 )
 @click.option("--out", "-o", default="out", show_default=True, type=click.Path(), help="Output directory.")
 @click.option("--lowering", "-l", default=None, help="function | decomposed | plugin.  [default: function]")
+@click.option(
+    "--target",
+    default=None,
+    help="portable | ort: bodies of standard ONNX ops, or of ONNX Runtime's own kernels (com.microsoft) for "
+    "the ops that declare them (see `attnx list`).  [default: portable]",
+)
 @click.option(
     "--set",
     "assignments",
@@ -134,6 +141,7 @@ def command(
     source: str | None,
     out: str,
     lowering: str | None,
+    target: str | None,
     assignments: tuple[str, ...],
     opset: int | None,
     dtype: str | None,
@@ -161,6 +169,7 @@ def command(
 
     flags = {
         "export.lowering": lowering,
+        "export.target": target,
         "export.opset": opset,
         "export.dtype": dtype,
         "export.seed": seed,
@@ -226,31 +235,39 @@ def command(
             }
         )
     else:
-        manifest = result.manifest
-        click.echo(
-            f"wrote {result.out}/model.onnx ({describe_source(manifest)}, {manifest.dtype}, "
-            f"{manifest.lowering} lowering, {result.attnx_nodes} attnx nodes, opset {manifest.opset})"
-        )
-        if result.manifest.decode:
-            section = result.manifest.decode
-            click.echo(
-                f"wrote {result.out}/prefill.onnx and {result.out}/decode.onnx ({section.mode} state, "
-                f"{len(section.state)} tensors; run `attnx generate {result.out} --prompt-ids 1,2,3`)"
-            )
-        if result.manifest.genai:
-            where = f"onnxruntime_genai.Model('{result.out}')"
-            click.echo(f"wrote {result.out}/genai.onnx + genai_config.json ({where})")
-        if result.manifest.tokenizer:
-            click.echo(f"wrote {result.out}/tokenizer.json ({result.manifest.tokenizer.vocab_size} tokens)")
-        for note in manifest.module.notes if manifest.module else ():
-            click.echo(f"note: {note}")
-        if save_checkpoint:
-            click.echo(f"saved weights to {save_checkpoint}")
-        if result.parity:
-            print_parity(result.parity)
-            click.echo(parity_summary(result.parity))
+        report(result, save_checkpoint)
     if result.parity and not result.parity.passed:
         sys.exit(1)
+
+
+def report(result: Any, save_checkpoint: str | None) -> None:
+    """What the export wrote, then its parity, in lines for a person."""
+    manifest = result.manifest
+    click.echo(
+        f"wrote {result.out}/model.onnx ({describe_source(manifest)}, {manifest.dtype}, "
+        f"{manifest.lowering} lowering, {result.attnx_nodes} attnx nodes, opset {manifest.opset})"
+    )
+    if manifest.target:
+        lowered = ", ".join(manifest.target.ops)
+        click.echo(f"target {manifest.target.name}: {lowered} on {manifest.target.runtime}'s own kernels")
+    if manifest.decode:
+        click.echo(
+            f"wrote {result.out}/prefill.onnx and {result.out}/decode.onnx ({manifest.decode.summary()}, "
+            f"{len(manifest.decode.state)} tensors; run `attnx generate {result.out} --prompt-ids 1,2,3`)"
+        )
+    if manifest.genai:
+        click.echo(
+            f"wrote {result.out}/genai.onnx + genai_config.json (onnxruntime_genai.Model('{result.out}'))"
+        )
+    if manifest.tokenizer:
+        click.echo(f"wrote {result.out}/tokenizer.json ({manifest.tokenizer.vocab_size} tokens)")
+    for note in manifest.module.notes if manifest.module else ():
+        click.echo(f"note: {note}")
+    if save_checkpoint:
+        click.echo(f"saved weights to {save_checkpoint}")
+    if result.parity:
+        print_parity(result.parity)
+        click.echo(parity_summary(result.parity))
 
 
 def describe_source(manifest: Any) -> str:

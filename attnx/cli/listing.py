@@ -1,4 +1,5 @@
-"""``attnx list``: variants with capabilities, models, adapters, recipes, lowerings, failed plugins."""
+"""``attnx list``: variants with capabilities, models, adapters, recipes, lowerings and targets, failed
+plugins."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import click
 from attnx.cli.common import console, echo_json, json_option
 from attnx.recipes import summaries
 from attnx.registry import get_registry
+from attnx.targets import TARGETS
 
 LOWERINGS = {
     "function": "one attnx::<Op> node per attention call, body as an ONNX local function (default)",
@@ -46,6 +48,7 @@ def listing_data() -> dict:
         "adapters": adapter_data(registry),
         "recipes": summaries(),
         "lowerings": LOWERINGS,
+        "targets": {name: target.summary for name, target in TARGETS.items()},
         "plugins": [dataclasses.asdict(p) for p in registry.plugins],
         "failed_plugins": [dataclasses.asdict(f) for f in registry.failures],
     }
@@ -68,7 +71,8 @@ def adapter_data(registry: Any) -> list[dict[str, Any]]:
 @click.command("list")
 @json_option
 def command(as_json: bool) -> None:
-    """List attention variants (with capabilities), models, adapters, recipes, lowerings and plugin failures.
+    """List attention variants (with capabilities), models, adapters, recipes, lowerings, lowering targets
+    and plugin failures.
 
     \b
     Examples:
@@ -79,57 +83,52 @@ def command(as_json: bool) -> None:
     if as_json:
         echo_json(data)
         return
+    out = console()
+    for title, columns, rows in tables(data):
+        if rows or not title.startswith("FAILED"):
+            out.print(_table(title, columns, rows))
+
+
+def tables(data: dict[str, Any]) -> list[tuple[str, tuple[str, ...], list[tuple[str, ...]]]]:
+    """(title, columns, rows) of each table ``attnx list`` prints, from :func:`listing_data`."""
+    yes = {True: "yes", False: "-"}
+    flags = ("bidirectional", "causal", "cross", "key_padding_mask")
+    variants = [
+        (v["name"], *(yes[v["capabilities"][f]] for f in flags), v["capabilities"]["decode"] or "-",
+         yes[v["capabilities"]["fp16"]], v["paper"].split(" (")[0])
+        for v in data["variants"]
+    ]  # fmt: skip
+    adapters = [
+        (a["name"], a["library"], a["installed"] or "no", ", ".join(f"{s}:" for s in a["sources"]) or "-",
+         a["summary"])
+        for a in data["adapters"]
+    ]  # fmt: skip
+    recipes = [
+        (r["name"], r.get("model") or "?",
+         (r.get("variant") or "?") + (f" (cross: {r['cross_variant']})" if r.get("cross_variant") else ""),
+         r.get("error") or r["description"])
+        for r in data["recipes"]
+    ]  # fmt: skip
+    return [
+        ("attention variants", ("variant", "bidir", "causal", "cross", "pad mask", "decode", "fp16",
+                                "paper"), variants),
+        ("models", ("model", "summary"), [(m["name"], m["summary"]) for m in data["models"]]),
+        ("adapters (attnx.export_module, docs/importing.md)",
+         ("adapter", "library", "installed", "sources", "summary"), adapters),
+        ("recipes (--recipe)", ("recipe", "model", "variant", "description"), recipes),
+        ("lowerings (--lowering)", ("lowering", "ONNX graph holds"), list(data["lowerings"].items())),
+        ("lowering targets (--target)", ("target", "bodies"), list(data["targets"].items())),
+        ("FAILED plugins", ("plugin", "stage", "error"),
+         [(f["plugin"], f["stage"], f["error"]) for f in data["failed_plugins"]]),
+    ]  # fmt: skip
+
+
+def _table(title: str, columns: tuple[str, ...], rows: list[tuple[str, ...]]) -> Any:
     from rich.table import Table
 
-    out = console()
-    table = Table(title="attention variants")
-    for column in ("variant", "causal", "cross", "pad mask", "decode", "fp16", "paper"):
+    table = Table(title=title)
+    for column in columns:
         table.add_column(column)
-    yes = {True: "yes", False: "-"}
-    for v in data["variants"]:
-        caps = v["capabilities"]
-        table.add_row(
-            v["name"],
-            yes[caps["causal"]],
-            yes[caps["cross"]],
-            yes[caps["key_padding_mask"]],
-            caps["decode"] or "-",
-            yes[caps["fp16"]],
-            v["paper"].split(" (")[0],
-        )
-    out.print(table)
-    models = Table(title="models")
-    models.add_column("model")
-    models.add_column("summary")
-    for m in data["models"]:
-        models.add_row(m["name"], m["summary"])
-    out.print(models)
-    adapters = Table(title="adapters (attnx.export_module, docs/importing.md)")
-    for column in ("adapter", "library", "installed", "sources", "summary"):
-        adapters.add_column(column)
-    for a in data["adapters"]:
-        sources = ", ".join(f"{s}:" for s in a["sources"]) or "-"
-        adapters.add_row(a["name"], a["library"], a["installed"] or "no", sources, a["summary"])
-    out.print(adapters)
-    recipes = Table(title="recipes (--recipe)")
-    for column in ("recipe", "model", "variant", "description"):
-        recipes.add_column(column)
-    for r in data["recipes"]:
-        variant = r.get("variant") or "?"
-        if r.get("cross_variant"):
-            variant += f" (cross: {r['cross_variant']})"
-        recipes.add_row(r["name"], r.get("model") or "?", variant, r.get("error") or r["description"])
-    out.print(recipes)
-    lowerings = Table(title="lowerings (--lowering)")
-    lowerings.add_column("lowering")
-    lowerings.add_column("ONNX graph holds")
-    for name, text in LOWERINGS.items():
-        lowerings.add_row(name, text)
-    out.print(lowerings)
-    if data["failed_plugins"]:
-        failed = Table(title="FAILED plugins")
-        for column in ("plugin", "stage", "error"):
-            failed.add_column(column)
-        for f in data["failed_plugins"]:
-            failed.add_row(f["plugin"], f["stage"], f["error"])
-        out.print(failed)
+    for row in rows:
+        table.add_row(*row)
+    return table

@@ -7,8 +7,9 @@ next to ``model.onnx``, ``prefill.onnx`` (prompt -> logits + state) and ``decode
 (one token + state -> logits + next state), and describes the state in the manifest so
 any runtime can drive the loop; ``attnx generate`` drives it on ONNX Runtime or torch.
 
-Modules: :mod:`~attnx.state` (what a decodable layer declares, torch-free),
-:mod:`~attnx.decode.model` (the stateful torch graphs), :mod:`~attnx.decode.export`,
+Modules: :mod:`~attnx.state` (what a decodable layer declares and how it steps, torch-free),
+:mod:`~attnx.decode.model` (the stateful torch graphs, each layer stepping itself),
+:mod:`~attnx.decode.export`,
 :mod:`~attnx.decode.runtime` (ORT/torch steppers), :mod:`~attnx.decode.generate`,
 :mod:`~attnx.decode.verify` (decode parity) and :mod:`~attnx.decode.bench`
 (per-token latency against position).

@@ -22,7 +22,7 @@ from attnx.decode.model import DecodeLayout, StepModel, check_decodable
 from attnx.decode.module import ModuleStepModel, module_layout
 from attnx.errors import AttnxError
 from attnx.exporter.assemble import Assembly
-from attnx.exporter.export import ExportJob, ExtraGraphs, attnx_ops, save_onnx, to_onnx
+from attnx.exporter.export import ExportJob, ExtraGraphs, attnx_ops, every_op, save_onnx, to_onnx
 from attnx.exporter.inputs import random_feed
 from attnx.exporter.lowering import lower
 from attnx.exporter.module import ModuleAssembly
@@ -51,10 +51,10 @@ def decoders() -> list[str]:
 
 
 def layout_of(assembly: Assembly | ModuleAssembly) -> DecodeLayout:
-    """The decode layout of a built model (its variant's decode mode) or of an adapted module."""
+    """The decode layout of a built model or of an adapted module (each layer's declared state)."""
     if isinstance(assembly, ModuleAssembly):
         return module_layout(assembly)
-    return DecodeLayout.of(assembly.module, assembly.variant.capabilities.decode)
+    return DecodeLayout.of(assembly.module)
 
 
 def step_model(assembly: Assembly | ModuleAssembly, layout: DecodeLayout, with_past: bool) -> nn.Module:
@@ -62,14 +62,6 @@ def step_model(assembly: Assembly | ModuleAssembly, layout: DecodeLayout, with_p
     if isinstance(assembly, ModuleAssembly):
         return ModuleStepModel(assembly, layout, with_past)
     return StepModel(assembly.module, layout, with_past)
-
-
-def decode_ops(assembly: Assembly | ModuleAssembly) -> list[AttentionOp]:
-    """Every op the prefill/decode graphs may hold: the full forward's and the step ops."""
-    ops = {op.name: op for op in assembly.ops}
-    for impl in assembly.impls.values():
-        ops.update({op.name: op for op in impl.decode_ops})
-    return list(ops.values())
 
 
 def run_prefill_once(prefill: StepModel, specs: list[TensorSpec]) -> None:
@@ -107,7 +99,7 @@ class DecodeGraphs:
         """Export, lower, check and save the two graphs into ``directory``."""
         layout = layout_of(assembly)
         run_prefill_once(step_model(assembly, layout, False), layout.inputs(False))
-        ops = decode_ops(assembly)
+        ops = every_op(assembly)
         files, used = {}, []
         for key, name, with_past in (("prefill", PREFILL_FILE, False), ("decode", DECODE_FILE, True)):
             graph = _Graph(
@@ -118,7 +110,7 @@ class DecodeGraphs:
             )
             proto = to_onnx(graph, settings.opset, graph.inputs, graph.outputs)
             used += [op for op in attnx_ops(proto) if op not in used]
-            proto = lower(proto, ops, settings.lowering)
+            proto = lower(proto, ops, settings.lowering, settings.target)
             onnx.checker.check_model(proto, full_check=True)
             save_onnx(proto, directory / name)
             files[key] = name

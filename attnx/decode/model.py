@@ -19,17 +19,16 @@ decode re-runs the layer on it.
 
 Both graphs run the model's own forward (embedding, layers, tied projection) with hooks:
 the sinusoidal positions start at ``past_length``, each (decoder) layer's self-attention
-is the variant's ``attend_step`` (:mod:`attnx.state`) instead of ``attend``, and
-each cached cross-attention is ``attend`` (or ``attend_cross_step``) on the cached keys
-and values. So a decode export computes the same function as the full forward, one
-token at a time.
+is the layer's own ``step(x, state, position)`` (:class:`attnx.state.DecodableLayer`) instead of
+its call, and each cached cross-attention is ``attend`` (or ``attend_cross_step``) on the cached
+keys and values. So a decode export computes the same function as the full forward, one token at
+a time. Each layer's state is its own declaration: layers of different kinds (a KV cache here, a
+recurrent state and a convolution carry there) mix freely.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
-import inspect
 from collections.abc import Sequence
 from typing import Any
 
@@ -39,8 +38,9 @@ from torch import nn
 from attnx.attention import MultiHeadAttention, merge_heads, split_heads
 from attnx.errors import AttnxError
 from attnx.exporter.manifest import ContextInput, DecodeSection, GraphIO, StatePair
+from attnx.exporter.signature import fixed_arity
 from attnx.models.spec import ModelSpec, TensorSpec
-from attnx.state import GROWING, DecodableAttention, PositionalCrossAttention, StateTensor
+from attnx.state import GROWING, DecodableLayer, PositionalCrossAttention, StateTensor, layer_kind
 from attnx.variant import Variant
 
 PAST_LENGTH, PRESENT_LENGTH = "past_length", "present_length"
@@ -86,6 +86,26 @@ def self_attention_layers(stack: nn.Module) -> list[nn.Module]:
     """The self-attention module of each layer, in order (layer 0's for all when ``share_layers``)."""
     blocks = stack.blocks
     return [(blocks[0] if stack.share_layers else block).attention for block in blocks]
+
+
+def layer_slots(layers: Sequence[nn.Module]) -> list[StateSlot]:
+    """The state slots of decodable ``layers`` (layer i's state is ``past.<i>.*``), each its own declaration.
+
+    Raises:
+        AttnxError: a layer that does not decode (no ``decode_state()``/``step()``).
+    """
+    slots = []
+    for i, layer in enumerate(layers):
+        if not isinstance(layer, DecodableLayer):
+            raise AttnxError(
+                f"attention layer {i} ({type(layer).__name__}) does not decode: it lacks "
+                "decode_state()/step() (attnx.state.DecodableLayer; see docs/decoding.md)"
+            )
+        tensors = layer.decode_state()
+        if not tensors:
+            raise AttnxError(f"attention layer {i} ({type(layer).__name__}) declares no state tensors")
+        slots += [StateSlot(i, tensor) for tensor in tensors]
+    return slots
 
 
 def cross_owner(stack: nn.Module, layer: int) -> int:
@@ -134,7 +154,6 @@ class CrossCache:
 class DecodeLayout:
     """The state slots of a model and the input/output specs of its prefill and decode graphs."""
 
-    mode: str
     model: str  # "lm" or "seq2seq"
     vocab_size: int
     d_model: int
@@ -144,16 +163,14 @@ class DecodeLayout:
     memory: bool = False  # seq2seq whose cross layers cannot be cached: decode takes the encoder output
 
     @classmethod
-    def of(cls, model: nn.Module, mode: str) -> DecodeLayout:
-        slots = [StateSlot(None, POSITION)]
+    def of(cls, model: nn.Module) -> DecodeLayout:
+        """The layout of an attnx ``lm`` or ``seq2seq``: each (decoder) layer's declared state.
+
+        Raises:
+            AttnxError: a layer that does not decode (no ``decode_state()``/``step()``).
+        """
         stack = causal_stack(model)
-        for i, layer in enumerate(self_attention_layers(stack)):
-            if not isinstance(layer, DecodableAttention):
-                raise AttnxError(
-                    f"attention layer {type(layer).__name__} declares decode={mode!r} but lacks "
-                    "decode_state()/attend_step() (attnx.state.DecodableAttention; see docs/decoding.md)"
-                )
-            slots += [StateSlot(i, tensor) for tensor in layer.decode_state()]
+        slots = [StateSlot(None, POSITION), *layer_slots(self_attention_layers(stack))]
         config = model.config
         activation = str(next(model.parameters()).dtype).removeprefix("torch.")
         cross, memory = (), False
@@ -163,7 +180,7 @@ class DecodeLayout:
             memory = not all(caches_cross(m) for m in modules.values())
             cross = () if memory else tuple(CrossCache.of(i, m) for i, m in modules.items())
         sizes = (config.vocab_size, config.d_model)
-        return cls(mode, config.kind, *sizes, tuple(slots), activation, cross, memory)
+        return cls(config.kind, *sizes, tuple(slots), activation, cross, memory)
 
     @property
     def layer_slots(self) -> tuple[StateSlot, ...]:
@@ -209,11 +226,17 @@ class DecodeLayout:
         growing = PRESENT_SEQ if with_past else "seq"
         return [logits, *made, *(s.spec("output", growing, self.activation) for s in self.slots)]
 
+    def kinds(self) -> list[str]:
+        """The kind of each layer's state, layer by layer ("kv-cache" or "recurrent",
+        :func:`attnx.state.layer_kind`)."""
+        layers = sorted({s.layer for s in self.layer_slots})
+        return [layer_kind([s.tensor.role for s in self.layer_slots if s.layer == i]) for i in layers]
+
     def describe(self) -> DecodeSection:
         """The manifest's ``decode`` section: everything a runtime needs to drive the loop."""
         made = {spec.name for spec in self.made()}
         return DecodeSection(
-            mode=self.mode,
+            layers=self.kinds(),
             tokens=self.tokens,
             prefill=GraphIO(self.inputs(False), self.outputs(False)),
             decode=GraphIO(self.inputs(True), self.outputs(True)),
@@ -223,6 +246,7 @@ class DecodeLayout:
                     s.output,
                     s.layer,
                     s.tensor.name,
+                    "position" if s.layer is None else s.tensor.role,
                     list(s.tensor.axes),
                     s.tensor.dtype or self.activation,
                     s.tensor.doc,
@@ -240,16 +264,6 @@ class DecodeLayout:
                 "and each state input = the previous call's output named next to it in 'state'; repeat"
             ),
         )
-
-
-def attention_step(
-    layer: nn.Module, x: torch.Tensor, state: tuple[torch.Tensor, ...] | None, position: torch.Tensor
-) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
-    """A :class:`attnx.attention.MultiHeadAttention` layer's forward for new tokens ``x`` after ``state``."""
-    heads = layer.spec.n_heads
-    q, k, v = (split_heads(project(x), heads) for project in (layer.q_proj, layer.k_proj, layer.v_proj))
-    out, state = layer.attend_step(q, k, v, state, position)
-    return layer.out_proj(merge_heads(out)), state
 
 
 def cross_keys_values(layer: MultiHeadAttention, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -287,14 +301,7 @@ class StepModel(nn.Module):
         self.model, self.layout, self.with_past = model, layout, with_past
         self.names = [s.name for s in layout.inputs(with_past)]
         self.layers = len(causal_stack(model).blocks)
-        # torch.export matches dynamic shapes to forward's parameters: give it one per graph input.
-        self.forward = functools.partial(self.step)
-        self.forward.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
-            [
-                inspect.Parameter(f"input_{i}", inspect.Parameter.POSITIONAL_ONLY)
-                for i in range(len(self.names))
-            ]
-        )
+        fixed_arity(self, self.step, len(self.names))
 
     def step(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
         given = dict(zip(self.names, inputs, strict=True))
@@ -309,7 +316,7 @@ class StepModel(nn.Module):
         present: dict[int, tuple[torch.Tensor, ...]] = {}
 
         def attend(i: int, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
-            out, present[i] = attention_step(layer, x, past[i], position)
+            out, present[i] = layer.step(x, past[i], position)
             return out
 
         hooks: dict[str, Any] = {"offset": position, "self_attention": attend}

@@ -1,9 +1,10 @@
 """Decoding a module export (``attnx.export_module(..., options={"export.decode": True})``).
 
 A user's module is not an attnx model: attnx cannot hook its embedding or its layers' calls. Its
-attention layers step instead (:class:`attnx.state.SteppingAttention`, what adapters' layers
-implement): the prefill and decode graphs run the module's own forward on the new tokens while
-each such layer holds a :class:`attnx.state.Step` with its state, so everything around attention
+decodable layers (:class:`attnx.state.DecodableLayer` with a ``stepping`` slot: attnx's own layers,
+adapters' layers) step instead: the prefill and decode graphs run the module's own forward on the
+new tokens while each such layer holds a :class:`attnx.state.Step` with its state, and the layer's
+forward returns its own ``step`` (:class:`attnx.attention.Stepping`), so everything around attention
 (embeddings, feed-forward blocks, norms, the head) is the module's own code.
 
 The module must be a causal language model: one int64 input of token ids (batch, seq) and the
@@ -20,17 +21,21 @@ import inspect
 import torch
 from torch import nn
 
-from attnx.decode.model import PAST_LENGTH, POSITION, TOKENS, DecodeLayout, StateSlot
+from attnx.decode.model import PAST_LENGTH, POSITION, TOKENS, DecodeLayout, StateSlot, layer_slots
 from attnx.errors import AttnxError
 from attnx.exporter.module import ModuleAssembly
 from attnx.exporter.signature import fixed_arity, flatten_outputs
 from attnx.parity.runners import BackendSkipped
-from attnx.state import Step, SteppingAttention
+from attnx.state import DecodableLayer, Step
 
 
 def stepping_layers(model: nn.Module) -> list[nn.Module]:
-    """The module's stepping attention layers, in module order (their state is ``past.<i>.*``)."""
-    return [m for m in model.modules() if isinstance(m, SteppingAttention)]
+    """The module's outermost decodable layers that a forward can drive (a ``stepping`` slot), in
+    module order (their state is ``past.<i>.*``); a decodable layer's own children are its business."""
+    if isinstance(model, DecodableLayer) and hasattr(model, "stepping"):
+        return [model]
+    found = [layer for child in model.children() for layer in stepping_layers(child)]
+    return list({id(layer): layer for layer in found}.values())  # a shared layer is one layer
 
 
 def module_layout(assembly: ModuleAssembly) -> DecodeLayout:
@@ -56,13 +61,11 @@ def module_layout(assembly: ModuleAssembly) -> DecodeLayout:
     layers = stepping_layers(_adapted(assembly))
     if not layers:
         raise AttnxError(
-            f"{kind} has no attention layer that decodes (attnx.state.SteppingAttention, as adapters' "
-            "layers are); see docs/importing.md"
+            f"{kind} has no attention layer that decodes (attnx.state.DecodableLayer with a stepping slot, "
+            "as attnx's and adapters' layers are); see docs/importing.md"
         )
-    slots = [StateSlot(None, POSITION)]
-    slots += [StateSlot(i, tensor) for i, layer in enumerate(layers) for tensor in layer.decode_state()]
-    mode = "kv-cache" if any(s.tensor.grows for s in slots) else "recurrent"
-    return DecodeLayout(mode, "lm", logits.axes[-1], 0, tuple(slots), logits.dtype)
+    slots = [StateSlot(None, POSITION), *layer_slots(layers)]
+    return DecodeLayout("lm", logits.axes[-1], 0, tuple(slots), logits.dtype)
 
 
 def _adapted(assembly: ModuleAssembly) -> nn.Module:

@@ -44,6 +44,7 @@ from attnx.exporter.module import (
 )
 from attnx.exporter.opsets import check_onnxruntime, check_opset
 from attnx.exporter.signature import dynamic_shapes
+from attnx.exporter.targets import check_target, target_section
 from attnx.models.spec import TensorSpec
 from attnx.ops import AttentionOp
 from attnx.recipes import ExportSettings, Recipe
@@ -105,6 +106,7 @@ def preflight(job: ExportJob, extensions: Sequence[GraphExtension] = ()) -> None
     """
     settings = job.settings
     check_opset(settings.opset, settings.lowering, job_ops(job))
+    check_target(settings.target, settings.lowering, job_ops(job), known=job.module is None)
     if job.plan.verify.enabled:
         import onnxruntime
 
@@ -133,6 +135,14 @@ def job_ops(job: ExportJob) -> list[AttentionOp]:
     names = [n for n in (job.plan.variant, job.plan.cross_variant) if n]
     impls = [registry.variant(name).load() for name in names]
     return [op for impl in impls for op in (*impl.ops, *(impl.decode_ops if job.settings.decode else ()))]
+
+
+def every_op(assembly: Assembly | ModuleAssembly) -> list[AttentionOp]:
+    """Every op the export's graphs may hold: the full forward's and its variants' step ops."""
+    ops = {op.name: op for op in assembly.ops}
+    for impl in assembly.impls.values():
+        ops.update({op.name: op for op in impl.decode_ops})
+    return list(ops.values())
 
 
 def build(job: ExportJob, progress: Progress | None = None) -> Assembly | ModuleAssembly:
@@ -191,7 +201,9 @@ def write(
     else:
         proto = to_onnx(assembly, settings.opset, inputs, outputs, sizes)
     used = attnx_ops(proto)
-    proto = lowering_mod.lower(proto, assembly.ops, settings.lowering)
+    if isinstance(assembly, ModuleAssembly):  # its ops are known now that it is traced
+        check_target(settings.target, settings.lowering, every_op(assembly))
+    proto = lowering_mod.lower(proto, assembly.ops, settings.lowering, settings.target)
     if settings.lowering != "plugin":
         onnx.checker.check_model(proto, full_check=True)
     save_onnx(proto, directory / MODEL_FILE)
@@ -219,6 +231,7 @@ def write(
         files={key: record_file(directory, name) for key, name in files.items()},
         tolerance=assembly.tolerance(),
         dtype=assembly.dtype,
+        target=target_section(settings.target, every_op(assembly), used),
         **sections,
     )
     write_atomic(directory / MANIFEST, manifest.to_json())

@@ -9,6 +9,11 @@
 * ``plugin``: bare nodes with ``plugin_namespace``/``plugin_version`` attributes,
   which TensorRT uses to find the attnx plugin of the same name.
 
+A lowering target other than ``portable`` (:mod:`attnx.targets`, ``--target``) takes the bodies an op
+declares for that target's runtime kernels (``AttentionOp.targets``) in ``function`` and
+``decomposed``; an op that declares none keeps its portable bodies. Nothing here knows an op or a
+target by name.
+
 Every lowered graph states the IR version of its opset (:mod:`attnx.exporter.opsets`).
 """
 
@@ -24,24 +29,31 @@ from onnx import helper
 from attnx.domains import DOMAIN, LIBRARY_DOMAIN, PLUGIN_NAMESPACE, PLUGIN_VERSION, Lowering
 from attnx.errors import AttnxError
 from attnx.exporter.opsets import model_opset, state_ir_version
+from attnx.targets import PORTABLE
 
 if TYPE_CHECKING:
     import onnxscript
 
     from attnx.ops import AttentionOp
 
+
 def attnx_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
     return [node for node in model.graph.node if node.domain == DOMAIN]
 
 
-def lower(model: onnx.ModelProto, ops: Sequence[AttentionOp], mode: Lowering) -> onnx.ModelProto:
-    """Apply lowering ``mode`` (validated where settings are read) to ``model`` in place and return it."""
+def lower(
+    model: onnx.ModelProto, ops: Sequence[AttentionOp], mode: Lowering, target: str = PORTABLE
+) -> onnx.ModelProto:
+    """Apply lowering ``mode`` (validated where settings are read) with ``target``'s bodies where an op
+    declares them to ``model`` in place and return it."""
     if mode == "plugin":
         return state_ir_version(_mark_plugins(model))
-    attach_functions(model, ops, portable=mode == "decomposed")
+    attach_functions(model, ops, portable=mode == "decomposed", target=target)
     if mode == "decomposed":
+        imports = {o.domain: o.version for f in model.functions for o in f.opset_import}
         model = onnx.inliner.inline_local_functions(model)
         _drop_opsets(model, {DOMAIN, LIBRARY_DOMAIN})
+        _import_opsets(model, {d: v for d, v in imports.items() if d not in (DOMAIN, LIBRARY_DOMAIN)})
     return state_ir_version(model)
 
 
@@ -53,10 +65,11 @@ def _mark_plugins(model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def attach_functions(
-    model: onnx.ModelProto, ops: Sequence[AttentionOp], portable: bool = False
+    model: onnx.ModelProto, ops: Sequence[AttentionOp], portable: bool = False, target: str = PORTABLE
 ) -> onnx.ModelProto:
     """Attach the body (and the library functions it calls) of every attnx node: the newest body the
-    model's opset allows, or with ``portable`` the oldest (:meth:`attnx.ops.AttentionOp.body_for`)."""
+    model's opset allows, or with ``portable`` the oldest, among ``target``'s bodies where the op declares
+    that target (:meth:`attnx.ops.AttentionOp.body_for`)."""
     by_name = {op.name: op for op in ops}
     opset = model_opset(model)
     attached: dict[tuple[str, str, str], onnx.FunctionProto] = {
@@ -67,11 +80,12 @@ def attach_functions(
         if op is None:
             raise AttnxError(f"no attnx op named '{node.op_type}' is registered by the model's variants")
         present = [name for name, value in zip(op.input_names, node.input, strict=False) if value]
-        body = op.body_for(present, opset, portable)
+        body = op.body_for(present, opset, portable, target)
         if body is None:
+            where = f"AttentionOp.targets['{target}']" if target in op.targets else "AttentionOp.bodies"
             raise AttnxError(
                 f"op attnx::{op.name} has no ONNX body for inputs ({', '.join(present)}) at opset {opset}; "
-                "the variant must provide one in AttentionOp.bodies"
+                f"the variant must provide one in {where}"
             )
         overload = "" if present == op.input_names else "_".join(present)
         node.overload = overload
@@ -109,6 +123,12 @@ def _set_attribute(node: onnx.NodeProto, attribute: onnx.AttributeProto) -> None
             existing.CopyFrom(attribute)
             return
     node.attribute.append(attribute)
+
+
+def _import_opsets(model: onnx.ModelProto, imports: dict[str, int]) -> None:
+    """Import the domains the inlined bodies used (a target's runtime ops) that the model does not."""
+    have = {o.domain for o in model.opset_import} | {"ai.onnx"}
+    model.opset_import.extend(helper.make_opsetid(d, v) for d, v in imports.items() if d not in have)
 
 
 def _drop_opsets(model: onnx.ModelProto, domains: set[str]) -> None:

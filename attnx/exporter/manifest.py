@@ -21,12 +21,13 @@ from attnx.config import Config, expected_type, value_type
 from attnx.domains import Lowering
 from attnx.errors import AttnxError
 from attnx.models.spec import ModelSpec, TensorSpec
+from attnx.state import CACHE_ROLES, GROWING, LayerKind, layer_kind
 
 MANIFEST = "attnx.json"
 MODEL_FILE = "model.onnx"
 WEIGHTS_FILE = "weights.safetensors"
 PARITY_FILE = "parity.json"
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3  # 3: per-layer decode state (roles, layer kinds), genai 0.18 state names, targets
 _PACKAGES = ("attnx", "torch", "onnx", "onnxscript", "onnxruntime", "polygraphy", "tensorrt")
 T = TypeVar("T")
 
@@ -68,15 +69,22 @@ class GraphIO:
 @dataclasses.dataclass
 class StatePair:
     """A state tensor a runtime carries between decode calls: ``output`` of one call is ``input`` of the
-    next (``layer`` None: the position counter)."""
+    next (``layer`` None and ``role`` "position": the position counter). ``role`` is the layer's
+    declaration (:data:`attnx.state.ROLES`: "key"/"value" of a KV cache, "recurrent", "conv")."""
 
     input: str
     output: str
     layer: int | None
     name: str
+    role: Literal["position", "key", "value", "recurrent", "conv"]
     axes: list[str | int]
     dtype: str
     doc: str = ""
+
+    @property
+    def grows(self) -> bool:
+        """Whether it has a KV cache's growing axis (one entry per earlier token)."""
+        return GROWING in self.axes
 
 
 @dataclasses.dataclass
@@ -91,12 +99,13 @@ class ContextInput:
 class DecodeSection:
     """``prefill.onnx`` + ``decode.onnx`` (files "prefill" and "decode") and how to drive them.
 
-    ``mode``: "kv-cache" or "recurrent"; ``tokens``: the token input of both graphs; ``state``: the
-    tensors fed back at each step; ``context``: inputs that stay fixed after prefill;
+    ``layers``: the kind of each layer's state, layer by layer ("kv-cache" or "recurrent"; a hybrid
+    model mixes them); ``tokens``: the token input of both graphs; ``state``: the tensors fed back at
+    each step, each with its layer and role; ``context``: inputs that stay fixed after prefill;
     ``loop``: the same in words, for a reader of the JSON.
     """
 
-    mode: str
+    layers: list[LayerKind]
     tokens: str
     prefill: GraphIO
     decode: GraphIO
@@ -132,6 +141,37 @@ class DecodeSection:
             side = "outputs" if context.source == "prefill output" else "inputs"
             if context.input not in names["prefill", side]:
                 raise _malformed(f"context input {context.input!r} is not a {context.source!r}")
+        self._check_layers()
+
+    def _check_layers(self) -> None:
+        """Each layer's kind follows from its tensors' roles, and only a KV cache grows."""
+        for pair in self.state:
+            if (pair.layer is None) != (pair.role == "position") or pair.grows != (pair.role in CACHE_ROLES):
+                raise _malformed(f"state {pair.input!r} has role {pair.role!r} and axes {pair.axes}")
+        by_layer = self.layer_state()
+        if sorted(by_layer) != list(range(len(self.layers))):
+            raise _malformed(
+                f"'layers' lists {len(self.layers)} layers, the state has layers {sorted(by_layer)}"
+            )
+        for layer, pairs in by_layer.items():
+            kind = layer_kind([p.role for p in pairs])
+            if self.layers[layer] != kind:
+                raise _malformed(f"layer {layer} is listed as {self.layers[layer]!r}, its state is {kind!r}")
+
+    def layer_state(self) -> dict[int, list[StatePair]]:
+        """The state tensors of each layer, in order (the position counter left out)."""
+        found: dict[int, list[StatePair]] = {}
+        for pair in self.state:
+            if pair.layer is not None:
+                found.setdefault(pair.layer, []).append(pair)
+        return found
+
+    def summary(self) -> str:
+        """E.g. "recurrent state", "kv-cache state" or "hybrid state: 2 kv-cache + 2 recurrent layers"."""
+        counts = {kind: self.layers.count(kind) for kind in sorted(set(self.layers))}
+        if len(counts) == 1:
+            return f"{self.layers[0]} state"
+        return "hybrid state: " + " + ".join(f"{n} {kind}" for kind, n in counts.items()) + " layers"
 
     def feeds(self) -> dict[str, str]:
         """State output name -> the input it feeds at the next step."""
@@ -200,16 +240,28 @@ class TokenizerSection:
 
 
 @dataclasses.dataclass
-class GenaiSection:
-    """The onnxruntime-genai decoder of an lm decode export: ``genai.onnx`` (file "genai", the decode
-    graph under genai's input/output names) described by ``genai_config.json`` (file "genai_config").
+class GenaiState:
+    """One state tensor of ``genai.onnx``: genai feeds output ``present`` back as input ``past``.
 
-    ``packed``: per recurrent state, the attnx state tensors concatenated along the last axis into
-    genai's one ``recurrent_state`` per layer (empty for a KV cache).
+    ``carries``: the decode graph's state inputs it holds, concatenated along the last axis when
+    several (linear attention's S and Z in one ``recurrent``); empty: a placeholder genai requires
+    that holds no attnx state (the ``conv`` of a recurrent layer without a convolution).
     """
 
-    mode: str
-    packed: list[str]
+    layer: int
+    role: Literal["key", "value", "recurrent", "conv"]
+    past: str
+    present: str
+    carries: list[str]
+
+
+@dataclasses.dataclass
+class GenaiSection:
+    """The onnxruntime-genai decoder of an lm decode export: ``genai.onnx`` (file "genai", the decode
+    graph under genai's input/output names) described by ``genai_config.json`` (file "genai_config"),
+    and every state tensor genai carries, layer by layer."""
+
+    state: list[GenaiState]
 
 
 @dataclasses.dataclass
@@ -255,6 +307,18 @@ class OptimizedSection:
     tools: dict[str, str | None]
 
 
+@dataclasses.dataclass
+class TargetSection:
+    """The lowering target the export was made for (``attnx export --target``, :mod:`attnx.targets`; no
+    section: ``portable``): ``runtime`` and its version at export, whose kernels the target's bodies call,
+    and ``ops``, the ``attnx::`` ops lowered with those bodies (every other op has its portable body)."""
+
+    name: str
+    runtime: str
+    runtime_version: str | None
+    ops: list[str]
+
+
 @dataclasses.dataclass(frozen=True)
 class ModuleConfig(Config):
     """A module export has no model options: its layers carry their own."""
@@ -292,6 +356,7 @@ class Manifest:
     genai: GenaiSection | None = None
     module: ModuleSection | None = None  # the reference is a user's module, not model + model_config
     optimized: OptimizedSection | None = None  # written by `attnx optimize` from another export
+    target: TargetSection | None = None  # the lowering target's runtime kernels (None: portable bodies)
 
     def to_json(self) -> str:
         data = _plain(self)

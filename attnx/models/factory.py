@@ -102,7 +102,7 @@ def construct(
         try:
             chosen.check_spec(spec)
         except AttnxError as exc:
-            raise AttnxError(f"model '{model_spec.name}' needs {_describe_need(spec)}: {exc}") from None
+            raise _cannot_serve(registry, model_spec.name, spec, exc) from None
         return impls[chosen.name].build(config, spec)
 
     import torch
@@ -190,6 +190,19 @@ def _unknown_option(key: str, specs: Mapping[str, Any], fields: Mapping[str, set
         if spec is not None
     ]
     return AttnxError(f"unknown option '{key}'{hint} ({'; '.join(listed)})")
+
+
+def _cannot_serve(registry: Registry, model: str, spec: AttentionSpec, why: AttnxError) -> AttnxError:
+    """The one-line refusal of a variant that cannot serve ``spec``, naming the variants that can."""
+    able = []
+    for name, variant in sorted(registry.variants.items()):
+        try:
+            variant.check_spec(spec)
+        except AttnxError:
+            continue
+        able.append(name)
+    can = f"; variants that can: {', '.join(able)}" if able else ""
+    return AttnxError(f"model '{model}' needs {_describe_need(spec)}: {why}{can}")
 
 
 def _describe_need(spec: AttentionSpec) -> str:

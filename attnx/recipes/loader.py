@@ -22,6 +22,7 @@ from attnx.config import Config, expected_type, make_config, require, value_type
 from attnx.domains import Lowering
 from attnx.errors import AttnxError, unknown_choice
 from attnx.registry import Registry, get_registry
+from attnx.targets import Target
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -52,10 +53,13 @@ class ExportSettings(Config):
         checkpoint: weights to export instead of the seeded initialisation (safetensors or a
             torch state dict); in a recipe file a relative path is relative to that file, so a
             recipe can ship its trained weights next to it.
+        target: the lowering target (:mod:`attnx.targets`): "portable" (standard ONNX ops), or a
+            runtime's own kernels ("ort") for the ops that declare a body for them.
     """
 
     opset: int = 18
     lowering: Lowering = "function"
+    target: Target = "portable"
     dtype: Literal["fp32", "fp16"] = "fp32"
     seed: int = 0
     dynamic_axes: tuple[str, ...] | None = None

@@ -3,21 +3,28 @@
 :data:`GENAI` is the exporter extension that, for every ``--decode`` export of an ``lm``, makes
 OUT a model directory ``onnxruntime_genai.Model(OUT)`` loads (a generic ``"decoder"`` model).
 ``genai.onnx`` is ``decode.onnx`` (which takes any number of new tokens after any state, empty
-included) under genai's names, through a :class:`attnx.serve.layout.Layout`:
+included) under the names onnxruntime-genai 0.18 gives a hybrid model (its model builder's
+``base.py``), derived layer by layer from the roles the layers declare (:mod:`attnx.state`),
+through a :class:`attnx.serve.layout.Layout`:
 
 * ``position_ids`` (batch, seq) int64 replaces ``past_length``: the position of the first new
   token is ``position_ids[0, 0]`` (every row shares it, as in attnx's decode graphs);
-* a KV cache layer's two tensors are ``past_key_values.<layer>.key/value`` in and
-  ``present.<layer>.key/value`` out;
-* a recurrent layer's tensors (linear/cosFormer: S (batch, heads, F, d) and Z (batch, heads, F))
-  are packed along their last axis into genai's one ``past_key_values.<layer>.recurrent_state``
-  (batch, heads, F, d + 1) and unpacked by Slice nodes, which run before the packed output is
-  written (genai on CPU binds a recurrent state's input and output to one buffer); genai also
-  requires a ``conv_state`` per recurrent layer (every dim but batch static and > 0), which these
-  variants have none of: a (batch, 1, 1) tensor the graph passes through unchanged.
+* a KV cache layer's ``key``/``value`` are ``past_key_values.<layer>.key/value`` in and
+  ``present.<layer>.key/value`` out (genai grows them; ``past_present_share_buffer`` is off:
+  attnx's cache grows by concatenation, it does not write into a buffer of the maximum length);
+* a recurrent layer's ``recurrent`` tensors are genai's one ``past.<layer>.recurrent`` (batch, H,
+  D_k, D_v) in and ``present.<layer>.recurrent`` out: a single 4-d state as it is, several
+  concatenated along the last axis (linear/cosFormer: S (batch, heads, F, d) and Z (batch, heads, F)
+  as (batch, heads, F, d + 1)); its ``conv`` carry is ``past.<layer>.conv`` (batch, channels,
+  kernel - 1). genai 0.18 requires a conv next to every recurrent state (without one it stops with
+  "Model input was not found: past.0.conv"), every dim but batch static and > 0: a layer without a
+  convolution gets a (batch, 1, 1) placeholder the graph passes through unchanged.
 
-``past_present_share_buffer`` is off: attnx's KV cache grows by concatenation, it does not write
-into a buffer of the maximum length.
+genai on CPU binds a recurrent or conv state's input and output to one buffer, so the graph reads
+each such input once, by Slice nodes (copies) that every node writing its output depends on: the
+state is read before it is overwritten, whatever order ONNX Runtime runs the nodes in. genai
+allocates every recurrent layer's state with the first one's shape and dtype (and the same for the
+conv), so those must agree across layers (:func:`blocker` says when they do not).
 """
 
 from __future__ import annotations
@@ -29,61 +36,132 @@ from typing import Any
 
 import onnx
 
-from attnx.decode.export import DECODE_FILE
-from attnx.decode.model import LOGITS, PAST_LENGTH, TOKENS, DecodeLayout
+from attnx.decode.export import DECODE_FILE, layout_of
+from attnx.decode.model import LOGITS, PAST_LENGTH, TOKENS
+from attnx.errors import AttnxError
 from attnx.exporter.assemble import Assembly
 from attnx.exporter.export import ExportJob, ExtraGraphs, attnx_ops, save_onnx
-from attnx.exporter.manifest import DecodeSection, GenaiSection, StatePair
+from attnx.exporter.manifest import DecodeSection, GenaiSection, GenaiState, StatePair
+from attnx.exporter.module import ModuleAssembly
 from attnx.recipes import ExportSettings
 from attnx.serve.layout import Layout, value
 from attnx.serve.tokenizer import CONFIG_FILE, TOKENIZER_FILE, describe, load_tokenizer
-from attnx.state import GROWING
+from attnx.state import CACHE_ROLES
 
 GENAI_FILE, GENAI_CONFIG = "genai.onnx", "genai_config.json"
 POSITION_IDS = "position_ids"
-PAST, PRESENT = "past_key_values.%d.", "present.%d."
+# genai 0.18's name templates, per role (model builder: past_key_names, past_conv_names, ...)
+PAST = {
+    "key": "past_key_values.%d.key",
+    "value": "past_key_values.%d.value",
+    "recurrent": "past.%d.recurrent",
+    "conv": "past.%d.conv",
+}
+PRESENT = {role: f"present.%d.{role}" for role in PAST}
+PLACEHOLDER_CONV = (1, 1)  # (channels, kernel - 1) of the conv genai needs beside a recurrent state
 DEFAULT_CONTEXT = 4096  # max_length when the positions are unbounded (sinusoidal)
 
 
-def layers(section: DecodeSection) -> dict[int, list[StatePair]]:
-    """The state tensors of each layer (the position counter left out)."""
-    found: dict[int, list[StatePair]] = {}
-    for pair in section.state:
-        if pair.layer is not None:
-            found.setdefault(pair.layer, []).append(pair)
-    return found
-
-
-def blocker(model: str, section: DecodeSection | None) -> str | None:
+def blocker(section: DecodeSection | None) -> str | None:
     """Why onnxruntime-genai cannot run this decode export (None: it can)."""
     if section is None:
         return "it has no decode graphs; re-export with --decode"
-    if model != "lm":
+    if section.context:
         return (
-            f"onnxruntime-genai's generic 'decoder' model is decoder-only; a {model} decoder needs its "
-            "encoder's output at every step (genai runs encoder-decoders only for built-in model types)"
+            "onnxruntime-genai's generic 'decoder' model is decoder-only; this decoder needs its encoder's "
+            "output at every step (genai runs encoder-decoders only for built-in model types)"
         )
-    for layer, pairs in layers(section).items():
-        if section.mode == "kv-cache" and [GROWING in p.axes for p in pairs] != [True, True]:
-            return (
-                f"layer {layer}'s KV cache is not one key and one value tensor (genai's past_key/value names)"
-            )
-        if section.mode == "recurrent" and _packing(pairs) is None:
-            return (
-                f"layer {layer}'s state tensors {[p.name for p in pairs]} do not share (batch, heads, F) "
-                "leading axes, so they cannot be packed into genai's one recurrent_state per layer"
-            )
+    try:
+        genai_state(section)
+    except AttnxError as exc:
+        return str(exc)
     return None
 
 
-def _packing(pairs: Sequence[StatePair]) -> list[int] | None:
-    """The width each tensor takes in a layer's packed recurrent state (None: not packable)."""
-    lead = {tuple(p.axes[:3]) for p in pairs}
+def genai_state(section: DecodeSection) -> list[GenaiState]:
+    """Every state tensor of ``genai.onnx``, layer by layer, from the roles of the decode state.
+
+    Raises:
+        AttnxError: a state genai cannot hold (why, in words).
+    """
+    found: list[GenaiState] = []
+    for layer, pairs in section.layer_state().items():
+        if section.layers[layer] == "kv-cache":
+            found += _cache(layer, pairs)
+        else:
+            found += _recurrent(layer, pairs)
+    for role in ("recurrent", "conv"):
+        shapes = {(tuple(_axes(s, section)), _dtype(s, section)) for s in found if s.role == role}
+        if len(shapes) > 1:
+            raise AttnxError(
+                f"its layers' {role} states differ in shape or dtype ({sorted(map(str, shapes))}), and "
+                "genai allocates every layer's with the first one's"
+            )
+    return found
+
+
+def _names(layer: int, role: str) -> tuple[str, str]:
+    return PAST[role] % layer, PRESENT[role] % layer
+
+
+def _cache(layer: int, pairs: Sequence[StatePair]) -> list[GenaiState]:
+    if sorted(p.role for p in pairs) != ["key", "value"]:
+        raise AttnxError(
+            f"layer {layer}'s KV cache is not one key and one value tensor (genai's past_key/value)"
+        )
+    return [GenaiState(layer, p.role, *_names(layer, p.role), [p.input]) for p in pairs]
+
+
+def _recurrent(layer: int, pairs: Sequence[StatePair]) -> list[GenaiState]:
+    recurrent = [p for p in pairs if p.role == "recurrent"]
+    conv = [p for p in pairs if p.role == "conv"]
+    if not recurrent or len(conv) > 1 or _widths(recurrent, 4) is None:
+        raise AttnxError(
+            f"layer {layer}'s state tensors {[p.name for p in pairs]} are not what genai holds per layer: "
+            "recurrent tensors that share (batch, heads, F) leading axes and a dtype (one "
+            "recurrent state), at most one conv carry"
+        )
+    return [
+        GenaiState(layer, "recurrent", *_names(layer, "recurrent"), [p.input for p in recurrent]),
+        GenaiState(layer, "conv", *_names(layer, "conv"), [p.input for p in conv]),
+    ]
+
+
+def _widths(pairs: Sequence[StatePair], rank: int) -> list[int] | None:
+    """The width each tensor takes along the last axis of one packed tensor of ``rank`` (None: they do
+    not pack: other leading axes or dtypes, a dynamic dim, a rank neither ``rank`` nor ``rank - 1``)."""
+    lead = {tuple(p.axes[: rank - 1]) for p in pairs}
     if len(lead) != 1 or len({p.dtype for p in pairs}) != 1:
         return None
-    if not all(len(p.axes) in (3, 4) and all(isinstance(a, int) for a in p.axes[1:]) for p in pairs):
+    if not all(
+        len(p.axes) in (rank - 1, rank) and all(isinstance(a, int) for a in p.axes[1:]) for p in pairs
+    ):
         return None
-    return [int(p.axes[3]) if len(p.axes) == 4 else 1 for p in pairs]
+    return [int(p.axes[-1]) if len(p.axes) == rank else 1 for p in pairs]
+
+
+def _carried(state: GenaiState, section: DecodeSection) -> list[StatePair]:
+    by_input = {p.input: p for p in section.state}
+    return [by_input[name] for name in state.carries]
+
+
+def _dtype(state: GenaiState, section: DecodeSection) -> str:
+    """A genai state's dtype: its tensors', or the activations' (the logits') for a placeholder."""
+    carried = _carried(state, section)
+    if carried:
+        return carried[0].dtype
+    return next(s.dtype for s in section.decode.outputs if s.name == LOGITS)
+
+
+def _axes(state: GenaiState, section: DecodeSection) -> list[str | int]:
+    """A recurrent or conv genai state's axes: its tensors packed along the last axis."""
+    carried = _carried(state, section)
+    if not carried:
+        return ["batch", *PLACEHOLDER_CONV]
+    rank = max(len(p.axes) for p in carried)
+    widths = _widths(carried, rank)
+    assert widths is not None, "genai_state() refuses unpackable states first"
+    return [*carried[0].axes[: rank - 1], sum(widths)]
 
 
 def genai_layout(proto: onnx.ModelProto, section: DecodeSection) -> onnx.ModelProto:
@@ -95,90 +173,102 @@ def genai_layout(proto: onnx.ModelProto, section: DecodeSection) -> onnx.ModelPr
     first = layout.node("Slice", [POSITION_IDS, *corner], "serve/first_position")
     layout.node("Reshape", [first, layout.constant("one", [1])], layout.feed(PAST_LENGTH))
     layout.keep(LOGITS)
-    for layer, pairs in layers(section).items():
-        if section.mode == "kv-cache":
-            for pair, kind in zip(pairs, ("key", "value"), strict=True):
-                _rename(layout, pair, f"{PAST % layer}{kind}", f"{PRESENT % layer}{kind}")
+    for state in genai_state(section):
+        if state.role in CACHE_ROLES:
+            _rename(layout, state, _carried(state, section)[0])
+        elif state.carries:
+            _pack(layout, state, section)
         else:
-            _pack(layout, layer, pairs)
+            _placeholder(layout, state, _dtype(state, section))
     return layout.build("attnx_genai_decoder")
 
 
-def _rename(layout: Layout, pair: StatePair, past: str, present: str) -> None:
+def _rename(layout: Layout, state: GenaiState, pair: StatePair) -> None:
     source_in, source_out = layout.source(pair.input), layout.source(pair.output)
-    layout.inputs.append(value(past, pair.dtype, _dims(source_in)))
-    layout.node("Identity", [past], layout.feed(pair.input))
-    layout.outputs.append(value(present, pair.dtype, _dims(source_out)))
-    if present != pair.output:
-        layout.node("Identity", [pair.output], present, after=True)
+    layout.inputs.append(value(state.past, pair.dtype, _dims(source_in)))
+    layout.node("Identity", [state.past], layout.feed(pair.input))
+    layout.outputs.append(value(state.present, pair.dtype, _dims(source_out)))
+    layout.node("Identity", [layout.take(pair.output)], state.present, after=True)
 
 
-def _pack(layout: Layout, layer: int, pairs: Sequence[StatePair]) -> None:
-    widths = _packing(pairs)
-    assert widths is not None, "blocker() refuses unpackable states first"
-    dtype, lead = pairs[0].dtype, pairs[0].axes[:3]
-    past, present = f"{PAST % layer}recurrent_state", f"{PRESENT % layer}recurrent_state"
-    axes = [*lead, sum(widths)]
-    layout.inputs.append(value(past, dtype, axes))
-    layout.outputs.append(value(present, dtype, axes))
-    last = layout.constant(f"{layer}/last_axis", [3])
+def _pack(layout: Layout, state: GenaiState, section: DecodeSection) -> None:
+    """Slice each carried tensor off the one genai input (copies, read before anything writes the
+    shared buffer) and concatenate the next ones into the genai output."""
+    pairs = _carried(state, section)
+    axes = _axes(state, section)
+    rank = len(axes)
+    widths = _widths(pairs, rank)
+    assert widths is not None, "genai_state() refuses unpackable states first"
+    layout.inputs.append(value(state.past, pairs[0].dtype, axes))
+    layout.outputs.append(value(state.present, pairs[0].dtype, axes))
+    last = layout.constant(f"{state.past}/last_axis", [rank - 1])
     parts, start = [], 0
     for pair, width in zip(pairs, widths, strict=True):
         bounds = [
             layout.constant(f"{pair.input}/{end}", [bound])
             for end, bound in (("start", start), ("end", start + width))
         ]
-        if len(pair.axes) == 4:
-            layout.node("Slice", [past, *bounds, last], layout.feed(pair.input))
-            parts.append(pair.output)
+        output = layout.take(pair.output)  # genai's name may be the decode graph's own (past.0.recurrent)
+        if len(pair.axes) == rank:
+            layout.node("Slice", [state.past, *bounds, last], layout.feed(pair.input))
+            parts.append(output)
         else:
-            sliced = layout.node("Slice", [past, *bounds, last], f"serve/{pair.input}/sliced")
+            sliced = layout.node("Slice", [state.past, *bounds, last], f"serve/{pair.input}/sliced")
             layout.node("Squeeze", [sliced, last], layout.feed(pair.input))
-            parts.append(
-                layout.node("Unsqueeze", [pair.output, last], f"serve/{pair.output}/packed", after=True)
-            )
+            parts.append(layout.node("Unsqueeze", [output, last], f"{output}/packed", after=True))
         start += width
-    layout.node("Concat", parts, present, after=True, axis=3)
-    conv = [pairs[0].axes[0], 1, 1]
-    layout.inputs.append(value(f"{PAST % layer}conv_state", dtype, conv))
-    layout.outputs.append(value(f"{PRESENT % layer}conv_state", dtype, conv))
-    layout.node("Identity", [f"{PAST % layer}conv_state"], f"{PRESENT % layer}conv_state", after=True)
+    layout.node("Concat", parts, state.present, after=True, axis=rank - 1)
+
+
+def _placeholder(layout: Layout, state: GenaiState, dtype: str) -> None:
+    axes = ["batch", *PLACEHOLDER_CONV]
+    layout.inputs.append(value(state.past, dtype, axes))
+    layout.outputs.append(value(state.present, dtype, axes))
+    layout.node("Identity", [state.past], state.present, after=True)
 
 
 def _dims(spec: onnx.ValueInfoProto) -> list[str | int]:
     return [d.dim_param or d.dim_value for d in spec.type.tensor_type.shape.dim]
 
 
-def genai_config(assembly: Assembly, section: DecodeSection, specials: dict[str, Any]) -> dict[str, Any]:
-    """``genai_config.json`` of an lm decode export (``specials``: bos/eos/pad ids, None unknown)."""
-    config = assembly.model_config
-    heads = config.n_heads
-    context = assembly.variant.position_limit(assembly.variant_config) or DEFAULT_CONTEXT
+def _heads(section: DecodeSection) -> tuple[int, int]:
+    """(heads, head size) of the KV cache (genai sizes its cache by them), else of the recurrent state."""
+    by_role = {role: [p for p in section.state if p.role == role] for role in ("key", "recurrent")}
+    axes = (by_role["key"] or by_role["recurrent"])[0].axes
+    return int(axes[1]), int(axes[-1]) if len(axes) == 4 else 1
+
+
+def genai_config(
+    section: DecodeSection, state: Sequence[GenaiState], context: int, specials: dict[str, Any]
+) -> dict[str, Any]:
+    """``genai_config.json`` of an lm decode export, from its decode section: ``state`` its genai state
+    (the name templates are those of the roles it holds), ``context`` the longest sequence, ``specials``
+    the tokenizer's bos/eos/pad ids (None unknown)."""
+    heads, head_size = _heads(section)
+    roles = [role for role in PAST if any(s.role == role for s in state)]
     model: dict[str, Any] = {
         "type": "decoder",
-        "vocab_size": config.vocab_size,
+        "vocab_size": section.vocab_size,
         "context_length": context,
-        # No known end token: genai stops at max_length, as `attnx generate` does.
+        # No known end token: genai then ends at its pad_token_id (0) or at max_length.
         "eos_token_id": specials.get("eos_token_id") if specials.get("eos_token_id") is not None else [],
         **{k: specials[k] for k in ("bos_token_id", "pad_token_id") if specials.get(k) is not None},
         "decoder": {
             "filename": GENAI_FILE,
             "session_options": {"log_id": "attnx", "provider_options": []},
-            "hidden_size": config.d_model,
-            "head_size": config.d_model // heads,
+            "hidden_size": heads * head_size,
+            "head_size": head_size,
             "num_attention_heads": heads,
             "num_key_value_heads": heads,
-            "num_hidden_layers": len(layers(section)),
+            "num_hidden_layers": len(section.layers),
             "inputs": {
                 "input_ids": TOKENS,
                 "position_ids": POSITION_IDS,
-                "past_key_names": f"{PAST}key",
-                "past_value_names": f"{PAST}value",
+                **{f"past_{role}_names": PAST[role] for role in roles},
             },
             "outputs": {
                 "logits": LOGITS,
-                "present_key_names": f"{PRESENT}key",
-                "present_value_names": f"{PRESENT}value",
+                **{f"present_{role}_names": PRESENT[role] for role in roles},
             },
         },
     }
@@ -186,22 +276,32 @@ def genai_config(assembly: Assembly, section: DecodeSection, specials: dict[str,
     return {"model": model, "search": search}
 
 
+def context_length(assembly: Assembly | ModuleAssembly) -> int:
+    """The longest sequence genai may generate: the variant's position limit, else :data:`DEFAULT_CONTEXT`."""
+    if isinstance(assembly, ModuleAssembly):
+        return DEFAULT_CONTEXT
+    return assembly.variant.position_limit(assembly.variant_config) or DEFAULT_CONTEXT
+
+
 class GenaiDecoder:
-    """The onnxruntime-genai extension of an lm decode export (manifest section ``genai``)."""
+    """The onnxruntime-genai extension of an lm decode export, attnx's or a module's (manifest section
+    ``genai``)."""
 
     name = "genai"
 
     def wanted(self, job: ExportJob) -> bool:
-        return job.settings.decode and job.plan.model == "lm"
+        return job.settings.decode and (job.plan.model == "lm" or job.module is not None)
 
     def check(self, job: ExportJob) -> None:
         """Nothing beyond the decode extension's checks."""
 
-    def export(self, assembly: Assembly, directory: Path, settings: ExportSettings) -> ExtraGraphs:
+    def export(
+        self, assembly: Assembly | ModuleAssembly, directory: Path, settings: ExportSettings
+    ) -> ExtraGraphs:
         """Write genai.onnx and genai_config.json from the decode graph already in ``directory``
         (nothing, and no section, when :func:`blocker` names a reason)."""
-        section = DecodeLayout.of(assembly.module, assembly.variant.capabilities.decode).describe()
-        if blocker("lm", section) is not None:
+        section = layout_of(assembly).describe()
+        if blocker(section) is not None:
             return ExtraGraphs({}, [], None)
         proto = genai_layout(onnx.load(str(directory / DECODE_FILE)), section)
         save_onnx(proto, directory / GENAI_FILE)
@@ -209,12 +309,13 @@ class GenaiDecoder:
         if (directory / TOKENIZER_FILE).is_file():
             config = json.loads((directory / CONFIG_FILE).read_text(encoding="utf-8"))
             tokenizer = load_tokenizer(directory / TOKENIZER_FILE)
-            specials = vars(describe(tokenizer, config, assembly.model_config.vocab_size, TOKENIZER_FILE))
-        text = json.dumps(genai_config(assembly, section, specials), indent=2) + "\n"
+            specials = vars(describe(tokenizer, config, section.vocab_size, TOKENIZER_FILE))
+        state = genai_state(section)
+        config = genai_config(section, state, context_length(assembly), specials)
+        text = json.dumps(config, indent=2) + "\n"
         (directory / GENAI_CONFIG).write_text(text, encoding="utf-8")
-        packed = [] if section.mode == "kv-cache" else [p.input for p in section.state if p.layer is not None]
         files = {"genai": GENAI_FILE, "genai_config": GENAI_CONFIG}
-        return ExtraGraphs(files, attnx_ops(proto), GenaiSection(section.mode, packed))
+        return ExtraGraphs(files, attnx_ops(proto), GenaiSection(state))
 
 
 GENAI = GenaiDecoder()

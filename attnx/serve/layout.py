@@ -11,11 +11,15 @@ are new (:mod:`attnx.serve.genai`, :mod:`attnx.serve.triton`).
 from __future__ import annotations
 
 import dataclasses
+import shutil
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
+
+from attnx.exporter.export import save_onnx
 
 PREFIX = "serve/"  # names of the adapter's own values
 
@@ -45,6 +49,12 @@ class Layout:
     def feed(self, name: str) -> str:
         """Take source input ``name`` off the graph's inputs; returns the value the adapter must
         compute for it (its consumers read that value instead)."""
+        self.renamed[name] = f"{PREFIX}{name}"
+        return self.renamed[name]
+
+    def take(self, name: str) -> str:
+        """Take source output ``name`` off the graph's outputs (so an adapter output may reuse the name);
+        returns the value that holds it for the nodes after the source graph."""
         self.renamed[name] = f"{PREFIX}{name}"
         return self.renamed[name]
 
@@ -90,13 +100,25 @@ class Layout:
 
 
 def _renamed(node: onnx.NodeProto, names: dict[str, str]) -> onnx.NodeProto:
-    """``node`` reading ``names[x]`` wherever it read ``x`` (subgraphs too, which may read outer values)."""
+    """``node`` reading and writing ``names[x]`` wherever it read or wrote ``x`` (subgraphs too, which may
+    read outer values)."""
     copy = onnx.NodeProto()
     copy.CopyFrom(node)
     for i, name in enumerate(copy.input):
         copy.input[i] = names.get(name, name)
+    for i, name in enumerate(copy.output):
+        copy.output[i] = names.get(name, name)
     for attribute in copy.attribute:
         for graph in [attribute.g, *attribute.graphs]:
             for j, inner in enumerate(graph.node):
                 graph.node[j].CopyFrom(_renamed(inner, names))
     return copy
+
+
+def copy_graph(source: Path, target: Path) -> None:
+    """Copy an ONNX file and its external data (``<file>.data``, renamed with it)."""
+    shutil.copyfile(source, target)
+    data = source.with_name(source.name + ".data")
+    if data.is_file():
+        proto = onnx.load(str(source))  # re-save so the graph names its data file's new name
+        save_onnx(proto, target)

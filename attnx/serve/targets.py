@@ -56,7 +56,7 @@ def serving_targets(export: ExportDir) -> list[Target]:
 
 def _genai(export: ExportDir) -> str | None:
     """Why onnxruntime-genai cannot run the export here (None: it can)."""
-    reason = genai_blocker(export.manifest.model, export.manifest.decode)
+    reason = genai_blocker(export.manifest.decode)
     if reason is None and not export.has("genai"):
         reason = "it was exported without genai.onnx (an older attnx); re-export with --decode"
     if reason is None and importlib.util.find_spec("onnxruntime_genai") is None:

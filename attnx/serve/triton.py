@@ -20,6 +20,11 @@ holding it). The whole directory is staged and renamed into place (:mod:`attnx.a
   attnx's ``past.*``/``present.*``: Triton pairs a state's output with its input by their
   positions in two name-sorted maps, and a name that prefixes another has led to swapped states,
   so both are checked. ``use_growable_memory`` stays off (it reserves large buffers).
+
+``--backend python`` writes the same model for Triton's python backend instead
+(:mod:`attnx.serve.triton_python`): ``model.py`` runs the export's graphs in ONNX Runtime, in a python
+environment attnx prepares (:mod:`attnx.serve.pyenv`) and names in the config (``EXECUTION_ENV_PATH``);
+a decoder keeps each sequence's state itself, keyed by the sequence batcher's correlation id.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from attnx.atomic import staged_directory
+from attnx.atomic import check_output_dir, staged_directory
 from attnx.decode.model import LOGITS, PAST_LENGTH
 from attnx.decode.runtime import decode_section
 from attnx.errors import AttnxError
@@ -42,16 +47,20 @@ from attnx.exporter.directory import ExportDir
 from attnx.exporter.export import save_onnx
 from attnx.exporter.manifest import DecodeSection, StatePair
 from attnx.models.spec import TensorSpec
-from attnx.serve.layout import Layout
+from attnx.serve.layout import Layout, copy_graph
+from attnx.serve.pyenv import Progress, ensure_environment, python_version
 from attnx.serve.tokenizer import CONFIG_FILE, TOKENIZER_FILE
+from attnx.serve.triton_python import write_python_model
 from attnx.state import GROWING
 
 MARKER = "attnx-triton.json"
 VERSION = "1"
 SERVED_LOWERINGS = ("function", "decomposed")
 BATCHINGS = ("auto", "dynamic", "sequence")
+TRITON_BACKENDS = ("onnxruntime", "python")
 DEFAULT_MAX_BATCH = 8
 IDLE_MICROSECONDS = 60_000_000  # a sequence idle this long is dropped, its state freed
+MAX_SEQUENCES = 16  # python backend: live sequences per model instance (the sequence batcher's slots)
 _TYPES = {
     "float32": "TYPE_FP32",
     "float16": "TYPE_FP16",
@@ -112,7 +121,7 @@ def _message(fields: Sequence[tuple[str, str]], depth: int) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class ModelPlan:
-    """Everything written for one Triton model."""
+    """Everything written for one Triton model (``python_env``: the python backend's environment)."""
 
     name: str
     batching: str  # "dynamic" or "sequence"
@@ -121,20 +130,35 @@ class ModelPlan:
     outputs: tuple[Entry, ...]
     states: tuple[State, ...]
     instances: int
+    backend: str = "onnxruntime"
+    python_env: str | None = None
 
     def config(self) -> str:
         """config.pbtxt (protobuf text format of Triton's ModelConfig)."""
-        lines = [f'name: "{self.name}"', 'backend: "onnxruntime"', f"max_batch_size: {self.max_batch_size}"]
+        lines = [
+            f'name: "{self.name}"',
+            f'backend: "{self.backend}"',
+            f"max_batch_size: {self.max_batch_size}",
+        ]
         lines += [f"input [\n{_join(self.inputs, 1)}\n]", f"output [\n{_join(self.outputs, 1)}\n]"]
         if self.batching == "sequence":
-            lines.append(
-                f"sequence_batching {{\n  max_sequence_idle_microseconds: {IDLE_MICROSECONDS}\n"
-                f"  state [\n{_join(self.states, 2)}\n  ]\n}}"
-            )
+            idle = f"  max_sequence_idle_microseconds: {IDLE_MICROSECONDS}"
+            lines.append(f"sequence_batching {{\n{idle}\n{self._slots()}\n}}")
         elif self.max_batch_size > 0:
             lines.append("dynamic_batching { }")
-        lines.append(f"instance_group [\n  {{\n    count: {self.instances}\n  }}\n]")
+        kind = "\n    kind: KIND_CPU" if self.backend == "python" else ""
+        lines.append(f"instance_group [\n  {{\n    count: {self.instances}{kind}\n  }}\n]")
+        if self.python_env is not None:
+            value = f"{{ string_value: {json.dumps(self.python_env)} }}"
+            lines.append(f'parameters: {{ key: "EXECUTION_ENV_PATH" value: {value} }}')
         return "\n".join(lines) + "\n"
+
+    def _slots(self) -> str:
+        """The sequence batcher's state (onnxruntime: implicit state tensors; python: the model keeps the
+        state, for up to MAX_SEQUENCES sequences per instance, interleaved in any order)."""
+        if self.backend == "python":
+            return f"  oldest {{ max_candidate_sequences: {MAX_SEQUENCES} }}"
+        return f"  state [\n{_join(self.states, 2)}\n  ]"
 
 
 def _dims(dims: Sequence[int]) -> str:
@@ -177,9 +201,15 @@ def check_state_names(states: Sequence[State]) -> None:
 
 
 def plan_model(
-    export: ExportDir, name: str, batching: str, max_batch: int | None, instances: int
+    export: ExportDir,
+    name: str,
+    batching: str,
+    max_batch: int | None,
+    instances: int,
+    backend: str = "onnxruntime",
 ) -> ModelPlan:
-    """What to write for ``export`` (``batching`` "auto": sequence for an lm decode export).
+    """What to write for ``export`` (``batching`` "auto": sequence for an lm decode export) for Triton's
+    ``backend`` (onnxruntime or python).
 
     Raises:
         AttnxError: bad settings, a plugin-lowered export, or a batching the export cannot serve.
@@ -193,16 +223,20 @@ def plan_model(
         raise AttnxError(f"model name '{name}' must be letters, digits, '_', '.' or '-' (a directory name)")
     if batching not in BATCHINGS:
         raise AttnxError(f"--batching must be one of {', '.join(BATCHINGS)} (got '{batching}')")
+    if backend not in TRITON_BACKENDS:
+        raise AttnxError(f"--backend must be one of {', '.join(TRITON_BACKENDS)} (got '{backend}')")
     if manifest.lowering not in SERVED_LOWERINGS:
         raise AttnxError(
-            f"'{export.path}' uses the {manifest.lowering} lowering, whose bare attnx nodes Triton's "
-            f"onnxruntime backend cannot run; re-export with --lowering {' or '.join(SERVED_LOWERINGS)}"
+            f"'{export.path}' uses the {manifest.lowering} lowering, whose bare attnx nodes ONNX Runtime "
+            f"runs only with attnx's own kernels, which Triton's {backend} backend does not load; re-export "
+            f"with --lowering {' or '.join(SERVED_LOWERINGS)}"
         )
     why = sequence_blocker(export)
     if batching == "auto":
         batching = "dynamic" if why else "sequence"
     if batching == "dynamic":
-        return _dynamic(manifest.inputs, manifest.outputs, name, max_batch, instances)
+        plan = _dynamic(manifest.inputs, manifest.outputs, name, max_batch, instances)
+        return dataclasses.replace(plan, backend=backend)
     if why:
         raise AttnxError(f"sequence batching cannot serve '{export.path}': {why}")
     if max_batch:
@@ -210,14 +244,18 @@ def plan_model(
             "a sequence-batched decoder runs one sequence per call (max_batch_size 0: its rows share one "
             "position and each KV cache grows at its own pace); drop --max-batch and scale with --instances"
         )
-    return _sequence(decode_section(export), name, instances)
+    plan = _sequence(decode_section(export), name, instances)
+    if backend == "python":  # model.py pairs the state itself, by the manifest, not by sorted names
+        return dataclasses.replace(plan, backend=backend, states=())
+    check_state_names(plan.states)
+    return plan
 
 
 def sequence_blocker(export: ExportDir) -> str | None:
     """Why sequence batching cannot serve ``export`` (None: it can)."""
     if export.manifest.decode is None:
         return "it has no decode graphs; re-export with --decode"
-    if export.manifest.model != "lm":
+    if export.manifest.decode.context:  # a seq2seq decoder (an lm, attnx's or a module, has no context)
         return (
             f"a {export.manifest.model} decoder needs its source at every step (cached cross-attention "
             "context), which implicit state does not carry; serve model.onnx with --batching dynamic"
@@ -253,7 +291,6 @@ def _sequence(section: DecodeSection, name: str, instances: int) -> ModelPlan:
     )
     logits = next(s for s in section.decode.outputs if s.name == LOGITS)
     states = tuple(State(p.input, p.output, p.dtype, _axes(p.axes, 1)) for p in section.state)
-    check_state_names(states)
     return ModelPlan(
         name,
         "sequence",
@@ -306,26 +343,35 @@ def write_repository(
     batching: str = "auto",
     instances: int = 1,
     force: bool = False,
+    backend: str = "onnxruntime",
+    env_cache: str | Path | None = None,
+    progress: Progress | None = None,
 ) -> Repository:
     """Write a Triton model repository serving the export ``out`` into ``repo`` (atomically).
 
+    Args:
+        backend: Triton's "onnxruntime" backend, or its "python" backend running ``model.py`` in a
+            python environment built (or reused) under ``env_cache`` (default
+            :func:`attnx.serve.pyenv.default_cache`).
+        progress: told about the long steps (building the python environment).
+
     Raises:
-        AttnxError: ``out`` is not an export, bad settings, a batching it cannot serve, or ``repo``
-            exists (without ``force``, or not written by attnx).
+        AttnxError: ``out`` is not an export, bad settings, a batching it cannot serve, ``repo``
+            exists (without ``force``, or not written by attnx), or the python environment cannot
+            be built.
     """
     export = ExportDir.open(out)
-    plan = plan_model(export, name or export.manifest.model, batching, max_batch, instances)
+    plan = plan_model(export, name or export.manifest.model, batching, max_batch, instances, backend)
+    if backend != "python" and env_cache is not None:
+        raise AttnxError("--env-cache is for --backend python (the onnxruntime backend needs no environment)")
+    if backend == "python":
+        check_output_dir(repo, force, MARKER)  # before the slow environment build
+        plan = dataclasses.replace(plan, python_env=str(ensure_environment(env_cache, progress)))
     repo = Path(repo)
     with staged_directory(repo, force, marker=MARKER) as staging:
         model_dir = staging / plan.name
         (model_dir / VERSION).mkdir(parents=True)
-        if plan.batching == "sequence":
-            proto = onnx.load(str(export.file("decode")))
-            save_onnx(
-                sequence_layout(proto, decode_section(export).state), model_dir / VERSION / "model.onnx"
-            )
-        else:
-            _copy_graph(export.model_path, model_dir / VERSION / "model.onnx")
+        _write_model(export, plan, model_dir / VERSION)
         (model_dir / "config.pbtxt").write_text(plan.config(), encoding="utf-8")
         if export.has("tokenizer"):
             shutil.copyfile(export.file("tokenizer"), model_dir / TOKENIZER_FILE)
@@ -336,19 +382,23 @@ def write_repository(
             "manifest": export.manifest.files["model"].sha256,
             "model": plan.name,
             "batching": plan.batching,
+            "backend": plan.backend,
+            "python_env": plan.python_env,
         }
         (staging / MARKER).write_text(json.dumps(provenance, indent=2) + "\n", encoding="utf-8")
         files = tuple(sorted(str(p.relative_to(staging)) for p in staging.rglob("*") if p.is_file()))
     return Repository(repo, plan, files)
 
 
-def _copy_graph(source: Path, target: Path) -> None:
-    """Copy an ONNX file and its external data (``<file>.data``, renamed with it)."""
-    shutil.copyfile(source, target)
-    data = source.with_name(source.name + ".data")
-    if data.is_file():
-        proto = onnx.load(str(source))  # re-save so the graph names its data file's new name
-        save_onnx(proto, target)
+def _write_model(export: ExportDir, plan: ModelPlan, folder: Path) -> None:
+    """The version folder: the ONNX model the onnxruntime backend runs, or the python backend's model."""
+    if plan.backend == "python":
+        write_python_model(export, plan.batching, folder)
+    elif plan.batching == "sequence":
+        proto = onnx.load(str(export.file("decode")))
+        save_onnx(sequence_layout(proto, decode_section(export).state), folder / "model.onnx")
+    else:
+        copy_graph(export.model_path, folder / "model.onnx")
 
 
 def readme(export: ExportDir, plan: ModelPlan) -> str:
@@ -360,19 +410,13 @@ def readme(export: ExportDir, plan: ModelPlan) -> str:
         "",
         f"Written by `attnx triton` from `{export.path}` ({export.manifest.model} with "
         f"{export.manifest.variant} attention, {export.manifest.dtype}, {export.manifest.lowering} lowering, "
-        f"ONNX opset {export.manifest.opset}), for Triton's onnxruntime backend.",
+        f"ONNX opset {export.manifest.opset}), for Triton's {plan.backend} backend.",
         "",
         f"Inputs: {inputs}. Batching: **{plan.batching}** (max_batch_size {plan.max_batch_size}).",
         "",
         "## Start the server",
         "",
-        "```bash",
-        'docker run --rm -p8000:8000 -p8001:8001 -p8002:8002 -v "$PWD":/models \\',
-        "  nvcr.io/nvidia/tritonserver:<release>-py3 tritonserver --model-repository=/models",
-        "```",
-        "",
-        "(or `tritonserver --model-repository=$PWD` where Triton is installed). The backend's ONNX Runtime "
-        "must read this opset.",
+        *(_python_server(plan) if plan.python_env else _container_server()),
         "",
         "## Ask it (Python, `pip install 'tritonclient[http]'`)",
         "",
@@ -390,14 +434,42 @@ def readme(export: ExportDir, plan: ModelPlan) -> str:
     lines += _sequence_client(plan, text) if plan.batching == "sequence" else _dynamic_client(plan, text)
     lines += ["```", ""]
     if plan.batching == "sequence":
+        keeper = "the model keeps" if plan.python_env else "Triton keeps"
         lines += [
             "Each sequence has its own id: its first request (`sequence_start=True`) sends the prompt, "
-            "every later one the next token; Triton keeps the state (KV cache or recurrent sums, and the "
+            f"every later one the next token; {keeper} the state (KV cache or recurrent sums, and the "
             "position) between them and frees it at `sequence_end=True` or after "
             f"{IDLE_MICROSECONDS // 1_000_000} s idle. Greedy decoding takes the argmax of the last logits.",
             "",
         ]
     return "\n".join(lines)
+
+
+def _container_server() -> list[str]:
+    return [
+        "```bash",
+        'docker run --rm -p8000:8000 -p8001:8001 -p8002:8002 -v "$PWD":/models \\',
+        "  nvcr.io/nvidia/tritonserver:<release>-py3 tritonserver --model-repository=/models",
+        "```",
+        "",
+        "(or `tritonserver --model-repository=$PWD` where Triton is installed). The backend's ONNX Runtime "
+        "must read this opset.",
+    ]
+
+
+def _python_server(plan: ModelPlan) -> list[str]:
+    return [
+        f"`{plan.name}/1/model.py` runs the export in ONNX Runtime, in the python environment "
+        f"`{plan.python_env}` (config.pbtxt's `EXECUTION_ENV_PATH`; numpy < 2 and onnxruntime). The "
+        f"server's python backend stub must be built for Python {python_version()}, as that environment is:",
+        "",
+        "```bash",
+        "tritonserver --model-repository=$PWD",
+        "```",
+        "",
+        "(with the `nvidia-pytriton` wheel's server add `--backend-directory=<its tritonserver/backends>`; "
+        "docs/deploying.md in attnx shows every step).",
+    ]
 
 
 def _sequence_client(plan: ModelPlan, text: bool) -> list[str]:

@@ -22,6 +22,7 @@ from attnx.domains import DOMAIN
 from attnx.exporter.lowering import lower
 from attnx.exporter.opsets import DEFAULT_OPSET, IR_VERSIONS
 from attnx.ops import AttentionOp
+from attnx.targets import PORTABLE
 from attnx.testing.subject import OpCall
 
 OPSET = DEFAULT_OPSET
@@ -78,17 +79,24 @@ def node_model(op: AttentionOp, call: OpCall, opset: int = OPSET) -> onnx.ModelP
 
 
 class OpSession:
-    """An ONNX Runtime (CPU) session of :func:`node_model` at ``opset`` with ``lowering``, fed with torch
-    tensors.
+    """An ONNX Runtime (CPU) session of :func:`node_model` at ``opset`` with ``lowering`` (and ``target``'s
+    bodies where the op declares them), fed with torch tensors.
 
     The model is prepared (for ``plugin``, its attnx kernel registered) at construction; the
     session starts on the first :meth:`run`, so a failing body is reported where it runs.
     """
 
-    def __init__(self, op: AttentionOp, call: OpCall, lowering: str = "function", opset: int = OPSET) -> None:
+    def __init__(
+        self,
+        op: AttentionOp,
+        call: OpCall,
+        lowering: str = "function",
+        opset: int = OPSET,
+        target: str = PORTABLE,
+    ) -> None:
         import onnxruntime
 
-        model = lower(node_model(op, call, opset), [op], lowering)
+        model = lower(node_model(op, call, opset), [op], lowering, target)
         self.options = onnxruntime.SessionOptions()
         if lowering == "plugin":
             from attnx.ortkernels import kernel_view, session_options

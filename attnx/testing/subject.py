@@ -153,9 +153,13 @@ def _clone(value: Any) -> Any:
 def cases_for(variant: Variant) -> list[Case]:
     """Every case the declared capabilities allow: length 1, padded keys, causal, cross."""
     caps = variant.capabilities
-    cases = [Case("self, n=1", n_queries=1, n_keys=1), Case("self")]
-    if caps.key_padding_mask:
-        cases.append(Case("self, padded", masked=True))
+    cases = []
+    if caps.bidirectional:
+        cases += [Case("self, n=1", n_queries=1, n_keys=1), Case("self")]
+        if caps.key_padding_mask:
+            cases.append(Case("self, padded", masked=True))
+    elif caps.causal:
+        cases.append(Case("causal, n=1", causal=True, n_queries=1, n_keys=1))
     if caps.causal:
         cases.append(Case("causal", causal=True))
         if caps.key_padding_mask:

@@ -85,9 +85,14 @@ def test_adapted_causal_model_matches_its_library_and_generates_like_a_greedy_lo
         model, {"input_ids": torch.randint(0, 40, (2, 9))}, tmp_path / "o", options=options
     )
     assert result.manifest.module.adapters == ["toy"]
-    assert result.manifest.decode.mode == "recurrent"
+    assert result.manifest.decode.layers == ["recurrent", "recurrent"]
     ran = {b.backend: b.status for b in result.parity.backends}
-    assert ran == {"ort-cpu": "passed", "torch decode": "passed", "ort-cpu decode": "passed"}
+    assert ran == {
+        "ort-cpu": "passed",
+        "torch decode": "passed",
+        "ort-cpu decode": "passed",
+        "ort-cpu genai": "passed",
+    }
     prompt = [5, 1, 7]
     generated = attnx.generate(tmp_path / "o", prompt, max_new_tokens=10)
     ids = list(prompt)

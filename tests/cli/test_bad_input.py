@@ -27,6 +27,7 @@ from typing import Any
 
 import pytest
 
+from attnx.exporter.manifest import SCHEMA_VERSION
 from attnx.registry import set_registry
 from tests.conftest import TINY
 from tests.helpers import assert_one_line_error, run_cli, start_holder
@@ -510,7 +511,7 @@ EXPORTS = [
     Case(
         "manifest-future",
         ("verify", "e"),
-        ("schema_version 99; this attnx reads 2",),
+        (f"schema_version 99; this attnx reads {SCHEMA_VERSION}",),
         {**ENC, "e/attnx.json": Manifest("encoder", setting("schema_version", 99))},
     ),
     Case(

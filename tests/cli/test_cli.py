@@ -57,6 +57,7 @@ def test_list_shows_variants_models_lowerings():
         "causal": True,
         "cross": True,
         "key_padding_mask": True,
+        "bidirectional": True,
         "decode": "kv-cache",
         "fp16": True,
         "trainable": True,
@@ -66,8 +67,9 @@ def test_list_shows_variants_models_lowerings():
     assert softmax["fp16_tolerance"] == {"atol": 2e-2, "rtol": 1e-2}
     assert "encoder" in [m["name"] for m in data["models"]]
     assert set(data["lowerings"]) == {"function", "decomposed", "plugin"}
+    assert set(data["targets"]) == {"portable", "ort"}
     code, stdout, _ = run_cli(["list"])
-    assert code == 0 and "softmax" in stdout and "decomposed" in stdout
+    assert code == 0 and "softmax" in stdout and "decomposed" in stdout and "lowering targets" in stdout
 
 
 def test_doctor_reports_versions_and_plugins():

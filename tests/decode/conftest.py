@@ -10,8 +10,9 @@ import pytest
 
 from tests.conftest import TINY
 from tests.helpers import run_cli
+from tests.models.cases import decoders
 
-DECODERS = ("softmax", "linear", "cosformer")
+DECODERS = tuple(decoders())  # every variant that declares Capabilities.decode
 EXPORT_SEQ_LENS = (1, 6)
 
 

@@ -112,7 +112,7 @@ def test_prefill_returns_the_cross_projections_of_the_encoder_output(decode_expo
     feed = {"input_ids": source.numpy(), "attention_mask": mask.numpy(), "decoder_input_ids": target.numpy()}
     with open_stepper(export) as stepper:
         ort_outputs = stepper._run("prefill", feed)
-    layout = DecodeLayout.of(module, export.manifest.decode.mode)
+    layout = DecodeLayout.of(module)
     with torch.inference_mode():
         results = StepModel(module, layout, False)(source, mask, target)
     torch_outputs = dict(zip([s.name for s in layout.outputs(False)], results, strict=True))
@@ -156,7 +156,7 @@ def test_a_cross_layer_that_cannot_be_cached_falls_back_to_the_encoder_output(tm
     assembly = seq2seq()
     for block in assembly.module.decoder.blocks:
         block.cross_attention = Wrapped(block.cross_attention)
-    layout = DecodeLayout.of(assembly.module, "recurrent")
+    layout = DecodeLayout.of(assembly.module)
     assert layout.memory and layout.cross == ()
     assert [c.name for c in layout.context()] == ["encoder_hidden_states", "attention_mask"]
     job = steps.ExportJob(resolve(model="seq2seq", options={"export.decode": True}), tmp_path / "out")
@@ -187,7 +187,7 @@ def test_an_overridden_forward_is_not_cached_and_still_decodes():
         gated.load_state_dict(block.cross_attention.state_dict())
         block.cross_attention = gated
     assert not caches_cross(assembly.module.decoder.blocks[0].cross_attention)
-    assert DecodeLayout.of(assembly.module, "recurrent").memory
+    assert DecodeLayout.of(assembly.module).memory
     source = padded_source(seed=6)
     ids = torch.randint(0, 50, (2, 8), generator=torch.Generator().manual_seed(6))
     stepped, _ = step_logits(assembly, ids, 2, source)
@@ -202,7 +202,7 @@ def test_an_overridden_forward_is_not_cached_and_still_decodes():
 def test_every_layer_structure_decodes_with_one_cache_per_cross_module(structure, caches, cross):
     """Shared layers share one cross module, so one cached key/value pair serves every layer."""
     assembly = seq2seq("softmax", cross, n_decoder_layers=3, **structure)
-    layout = DecodeLayout.of(assembly.module, "kv-cache")
+    layout = DecodeLayout.of(assembly.module)
     assert [c.layer for c in layout.cross] == list(range(caches))
     cached = [f"cross.{i}.{kv}" for i in range(caches) for kv in ("key", "value")]
     assert [s.name for s in layout.made()] == cached
@@ -215,7 +215,7 @@ def test_every_layer_structure_decodes_with_one_cache_per_cross_module(structure
 def test_fp16_cached_keys_values_follow_the_activations():
     options = lm_options("linear", n_decoder_layers=2)
     assembly = assemble("linear", "seq2seq", options, seed=0, cross_variant="cosformer", dtype="fp16")
-    layout = DecodeLayout.of(assembly.module, "recurrent")
+    layout = DecodeLayout.of(assembly.module)
     made = {s.name: s.dtype for s in layout.made()}
     assert made == {f"cross.{i}.{kv}": "float16" for i in range(2) for kv in ("key", "value")}
     source, mask = padded_source()

@@ -18,10 +18,12 @@ from onnx import numpy_helper
 
 from attnx.decode.parity import STEPS
 from attnx.decode.runtime import open_stepper
+from attnx.exporter.assemble import assemble
 from attnx.exporter.directory import ExportDir, record_file
 from attnx.exporter.manifest import ContextInput
 from tests.decode.conftest import DECODERS, EXPORT_SEQ_LENS, lm_options
 from tests.helpers import assert_one_line_error, run_cli
+from tests.models.cases import REGISTERED, capabilities, decoders
 
 
 def sessions(out):
@@ -40,11 +42,11 @@ def run(session, feed):
 def test_export_writes_verified_prefill_and_decode(decode_export, variant):
     out, stdout = decode_export(variant)
     assert {"model.onnx", "prefill.onnx", "decode.onnx", "attnx.json"} <= {p.name for p in out.iterdir()}
-    mode = "kv-cache" if variant == "softmax" else "recurrent"
-    assert f"wrote {out}/prefill.onnx and {out}/decode.onnx ({mode} state, 3 tensors" in stdout
+    kind = capabilities(variant).decode
+    assert f"wrote {out}/prefill.onnx and {out}/decode.onnx ({kind} state, 3 tensors" in stdout
     assert "parity: PASSED on ort-cpu, torch decode, ort-cpu decode" in stdout
     manifest = ExportDir.open(out).manifest
-    assert manifest.decode.mode == mode
+    assert manifest.decode.layers == [kind]
     assert manifest.files["prefill"].path == "prefill.onnx" and manifest.files["decode"].path == "decode.onnx"
     parity = json.loads((out / "parity.json").read_text())
     backends = {b["backend"]: b for b in parity["backends"]}
@@ -85,15 +87,15 @@ def graph_shapes(values):
     return {v.name: [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim] for v in values}
 
 
-@pytest.mark.parametrize("variant", ["linear", "cosformer"])
+@pytest.mark.parametrize("variant", decoders("recurrent"))
 def test_recurrent_state_is_static_except_batch(decode_export, variant):
+    """Every dim of a recurrent state but batch is static in the graph, as the layer declares it."""
     out, _ = decode_export(variant)
     graph = onnx.load(str(out / "decode.onnx")).graph
     inputs, outputs = graph_shapes(graph.input), graph_shapes(graph.output)
-    d = lm_options(variant)["d_model"] // lm_options(variant)["n_heads"]
-    features = 2 * d if variant == "cosformer" else d
-    assert inputs["past.0.kv_sum"] == ["batch", 2, features, d]
-    assert inputs["past.0.k_sum"] == ["batch", 2, features]
+    layer = assemble(variant, "lm", lm_options(variant), seed=0).module.blocks[0].attention
+    for tensor in layer.decode_state():
+        assert inputs[f"past.0.{tensor.name}"] == list(tensor.axes)
     for name, dims in inputs.items():
         if name.startswith("past."):
             assert dims[0] == "batch" and all(isinstance(x, int) and x > 0 for x in dims[1:]), (name, dims)
@@ -101,8 +103,9 @@ def test_recurrent_state_is_static_except_batch(decode_export, variant):
     assert inputs["past_length"] == [1] and inputs["input_ids"] == ["batch", "seq"]
 
 
-def test_kv_cache_grows_with_the_past(decode_export):
-    out, _ = decode_export("softmax")
+@pytest.mark.parametrize("variant", decoders("kv-cache"))
+def test_kv_cache_grows_with_the_past(decode_export, variant):
+    out, _ = decode_export(variant)
     graph = onnx.load(str(out / "decode.onnx")).graph
     inputs, outputs = graph_shapes(graph.input), graph_shapes(graph.output)
     assert inputs["past.0.key"] == ["batch", 2, "past_seq", 16]
@@ -158,8 +161,11 @@ def test_verify_reruns_decode_parity_and_catches_a_broken_decode_graph(decode_ex
 @pytest.mark.parametrize(
     ("args", "fragments"),
     [
-        (["--variant", "reformer"], ["variant 'reformer' cannot decode", "cosformer, linear, softmax"]),
-        (["--variant", "fastformer"], ["variant 'fastformer' cannot decode", "cosformer, linear, softmax"]),
+        *(
+            (["--variant", v], [f"variant '{v}' cannot decode", ", ".join(DECODERS)])
+            for v in REGISTERED
+            if not capabilities(v).decode
+        ),
         (["--variant", "linear", "--lowering", "plugin"], ["function or decomposed lowering"]),
         (
             ["--variant", "linear", "--model", "encoder"],

@@ -14,7 +14,7 @@ from tests.decode.conftest import DECODERS, lm_options
 def step_logits(assembly, ids, prompt, source=()):
     """Logits of ``ids`` from prefill on ids[:, :prompt] (after a seq2seq ``source``: ids, mask), then
     one decode call per later token."""
-    layout = DecodeLayout.of(assembly.module, assembly.variant.capabilities.decode)
+    layout = DecodeLayout.of(assembly.module)
     prefill, decode = StepModel(assembly.module, layout, False), StepModel(assembly.module, layout, True)
     with torch.inference_mode():
         logits, *state = prefill(*source, ids[:, :prompt])
@@ -58,7 +58,7 @@ def test_steps_follow_every_layer_structure(variant, structure):
 def test_positions_continue_from_past_length():
     """A decode step told the wrong past length embeds the token at the wrong position."""
     assembly = assemble("linear", "lm", lm_options("linear"), seed=0)
-    layout = DecodeLayout.of(assembly.module, "recurrent")
+    layout = DecodeLayout.of(assembly.module)
     prefill, decode = StepModel(assembly.module, layout, False), StepModel(assembly.module, layout, True)
     ids = torch.randint(0, 50, (1, 6), generator=torch.Generator().manual_seed(0))
     with torch.inference_mode():
@@ -72,19 +72,23 @@ def test_positions_continue_from_past_length():
 @pytest.mark.parametrize("variant", DECODERS)
 def test_layout_declares_fixed_or_growing_state(variant):
     assembly = assemble(variant, "lm", lm_options(variant, n_layers=2), seed=0)
-    layout = DecodeLayout.of(assembly.module, assembly.variant.capabilities.decode)
+    layout = DecodeLayout.of(assembly.module)
     names = [s.input for s in layout.slots]
     assert names[0] == "past_length" and len(names) == 5
     grows = {s.tensor.grows for s in layout.layer_slots}
-    assert grows == ({True} if variant == "softmax" else {False})
+    declared = assembly.variant.capabilities.decode
+    assert grows == {declared == "kv-cache"}
+    assert layout.kinds() == [declared, declared]  # each layer's kind follows from its roles
 
 
 def test_a_layer_without_the_decode_methods_is_refused_by_name():
-    """A third-party variant that declares decode but gives its layer no decode_state/attend_step."""
+    """A third-party variant that declares decode but gives its layer no decode_state/step."""
     assembly = assemble("softmax", "lm", lm_options("softmax"), seed=0)
     assembly.module.blocks[0].attention = torch.nn.Identity()
-    with pytest.raises(AttnxError, match="Identity declares decode='kv-cache' but lacks decode_state"):
-        DecodeLayout.of(assembly.module, "kv-cache")
+    with pytest.raises(
+        AttnxError, match=r"attention layer 0 \(Identity\) does not decode: it lacks decode_state"
+    ):
+        DecodeLayout.of(assembly.module)
 
 
 @pytest.mark.parametrize("variant", DECODERS)

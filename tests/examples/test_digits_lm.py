@@ -3,9 +3,12 @@ torch and ONNX Runtime, and has learnt digits (measured, not eyeballed)."""
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
+import numpy as np
+import onnx
 import pytest
 import torch
 
@@ -107,3 +110,45 @@ def test_greedy_tokens_are_not_near_ties(model, greedy):
         assert torch.equal(logits[0].argmax(-1), torch.tensor(drawn["torch"]))  # the path is greedy
         margins.extend((top[:, 0] - top[:, 1]).tolist())
     assert min(margins) > 1e-4, sorted(margins)[:5]
+
+
+def genai_directory(exported: Path, target: Path, state_kept: bool = True) -> Path:
+    """genai.onnx and genai_config.json of the export in ``target``, ending at a start token (the export
+    has no tokenizer: genai would end at its pad id 0, the commonest grey level). Without ``state_kept``
+    the control: every recurrent state genai.onnx returns is zeroed (a runtime that does not carry it)."""
+    target.mkdir()
+    config = json.loads((exported / "genai_config.json").read_text())
+    config["model"]["eos_token_id"] = 17  # "draw a 0": never inside a picture
+    (target / "genai_config.json").write_text(json.dumps(config))
+    proto = onnx.load(str(exported / "genai.onnx"))
+    for output in [] if state_kept else [o.name for o in proto.graph.output if o.name.endswith(".recurrent")]:
+        for node in proto.graph.node:
+            node.output[:] = [f"{name}/kept" if name == output else name for name in node.output]
+        proto.graph.node.append(onnx.helper.make_node("Sub", [f"{output}/kept"] * 2, [output]))
+    onnx.save(proto, str(target / "genai.onnx"))
+    return target
+
+
+def test_genai_draws_what_attnx_draws_by_feeding_the_state_back(exported, greedy, tmp_path):
+    """onnxruntime-genai 0.18 runs genai.onnx with its own state handling (past.<i>.recurrent and
+    past.<i>.conv, by genai_config.json's names) and draws the pixels attnx draws; the control, whose
+    recurrent state never reaches the next step, draws other pixels: the test sees the state."""
+    og = pytest.importorskip("onnxruntime_genai")
+
+    def draw(directory: Path, digit: int) -> list[int]:
+        model = og.Model(str(directory))
+        params = og.GeneratorParams(model)
+        params.set_search_options(max_length=65, do_sample=False)
+        generator = og.Generator(model, params)
+        generator.append_tokens(np.asarray([[17 + digit]], dtype=np.int32))
+        while not generator.is_done():
+            generator.generate_next_token()
+        return [int(t) for t in generator.get_sequence(0)[1:]]
+
+    kept, dropped = (
+        genai_directory(exported, tmp_path / "kept"),
+        genai_directory(exported, tmp_path / "x", False),
+    )
+    for digit in (3, 7):
+        assert draw(kept, digit) == greedy[digit]["ort-cpu"], digit
+        assert draw(dropped, digit) != greedy[digit]["ort-cpu"], digit

@@ -1,14 +1,19 @@
 """The variant x model table every model test draws from, derived from the variants' declarations.
 
-A variant serves the ``encoder``; a causal one also the ``lm`` and the ``seq2seq`` decoder (its
-cross-attention is the variant itself when it has a cross form, else softmax). A new variant joins
-these tests by declaring its capabilities; its ``testing.options`` (e.g. Reformer's small chunks)
-are what the tests give it.
+A variant that attends both ways serves the ``encoder``; a causal one the ``lm``, and one that does
+both the ``seq2seq`` (a bidirectional encoder, a causal decoder; its cross-attention is the variant
+itself when it has a cross form, else softmax). A new variant joins these tests by declaring its
+capabilities; its ``testing.options`` (e.g. Reformer's small chunks) are what the tests give it.
+The decode, fp16, genai and optimize tables take their variants from here too (:func:`decoders`,
+:func:`one_per_kind`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
+
+import pytest
 
 from attnx.registry import get_registry
 
@@ -26,7 +31,9 @@ def capabilities(variant: str) -> Any:
 
 
 def supported(variant: str) -> tuple[str, ...]:
-    return ("encoder", "lm", "seq2seq") if capabilities(variant).causal else ("encoder",)
+    caps = capabilities(variant)
+    wanted = {"encoder": caps.bidirectional, "lm": caps.causal, "seq2seq": caps.bidirectional and caps.causal}
+    return tuple(model for model in MODELS if wanted[model])
 
 
 SUPPORTED = {variant: supported(variant) for variant in REGISTERED}
@@ -43,3 +50,20 @@ def cross_for(variant: str) -> str:
 
 def causal_variants() -> list[str]:
     return [v for v in REGISTERED if capabilities(v).causal]
+
+
+def decoders(kind: str | None = None) -> list[str]:
+    """attnx's variants that decode (``Capabilities.decode``), or those whose state is of ``kind``."""
+    return [v for v in REGISTERED if capabilities(v).decode and kind in (None, capabilities(v).decode)]
+
+
+def one_per_kind(variants: Sequence[str]) -> list[Any]:
+    """``variants`` as pytest params: the first that decodes with each kind of state (and the first that
+    does not decode) in the default run, the others marked slow."""
+    seen: set[Any] = set()
+    params = []
+    for variant in variants:
+        kind = capabilities(variant).decode
+        params.append(pytest.param(variant, marks=[] if kind not in seen else [pytest.mark.slow]))
+        seen.add(kind)
+    return params

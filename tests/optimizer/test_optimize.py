@@ -16,8 +16,10 @@ from attnx.optimizer.accuracy import AccuracyReport, OutputError
 from attnx.optimizer.optimize import ERROR_BOUNDS, optimize
 from tests.conftest import TINY
 from tests.helpers import assert_one_line_error, run_cli
+from tests.models.cases import decoders
 
-VARIANTS = ("softmax", "linear")  # a kv-cache and a recurrent state (float32 step ops) in the decode graphs
+# one decoder per kind of state (a KV cache; a recurrent state, float32 step ops) in the decode graphs
+VARIANTS = tuple(decoders(kind)[0] for kind in ("kv-cache", "recurrent"))
 
 
 @pytest.fixture(scope="module")

@@ -46,3 +46,57 @@ def serve_export(tmp_path_factory, tokenizer_file) -> Callable[[str], Path]:
         return made[variant]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def encoder_export(tmp_path_factory) -> Path:
+    """OUT of ``attnx export --recipe tiny-encoder`` (input_ids and attention_mask; not verified)."""
+    out = tmp_path_factory.mktemp("serve-encoder") / "out"
+    code, _, stderr = run_cli(
+        ["export", "--recipe", "tiny-encoder", "--no-verify", "--seed", "3", "-o", str(out)]
+    )
+    assert code == 0, stderr
+    return out
+
+
+@pytest.fixture(scope="session")
+def triton_cache(request, tmp_path_factory) -> Path:
+    """A folder kept between runs (pytest's cache, else a session folder): the tritonserver wheel's files
+    and the python backend's environment are fetched and built once."""
+    cache = getattr(request.config, "cache", None)
+    return cache.mkdir("attnx-triton") if cache is not None else tmp_path_factory.mktemp("attnx-triton")
+
+
+@pytest.fixture(scope="session")
+def triton_build(triton_cache) -> Path:
+    """The ``nvidia-pytriton`` wheel's server build (skipped, with the reason, where it cannot be fetched)."""
+    from tests.serve.tritonserver import Unavailable, server_build
+
+    try:
+        return server_build(triton_cache)
+    except Unavailable as exc:
+        pytest.skip(f"no tritonserver to test with: {exc}")
+
+
+@pytest.fixture(scope="session")
+def python_repositories(triton_build, triton_cache, serve_export, encoder_export, tmp_path_factory):
+    """``attnx triton --backend python`` repositories, by model name: "encoder" (dynamic batching),
+    "kv" (softmax decode: KV cache) and "rnn" (linear decode: recurrent sums)."""
+    root = tmp_path_factory.mktemp("python-repositories")
+    exports = {"encoder": encoder_export, "kv": serve_export("softmax"), "rnn": serve_export("linear")}
+    for name, out in exports.items():
+        args = ["triton", str(out), "--repo", str(root / name), "--backend", "python", "--name", name, "-q"]
+        code, _, stderr = run_cli([*args, "--env-cache", str(triton_cache / "python-env")])
+        assert code == 0, stderr
+    return {name: root / name for name in exports}
+
+
+@pytest.fixture(scope="session")
+def triton_server(triton_build, python_repositories, tmp_path_factory):
+    """One tritonserver for the session, serving every repository of :func:`python_repositories`;
+    stopped at the end of the session, whatever happened."""
+    from tests.serve.tritonserver import running
+
+    log = tmp_path_factory.mktemp("tritonserver") / "server.log"
+    with running(triton_build, list(python_repositories.values()), log) as server:
+        yield server

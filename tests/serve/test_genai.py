@@ -10,16 +10,20 @@ import onnxruntime as ort
 import pytest
 
 import attnx
+from attnx.decode.model import DecodeLayout
 from attnx.decode.parity import STEPS, decode_cases
+from attnx.exporter.assemble import assemble
 from attnx.exporter.directory import ExportDir
 from attnx.parity.backends import BACKENDS
 from attnx.parity.check import Cases
 from attnx.parity.runners import Graph
 from attnx.serve.genai import blocker
 from attnx.serve.genai_parity import genai_positions
+from tests.conftest import TINY
 from tests.helpers import run_cli
+from tests.models.cases import capabilities, decoders, one_per_kind
 
-VARIANTS = ["softmax", "linear", pytest.param("cosformer", marks=pytest.mark.slow)]
+VARIANTS = one_per_kind(decoders())  # one variant per kind of state in the default run
 
 
 def full_logits(out, ids: np.ndarray) -> np.ndarray:
@@ -29,21 +33,33 @@ def full_logits(out, ids: np.ndarray) -> np.ndarray:
 
 
 def zero_state(session: ort.InferenceSession, batch: int) -> dict[str, np.ndarray]:
-    """genai's empty state: a KV cache of length 0, zero recurrent/conv state."""
+    """genai's empty state: every input but the tokens and positions zero, a KV cache of length 0."""
     state = {}
     for spec in session.get_inputs():
-        if spec.name.startswith("past_key_values."):
+        if spec.name not in ("input_ids", "position_ids"):
             shape = [batch if d == "batch" else 0 if isinstance(d, str) else d for d in spec.shape]
             state[spec.name] = np.zeros(shape, dtype=np.float32)
     return state
 
 
+def genai_feeds(config: dict) -> dict[str, str]:
+    """genai output -> input, by the name templates of genai_config.json (as genai pairs them)."""
+    decoder, feeds = config["model"]["decoder"], {}
+    for key, template in decoder["outputs"].items():
+        if key.startswith("present_"):
+            past = decoder["inputs"][key.replace("present_", "past_", 1)]
+            feeds.update({template % i: past % i for i in range(decoder["num_hidden_layers"])})
+    return feeds
+
+
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_genai_graph_computes_the_full_forward(serve_export, variant):
-    """Drive genai.onnx in ONNX Runtime the way genai does (position_ids, packed state fed back)."""
+    """Drive genai.onnx in ONNX Runtime the way genai does (position_ids, state fed back by the config's
+    name templates)."""
     out = serve_export(variant)
     session = ort.InferenceSession(str(out / "genai.onnx"))
     names = [o.name for o in session.get_outputs()]
+    feeds = genai_feeds(json.loads((out / "genai_config.json").read_text()))
     for batch, prompt, total in [(1, 1, 6), (2, 5, 9)]:
         ids = np.random.default_rng(prompt).integers(0, 50, size=(batch, total))
         expected = full_logits(out, ids)
@@ -53,37 +69,39 @@ def test_genai_graph_computes_the_full_forward(serve_export, variant):
             feed = {"input_ids": ids[:, start:stop], "position_ids": np.ascontiguousarray(positions), **state}
             outputs = dict(zip(names, session.run(None, feed), strict=True))
             np.testing.assert_allclose(outputs["logits"], expected[:, start:stop], atol=2e-5, rtol=1e-4)
-            state = {
-                k.replace("present.", "past_key_values.", 1): v for k, v in outputs.items() if k != "logits"
-            }
+            state = {feeds[k]: v for k, v in outputs.items() if k != "logits"}
+            assert set(state) == set(zero_state(session, batch))  # every output feeds an input back
             start = stop
 
 
-@pytest.mark.parametrize("variant", ["softmax", "linear"])
+GENAI_NAMES = {  # onnxruntime-genai 0.18's model builder: names and config keys per kind of layer
+    "kv-cache": {"past_key_values.%d.key": "past_key_names", "past_key_values.%d.value": "past_value_names"},
+    "recurrent": {"past.%d.recurrent": "past_recurrent_names", "past.%d.conv": "past_conv_names"},
+}
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
 def test_genai_names_and_config(serve_export, variant):
     out = serve_export(variant)
     graph = onnx.load(str(out / "genai.onnx"), load_external_data=False).graph
-    inputs = {v.name for v in graph.input}
+    shapes = {v.name: [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim] for v in graph.input}
     config = json.loads((out / "genai_config.json").read_text())
     decoder = config["model"]["decoder"]
     assert config["model"]["type"] == "decoder" and decoder["filename"] == "genai.onnx"
     assert decoder["num_hidden_layers"] == 2 and config["search"]["past_present_share_buffer"] is False
     assert config["model"]["eos_token_id"] == 1  # "</s>" of the tokenizer
-    if variant == "softmax":
-        assert inputs == {"input_ids", "position_ids"} | {
-            f"past_key_values.{i}.{k}" for i in (0, 1) for k in ("key", "value")
-        }
-    else:
-        assert inputs == {"input_ids", "position_ids"} | {
-            f"past_key_values.{i}.{k}" for i in (0, 1) for k in ("recurrent_state", "conv_state")
-        }
-        shapes = {
-            v.name: [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim] for v in graph.input
-        }
-        assert shapes["past_key_values.0.recurrent_state"] == ["batch", 2, 16, 17]  # S (16 x 16) and Z
-        assert shapes["past_key_values.0.conv_state"] == ["batch", 1, 1]
+    names = GENAI_NAMES[capabilities(variant).decode]
+    assert set(shapes) == {"input_ids", "position_ids"} | {name % i for i in (0, 1) for name in names}
+    assert {key: decoder["inputs"][key] for key in names.values()} == {v: k for k, v in names.items()}
     manifest = ExportDir.open(out).manifest
     assert {"genai", "genai_config", "tokenizer", "tokenizer_config"} <= set(manifest.files)
+    for state in manifest.genai.state:  # what each genai tensor carries, from the layer's roles
+        carried = [s for s in manifest.decode.state if s.input in state.carries]
+        assert {s.role for s in carried} <= {state.role} and state.past in shapes
+        if state.role in ("recurrent", "conv") and carried:  # packed along the last axis
+            assert shapes[state.past][-1] == sum(s.axes[-1] if len(s.axes) == 4 else 1 for s in carried)
+    if capabilities(variant).decode == "recurrent":
+        assert shapes["past.0.conv"] == ["batch", 1, 1]  # the placeholder genai needs: no conv declared
 
 
 def genai_greedy(out, prompt: list[int], new: int) -> list[int]:
@@ -145,7 +163,8 @@ def test_genai_parity_fails_where_the_logits_differ(serve_export):
     run.full[:, 6] += 1e-2
     graph = Graph(export, "genai", (), (), lambda: None)
     with BACKENDS["ort-cpu"].runner(graph, None) as runner:
-        rows = {c.output: c.passed for c in genai_positions(runner, run, cases.tolerance)}
+        state = export.manifest.genai.state
+        rows = {c.output: c.passed for c in genai_positions(runner, state, run, cases.tolerance)}
     assert rows == {"prefill logits": True, "logits @ 5": True, "logits @ 6": False} | {
         f"logits @ {p}": True for p in range(7, 5 + STEPS)
     }
@@ -153,9 +172,11 @@ def test_genai_parity_fails_where_the_logits_differ(serve_export):
 
 def test_seq2seq_and_plain_exports_are_not_genai_decoders(serve_export):
     section = ExportDir.open(serve_export("softmax")).manifest.decode
-    assert blocker("lm", section) is None
-    assert "decoder-only" in blocker("seq2seq", section)
-    assert "--decode" in blocker("lm", None)
+    assert blocker(section) is None
+    options = {**TINY, "n_decoder_layers": 1}
+    seq2seq = DecodeLayout.of(assemble("softmax", "seq2seq", options, seed=0).module).describe()
+    assert "decoder-only" in blocker(seq2seq)
+    assert "--decode" in blocker(None)
 
 
 def test_doctor_names_every_target(serve_export):

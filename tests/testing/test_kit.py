@@ -11,12 +11,16 @@ import torch
 from attnx.errors import AttnxError
 from attnx.ops import AttentionOp
 from attnx.registry import Registry
+from attnx.state import StateTensor, kv_cache
 from attnx.testing import CHECKS, ConformanceError, check_variant, conformance_tests
 from attnx.testing.checks.causality import ROUNDING_ULPS, rounding_bound
+from attnx.testing.checks.decode import state_problem
 from attnx.testing.checks.fp16_convert import converters
 from attnx.testing.checks.onnx_body import schema_problems
 from attnx.testing.checks.plugin import ShapeExpr
-from tests.testing import seeded_plugins
+from attnx.testing.subject import BATCH
+from tests.models.cases import decoders
+from tests.testing import seeded_decode_plugins, seeded_plugins
 
 LIGHT = [c.name for c in CHECKS if not c.heavy]
 
@@ -233,3 +237,61 @@ def test_bodies_that_disagree_with_the_schema_are_named():
     assert "take the same inputs at opset 18; only one would ever be used" in problems(
         SoftmaxAttention, SoftmaxAttentionNoMask, SoftmaxAttentionNoMask
     )
+
+
+# -- decode: prefill + steps against the full causal forward (tests/testing/seeded_decode_plugins.py) -----
+
+DECODE_AND_LIGHT = [*LIGHT, "decode"]
+
+
+@pytest.fixture(scope="module")
+def decode_registry() -> Registry:
+    return Registry(plugins=[("seeded_decode", seeded_decode_plugins, "test")], autoload=True)
+
+
+def test_the_decode_control_passes_every_light_check_and_decode(decode_registry):
+    """A causal-only layer whose step is its own (a convolution carry beside a recurrent state)."""
+    report = check_variant("seeded_decode_sound", registry=decode_registry, checks=DECODE_AND_LIGHT)
+    assert report.passed, str(report)
+    assert {r.check: r.status for r in report.results}["decode"] == "passed"
+
+
+def test_a_step_that_drops_its_state_is_named_by_decode_only(decode_registry):
+    report = check_variant("seeded_decode_forgets", registry=decode_registry, checks=DECODE_AND_LIGHT)
+    assert set(failures(report)) == {"decode"}, str(report)
+    message = failures(report)["decode"]
+    assert "torch: the step of 1 token at position 4 differs from the full causal forward" in message
+    assert "ONNX Runtime: the step of 4 tokens at position 7 differs" in message
+    assert "the prompt" not in message  # right for the first call: only a check that steps sees it
+
+
+def test_a_step_body_that_forgets_the_state_is_named_through_onnx_runtime_only(decode_registry):
+    report = check_variant("seeded_decode_onnx", registry=decode_registry, checks=DECODE_AND_LIGHT)
+    assert set(failures(report)) == {"decode"}, str(report)
+    message = failures(report)["decode"]
+    assert "ONNX Runtime: the step of 1 token at position 4 differs" in message and "torch:" not in message
+
+
+def test_a_state_whose_size_follows_the_position_is_named():
+    """Only a KV cache's declared growing axis may grow: a recurrent state must keep its declared shape."""
+    declared = [StateTensor("recurrent", ("batch", 2, 8, 8), "float32")]
+    grown = torch.zeros(BATCH, 2, 9, 8)
+    assert "after 9 tokens state 'recurrent' is (3, 2, 9, 8) float32; declared (3, 2, 8, 8) float32" in (
+        state_problem(declared, [grown], 9)
+    )
+    cache = kv_cache(2, 8)
+    assert state_problem(cache, [torch.zeros(BATCH, 2, 5, 8)] * 2, 5) is None
+    assert "declared (3, 2, 6, 8)" in state_problem(cache, [torch.zeros(BATCH, 2, 5, 8)] * 2, 6)
+
+
+@pytest.mark.slow  # test_builtins_conform runs decode on every built-in in the slow run too
+@pytest.mark.parametrize("variant", decoders())
+def test_attnxs_own_decoders_pass_decode(variant):
+    """Every built-in that declares decode steps like its full forward, in torch and ONNX Runtime."""
+    report = check_variant(variant, checks=["decode"])
+    assert report.passed, str(report)
+
+
+def test_decode_is_skipped_for_a_variant_that_does_not_declare_it(registry):
+    (result,) = check_variant("seeded_sound", registry=registry, checks=["decode"]).results
+    assert result.status == "skipped" and "does not declare decode" in result.problems[0]

@@ -1,7 +1,7 @@
 """A third-party adapter plugin for tests/third_party/toy_library.py, and a seeded defect of it.
 
 ``toy`` converts ``ToyLinearAttention`` into attnx's ``linear`` layer with the library's own
-weights, as a stepping layer (attnx.state.SteppingAttention) so causal toy models decode;
+weights (an attnx layer, so causal toy models decode through its own step);
 ``Swapped`` (registered alone by tests) loads the key weights into the value projection, so
 only a parity check against the library's own forward can catch it.
 """
@@ -15,14 +15,12 @@ from torch import nn
 
 import attnx
 from attnx.adapter import Adapter, AdapterImpl
-from attnx.attention import merge_heads, split_heads
 from attnx.registry import get_registry
-from attnx.state import StateTensor, Step
 from tests.third_party.toy_library import ToyKernelAttention, ToyLinearAttention, ToyModel
 
 
 class Converted(nn.Module):
-    """The library's layer: its weights around attnx's linear layer's ``attend``/``attend_step``."""
+    """The library's layer: its weights in attnx's linear layer (which decodes: it steps itself)."""
 
     def __init__(self, module: ToyLinearAttention, swapped: bool) -> None:
         super().__init__()
@@ -31,18 +29,9 @@ class Converted(nn.Module):
         self.layer = variant.load().build(variant.make_config({"eps": module.eps}), spec)
         self.layer.q_proj, self.layer.out_proj = module.wq, module.wo
         self.layer.k_proj, self.layer.v_proj = (module.wv, module.wk) if swapped else (module.wk, module.wv)
-        self.stepping: Step | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.stepping is None:
-            return self.layer(x)
-        layer, heads = self.layer, self.layer.spec.n_heads
-        q, k, v = (split_heads(p(x), heads) for p in (layer.q_proj, layer.k_proj, layer.v_proj))
-        out, self.stepping.present = layer.attend_step(q, k, v, self.stepping.past, self.stepping.position)
-        return layer.out_proj(merge_heads(out))
-
-    def decode_state(self) -> list[StateTensor]:
-        return self.layer.decode_state()
+        return self.layer(x)
 
 
 def _converter(swapped: bool):

@@ -13,7 +13,10 @@ What the library computes (fast_transformers 0.4, ``attention/linear_attention.p
   ``LinearAttention`` and lower-triangular (``TriangularCausalMask``) for the causal layer, which the
   library checks and so does the adapted layer;
 * the projections and the head split are ``AttentionLayer``'s own: only its ``inner_attention``
-  is replaced, so the layer's forward (and parameter names) stay the library's.
+  is replaced, so the layer's forward (and parameter names) stay the library's;
+* decoding: the ``AttentionLayer`` becomes a :class:`SteppingAttentionLayer` (the same object, its
+  class a subclass adding :class:`attnx.state.DecodableLayer`'s ``decode_state``/``step`` on the
+  library's own projections), so a causal model decodes through its own forward.
 """
 
 from __future__ import annotations
@@ -27,9 +30,10 @@ from fast_transformers.feature_maps.base import ActivationFunctionFeatureMap
 from torch import nn
 
 from attnx.adapter import AdapterImpl
+from attnx.attention import Stepping, merge_heads, split_heads
 from attnx.errors import AttnxError
 from attnx.registry import get_registry
-from attnx.state import StateTensor, Step
+from attnx.state import StateTensor
 from attnx.variant import AttentionSpec
 
 # Library attention classes whose forward runs a C++ kernel torch.export cannot see (the causal
@@ -50,9 +54,8 @@ class LinearKernel(nn.Module):
     """A library ``(Causal)LinearAttention`` computed by attnx's ``linear`` variant.
 
     ``forward`` takes the library's arguments (per-head ``(N, L, H, E)`` queries, keys and values,
-    ``attn_mask``, ``query_lengths``, ``key_lengths``) and returns what the library returns. It is a
-    :class:`attnx.state.SteppingAttention`: while ``stepping`` is set, it attends the new tokens
-    after the recurrent state (S, Z).
+    ``attn_mask``, ``query_lengths``, ``key_lengths``) and returns what the library returns; the
+    :class:`SteppingAttentionLayer` around it decodes with its ``kernel``'s ``attend_step``.
     """
 
     def __init__(self, attention: nn.Module, heads: int | None, d_keys: int, d_values: int) -> None:
@@ -68,7 +71,6 @@ class LinearKernel(nn.Module):
         for name in PROJECTIONS:
             delattr(kernel, name)
         self.kernel = kernel
-        self.stepping: Step | None = None
 
     def forward(
         self,
@@ -81,11 +83,7 @@ class LinearKernel(nn.Module):
     ) -> torch.Tensor:
         self._check_mask(attn_mask)
         q, k, v = (t.transpose(1, 2) for t in (queries, keys, values))
-        if self.stepping is None:
-            out = self.kernel.attend(q, k, v, key_lengths.bool_matrix)
-        else:
-            step = self.stepping
-            out, step.present = self.kernel.attend_step(q, k, v, step.past, step.position)
+        out = self.kernel.attend(q, k, v, key_lengths.bool_matrix)
         return out.transpose(1, 2).contiguous()
 
     def _check_mask(self, attn_mask: Any) -> None:
@@ -114,6 +112,38 @@ class LinearKernel(nn.Module):
         return self.kernel.decode_state()
 
 
+class SteppingAttentionLayer(Stepping, AttentionLayer):
+    """The library's ``AttentionLayer`` around a :class:`LinearKernel`, unchanged, that also steps
+    (:class:`attnx.state.DecodableLayer`): while ``stepping`` is set (a decode graph of the module),
+    its forward on a causal self-attention's input ``queries`` is :meth:`step`."""
+
+    def forward(  # the library's signature
+        self,
+        queries: torch.Tensor,
+        keys: Any,
+        values: Any,
+        attn_mask: Any,
+        query_lengths: Any,
+        key_lengths: Any,
+    ) -> torch.Tensor:
+        if self.stepping is None:
+            return super().forward(queries, keys, values, attn_mask, query_lengths, key_lengths)
+        self.inner_attention._check_mask(attn_mask)
+        return self.stepped(queries)
+
+    def decode_state(self) -> list[StateTensor]:
+        return self.inner_attention.decode_state()
+
+    def step(
+        self, x: torch.Tensor, state: tuple[torch.Tensor, ...] | None, position: torch.Tensor
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        """The library's projections around the kernel's recurrent step (state S, Z)."""
+        projections = (self.query_projection, self.key_projection, self.value_projection)
+        q, k, v = (split_heads(project(x), self.n_heads) for project in projections)
+        out, state = self.inner_attention.kernel.attend_step(q, k, v, state, position)
+        return self.out_projection(merge_heads(out)), state
+
+
 def check_feature_map(attention: nn.Module) -> None:
     """Refuse a feature map other than the library's default elu(x) + 1 (checked on a probe grid).
 
@@ -137,7 +167,9 @@ def convert(module: nn.Module) -> nn.Module | None:
     """The library's linear attention layers with attnx ops; None for anything else.
 
     ``AttentionLayer`` keeps its forward and projections (it is the walk's private copy, so its
-    ``inner_attention`` is replaced in place); a bare (Causal)LinearAttention is wrapped alone.
+    ``inner_attention`` is replaced in place, and its class becomes :class:`SteppingAttentionLayer`,
+    which keeps the object, its parameter names and its forward); a bare (Causal)LinearAttention is
+    wrapped alone (it decodes only inside an ``AttentionLayer``).
     """
     if isinstance(module, AttentionLayer) and isinstance(
         module.inner_attention, LinearAttention | CausalLinearAttention
@@ -146,6 +178,7 @@ def convert(module: nn.Module) -> nn.Module | None:
         d_keys = module.query_projection.out_features // heads
         d_values = module.value_projection.out_features // heads
         module.inner_attention = LinearKernel(module.inner_attention, heads, d_keys, d_values)
+        module.__class__ = SteppingAttentionLayer
         return module
     if isinstance(module, LinearAttention | CausalLinearAttention):
         dims = module.feature_map.query_dims

@@ -13,7 +13,7 @@ from onnxscript import opset23 as op23
 from attnx.attention import MASKED_SCORE, MultiHeadAttention
 from attnx.ops import LIBRARY, OPSET, AttentionOp, AttnxWiden, VariantImpl, trainable_op
 from attnx.plugins.softmax.config import SoftmaxConfig
-from attnx.state import GROWING, StateTensor
+from attnx.state import StateTensor, kv_cache
 from attnx.variant import AttentionSpec
 
 
@@ -278,9 +278,7 @@ class SoftmaxAttentionLayer(MultiHeadAttention):
 
     def decode_state(self) -> list[StateTensor]:
         """A kv-cache: keys and values of every earlier token (one more per step)."""
-        axes = ("batch", self.spec.n_heads, GROWING, self.spec.head_dim)
-        return [StateTensor("key", axes, doc="keys of earlier tokens"),
-                StateTensor("value", axes, doc="values of earlier tokens")]
+        return kv_cache(self.spec.n_heads, self.spec.head_dim)
 
     def attend_step(self, q, k, v, state, position):
         """New queries against cached + new keys; the bottom-right causal mask lines them up."""

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from attnx.testing.checks.causality import check_causality
 from attnx.testing.checks.common import Broken, Skip
 from attnx.testing.checks.contract import check_capabilities, check_contract
+from attnx.testing.checks.decode import check_decode
 from attnx.testing.checks.export import export_check
 from attnx.testing.checks.fp16_convert import check_fp16_convert
 from attnx.testing.checks.gradients import check_gradients
@@ -77,6 +78,15 @@ CHECKS: tuple[Check, ...] = (
         "the op fits the TensorRT plugin slot: its output_shape rule gives the eager shape "
         "and the bare node run by attnx's CPU plugin kernels matches torch",
         check_plugin_kernel,
+    ),
+    Check(
+        "decode",
+        "a variant that declares decode steps like its full causal forward: a prompt, single tokens and a "
+        "multi-token step, each from the state the last one returned, match it in torch and through the "
+        "ONNX step graphs in ONNX Runtime, and every state tensor keeps its declared shape (only a KV "
+        "cache grows with the position)",
+        check_decode,
+        heavy=True,
     ),
     Check(
         "export-function",

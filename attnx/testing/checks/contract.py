@@ -92,11 +92,11 @@ def check_contract(subject: Subject) -> list[str]:
 def check_capabilities(subject: Subject) -> list[str]:
     """Declared modes build and run with the right shapes; padded keys are ignored; others are refused."""
     caps, problems = subject.variant.capabilities, []
-    for flag in ("causal", "cross"):
+    for flag in ("bidirectional", "causal", "cross"):
         if getattr(caps, flag):
             continue
         try:
-            subject.build(Case(flag, **{flag: True}))
+            subject.build(Case(flag, **{flag: True} if flag != "bidirectional" else {}))
             problems.append(
                 f"building a {flag} layer is not refused although the variant does not declare {flag}"
             )

@@ -1,5 +1,5 @@
-"""``export-*``: a tiny encoder exported with each lowering (and in fp16), its graph inspected, parity
-checked."""
+"""``export-*``: a tiny model exported with each lowering (and in fp16), its graph inspected, parity
+checked: an encoder, or an lm for a variant that attends causally only."""
 
 from __future__ import annotations
 
@@ -30,9 +30,15 @@ def export_check(lowering: str, dtype: str = "fp32") -> Callable[[Subject], list
             out = Path(tmp) / lowering
             what = f"the {lowering} lowering" + (f" in {dtype}" if dtype != "fp32" else "")
             try:
-                settings = {"export.lowering": lowering, "export.seed": subject.seed, "export.dtype": dtype,
-                            "verify.seq_lens": EXPORT_SEQ_LENS}
-                result = export(subject.variant.name, out, options={**options, **settings})
+                settings = {
+                    "export.lowering": lowering,
+                    "export.seed": subject.seed,
+                    "export.dtype": dtype,
+                    "verify.seq_lens": EXPORT_SEQ_LENS,
+                }
+                result = export(
+                    subject.variant.name, out, model=export_model(subject), options={**options, **settings}
+                )
             except Exception as exc:
                 return [f"export with {what} failed: {type(exc).__name__}: {first_line(exc)}"]
             problems = _graph_problems(out / "model.onnx", lowering, subject)
@@ -45,16 +51,22 @@ def export_check(lowering: str, dtype: str = "fp32") -> Callable[[Subject], list
         return problems
 
     check.__doc__ = (
-        f"Export a tiny {dtype} encoder with the {lowering} lowering and compare it with torch in ORT (CPU)."
+        f"Export a tiny {dtype} model with the {lowering} lowering and compare it with torch in ORT (CPU)."
     )
     return check
 
 
+def export_model(subject: Subject) -> str:
+    """The tiny model the export checks build: an encoder, or an lm for a causal-only variant."""
+    return "encoder" if subject.variant.capabilities.bidirectional else "lm"
+
+
 def export_options(subject: Subject) -> dict[str, Any]:
-    """Options of the tiny encoder the export checks build around the variant."""
+    """Options of the tiny model the export checks build around the variant."""
+    mask = {"model.attention_mask": subject.variant.capabilities.key_padding_mask}
     return {
         **{f"model.{k}": v for k, v in EXPORT_MODEL_OPTIONS.items()},
-        "model.attention_mask": subject.variant.capabilities.key_padding_mask,
+        **(mask if export_model(subject) == "encoder" else {}),
         **{f"variant.{k}": v for k, v in subject.options.items()},
     }
 

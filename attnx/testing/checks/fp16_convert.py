@@ -23,7 +23,7 @@ from attnx.exporter.directory import ExportDir
 from attnx.parity.backends import backends
 from attnx.parity.check import Cases, check_parity
 from attnx.testing.checks.common import Skip
-from attnx.testing.checks.export import EXPORT_SEQ_LENS, export_options, parity_problems
+from attnx.testing.checks.export import EXPORT_SEQ_LENS, export_model, export_options, parity_problems
 from attnx.testing.subject import Subject
 
 LOWERINGS = ("function", "decomposed")
@@ -59,7 +59,7 @@ def converters() -> dict[str, Converter]:
 
 
 def check_fp16_convert(subject: Subject) -> list[str]:
-    """Export a tiny fp32 encoder in the function and decomposed lowerings, convert it with every
+    """Export a tiny fp32 model in the function and decomposed lowerings, convert it with every
     installed fp16 converter, and compare it with the torch model in fp16 at the fp16 tolerance."""
     if not subject.variant.capabilities.fp16:
         raise Skip("the variant exports in fp32 only (Capabilities.fp16=False), so no fp16 model is promised")
@@ -70,15 +70,17 @@ def check_fp16_convert(subject: Subject) -> list[str]:
     tolerance = subject.variant.tolerance_for("fp16")
     problems = []
     with tempfile.TemporaryDirectory(prefix="attnx-fp16-convert-") as tmp, subject.installed():
-        half = assemble(subject.variant.name, "encoder", options, subject.seed, dtype="fp16")
+        kind = export_model(subject)
+        half = assemble(subject.variant.name, kind, options, subject.seed, dtype="fp16")
         for lowering in LOWERINGS:
             out = Path(tmp) / lowering
             settings = {"export.lowering": lowering, "export.seed": subject.seed, "verify.enabled": False}
             try:
-                export(subject.variant.name, out, options={**options, **settings})
+                export(subject.variant.name, out, model=kind, options={**options, **settings})
             except Exception as exc:
-                problems.append(f"export with the {lowering} lowering failed: {type(exc).__name__}: "
-                                f"{first_line(exc)}")
+                problems.append(
+                    f"export with the {lowering} lowering failed: {type(exc).__name__}: {first_line(exc)}"
+                )
                 continue
             exported = ExportDir.open(out)  # checked as written; its model.onnx is replaced below
             model = onnx.load(str(exported.model_path))
@@ -89,8 +91,9 @@ def check_fp16_convert(subject: Subject) -> list[str]:
                     cases = Cases.make(exported, EXPORT_SEQ_LENS, tolerance=tolerance, seed=subject.seed)
                     report = check_parity(exported, half, backends(["ort-cpu"]), cases)
                 except Exception as exc:
-                    problems.append(f"{what} does not run in ONNX Runtime: {type(exc).__name__}: "
-                                    f"{first_line(exc)}")
+                    problems.append(
+                        f"{what} does not run in ONNX Runtime: {type(exc).__name__}: {first_line(exc)}"
+                    )
                     continue
                 problems += parity_problems(report, what)
     return problems

@@ -8,7 +8,9 @@ from attnx.domains import DOMAIN
 from attnx.errors import first_line
 from attnx.exporter.lowering import function_protos
 from attnx.exporter.opsets import DEFAULT_OPSET, OPSETS, onnxruntime_loads
+from attnx.exporter.targets import kernels_needed
 from attnx.ops import AttentionOp, body_opset
+from attnx.targets import PORTABLE, TARGETS
 from attnx.testing.checks.common import declared_calls, mismatch
 from attnx.testing.onnx_op import OpSession
 from attnx.testing.subject import Subject
@@ -92,6 +94,21 @@ def _is_subsequence(names: Iterable[str], inputs: list[str]) -> bool:
     return all(name in remaining for name in names)
 
 
+def lowerings(op: AttentionOp) -> list[tuple[str, int]]:
+    """(target, opset) of each body set of ``op`` ONNX Runtime can run here: the portable bodies at each
+    opset they are written for, each target's at its lowest, when the installed runtime has its kernels."""
+    import onnxruntime
+
+    loads = [o for o in OPSETS if onnxruntime_loads(o, onnxruntime.__version__)]
+    opsets = dict.fromkeys(max(o, DEFAULT_OPSET) for o in op.body_opsets())
+    found = [(PORTABLE, o) for o in opsets if o in loads]
+    for target, declared in op.targets.items():
+        opset = max(DEFAULT_OPSET, min(body_opset(body) for body in declared.bodies))
+        if opset in loads and set(kernels_needed(op, target)) <= TARGETS[target].kernels():
+            found.append((target, opset))
+    return found
+
+
 def _name_clashes(subject: Subject) -> list[str]:
     """Op types and library functions must be unique among the variants registered with this one."""
     mine, problems = subject.variant.name, []
@@ -108,7 +125,7 @@ def _name_clashes(subject: Subject) -> list[str]:
             ]
             definitions += [
                 ((p.domain, p.name), p.SerializeToString())
-                for body in op.bodies
+                for body in [*op.bodies, *(b for declared in op.targets.values() for b in declared.bodies)]
                 for p in function_protos(body)[1:]
             ]
             for key, content in definitions:
@@ -124,16 +141,15 @@ def _name_clashes(subject: Subject) -> list[str]:
 
 def check_onnx_body(subject: Subject) -> list[str]:
     """Each recorded call gives the same output through its ONNX body in ONNX Runtime (CPU), at each opset
-    the op has bodies for (those the installed ONNX Runtime loads)."""
-    import onnxruntime
-
+    the op has bodies for (those the installed ONNX Runtime loads), and through its bodies for each
+    lowering target whose kernels the installed runtime has."""
     tol, problems = subject.variant.tolerance, []
     for call in declared_calls(subject):
-        opsets = dict.fromkeys(max(o, DEFAULT_OPSET) for o in call.op.body_opsets())
-        for opset in [o for o in opsets if o in OPSETS and onnxruntime_loads(o, onnxruntime.__version__)]:
-            at = f"ONNX body of attnx::{call.op.name} (opset {opset})"
+        for target, opset in lowerings(call.op):
+            on = "" if target == PORTABLE else f", target {target}"
+            at = f"ONNX body of attnx::{call.op.name} (opset {opset}{on})"
             try:
-                outputs = OpSession(call.op, call, opset=opset).run(call.bound())
+                outputs = OpSession(call.op, call, opset=opset, target=target).run(call.bound())
             except Exception as exc:
                 problems.append(f"the {at} does not load: {first_line(exc)} ({call.describe()})")
                 continue

@@ -1,0 +1,187 @@
+"""The gated / delta-rule family as attnx ops, shared by the variants that use it (docs/variants/gated.md).
+
+Per batch row and value head, with S the (d_k, d_v) state (float32), D_t = diag(exp(g_t)), g_t <= 0 one
+value per head (dg = 1) or per key dimension (dg = d_k):
+
+    S_t = D_t S_{t-1} + k_t u_t^T
+    u_t = beta_t (v_t - (D_t S_{t-1})^T k_t)   delta rule (``delta=True``)
+    u_t = beta_t v_t                           additive rule (beta = 1, g = 0: plain linear attention)
+    o_t = scale * S_t^T q_t
+
+q, k are (b, hk, n, dk), v (b, hv, n, dv), g (b, hv, n, dg), beta (b, hv, n); q/k head i serves the
+consecutive value heads i*r .. i*r + r - 1 (r = hv // hk). q and k are used as given (normalisation,
+feature maps and scales are the caller's). A token with g = 0 and beta = 0 leaves the state unchanged.
+
+``attnx::gated_delta_rule`` runs from an empty state; ``attnx::gated_delta_rule_step`` continues from a
+state (b, hv, dk, dv) and returns the state after its tokens (1 decoded token or a whole prompt). Both
+compute chunk by chunk (``chunk_size`` tokens, :mod:`attnx.plugins._gated_torch`), exported as single
+``attnx::GatedDeltaRule`` / ``attnx::GatedDeltaRuleStep`` nodes whose portable ONNX bodies
+(:mod:`attnx.plugins._gated_onnx`) do the same with standard ops; :data:`ORT_BODIES` compute them with
+ONNX Runtime's own kernels (:mod:`attnx.plugins._gated_ort`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from attnx.ops import AttentionOp, trainable_op
+from attnx.plugins._gated_onnx import GatedDeltaRule, GatedDeltaRuleStep, GatedDeltaRuleStepFirst
+from attnx.plugins._gated_ort import ORT_BODIES
+from attnx.plugins._gated_torch import gated_chunks
+
+# The state is float32 whatever the activations; the output is named apart from the input (one-node models
+# and graphs need distinct names).
+STATE_INPUT_TYPE = {"state": "tensor(float)"}
+STATE_OUTPUT_TYPE = {"new_state": "tensor(float)"}
+
+__all__ = [
+    "GATED_DELTA_RULE_OP",
+    "GATED_DELTA_RULE_STEP_OP",
+    "MAX_CHUNK_SIZE",
+    "ORT_BODIES",
+    "default_chunk_size",
+    "gated_delta_rule",
+    "gated_delta_rule_step",
+    "naive_gated_delta_rule",
+]
+
+
+# Chunk sizes measured fastest for the portable body in ONNX Runtime (docs/variants/gated.md), by
+# (delta, per-key decay); a variant's config defaults to these.
+DEFAULT_CHUNK_SIZES = {(False, False): 64, (False, True): 16, (True, False): 32, (True, True): 16}
+
+
+def default_chunk_size(delta: bool, per_key: bool) -> int:
+    """The default ``chunk_size`` for the delta (or additive) rule with a per-key (or scalar) decay."""
+    return DEFAULT_CHUNK_SIZES[(delta, per_key)]
+
+
+def check_shapes(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor
+) -> None:
+    """Raise ValueError unless the shapes fit the op's contract (module docstring)."""
+    batch, hk, n, dk = q.shape
+    hv = v.shape[1]
+    problems = []
+    if k.shape != q.shape:
+        problems.append(f"k {tuple(k.shape)} must have q's shape {tuple(q.shape)}")
+    if v.dim() != 4 or v.shape[0] != batch or v.shape[2] != n or hv % hk:
+        problems.append(f"v {tuple(v.shape)} must be (batch, hv, n, dv) with hv a multiple of {hk} q/k heads")
+    if g.dim() != 4 or tuple(g.shape[:3]) != (batch, hv, n) or g.shape[3] not in (1, dk):
+        problems.append(f"g {tuple(g.shape)} must be ({batch}, {hv}, {n}, 1 or {dk})")
+    if tuple(beta.shape) != (batch, hv, n):
+        problems.append(f"beta {tuple(beta.shape)} must be ({batch}, {hv}, {n})")
+    if problems:
+        raise ValueError("gated_delta_rule: " + "; ".join(problems))
+
+
+# The ONNX bodies' inverse takes ceil(log2 C) - 1 squarings from a table of powers up to 2^14, exact for
+# chunks of up to 2^15 tokens (a chunk that long would cost far more than it saves anyway).
+MAX_CHUNK_SIZE = 32768
+
+
+def _check_chunk_size(chunk_size: int) -> None:
+    if not 1 <= chunk_size <= MAX_CHUNK_SIZE:
+        raise ValueError(f"gated_delta_rule: chunk_size={chunk_size} must be in 1..{MAX_CHUNK_SIZE}")
+
+
+@trainable_op("attnx::gated_delta_rule")
+def gated_delta_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    delta: bool,
+    scale: float,
+    chunk_size: int,
+) -> torch.Tensor:
+    """The recurrence from an empty state; the output (b, hv, n, dv) in v's dtype."""
+    check_shapes(q, k, v, g, beta)
+    _check_chunk_size(chunk_size)
+    out, _ = gated_chunks(q, k, v, g, beta, None, delta=delta, scale=scale, chunk_size=chunk_size)
+    return out.to(v.dtype)
+
+
+@gated_delta_rule.register_fake
+def _(q, k, v, g, beta, delta, scale, chunk_size):
+    return torch.empty_like(v)
+
+
+@trainable_op("attnx::gated_delta_rule_step")
+def gated_delta_rule_step(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor | None,
+    delta: bool,
+    scale: float,
+    chunk_size: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The recurrence continued from ``state`` (b, hv, dk, dv; None: zeros): (out in v's dtype, state
+    after the new tokens in float32, float64 for float64 inputs)."""
+    check_shapes(q, k, v, g, beta)
+    _check_chunk_size(chunk_size)
+    out, grown = gated_chunks(q, k, v, g, beta, state, delta=delta, scale=scale, chunk_size=chunk_size)
+    return out.to(v.dtype), grown
+
+
+@gated_delta_rule_step.register_fake
+def _(q, k, v, g, beta, state, delta, scale, chunk_size):
+    dtype = torch.promote_types(v.dtype, torch.float32)
+    return torch.empty_like(v), v.new_empty((v.shape[0], v.shape[1], q.shape[-1], v.shape[-1]), dtype=dtype)
+
+
+def naive_gated_delta_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor | None,
+    delta: bool,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The recurrence token by token in float64, written from the equations (tests' reference):
+    (out (b, hv, n, dv), state (b, hv, dk, dv))."""
+    ratio = v.shape[1] // q.shape[1]
+    q, k = (x.double().repeat_interleave(ratio, dim=1) for x in (q, k))
+    v, g, beta = v.double(), g.double(), beta.double()
+    s = q.new_zeros((*v.shape[:2], q.shape[-1], v.shape[-1])) if state is None else state.double()
+    outputs = []
+    for t in range(q.shape[2]):
+        k_t, v_t = k[:, :, t], v[:, :, t]
+        s = g[:, :, t].exp()[..., None] * s  # D_t S_{t-1}: row i of S scaled by exp(g_t[i]) (or exp(g_t))
+        target = v_t - (s * k_t[..., None]).sum(-2) if delta else v_t
+        s = s + k_t[..., :, None] * (beta[:, :, t, None] * target)[..., None, :]
+        outputs.append(scale * (s * q[:, :, t, :, None]).sum(-2))
+    return torch.stack(outputs, dim=2) if outputs else v.new_zeros(v.shape), s
+
+
+def _output_shape(shapes):
+    return tuple(shapes["v"])
+
+
+GATED_DELTA_RULE_OP = AttentionOp(
+    name="GatedDeltaRule",
+    torch_op=gated_delta_rule,
+    bodies=(GatedDeltaRule,),
+    doc="gated / delta-rule linear attention from an empty state: S_t = diag(exp(g_t)) S_{t-1} + k_t u_t^T, "
+    "u_t = beta_t (v_t - (diag(exp(g_t)) S_{t-1})^T k_t) (delta) or beta_t v_t, o_t = scale S_t^T q_t; "
+    "q, k (b, hk, n, dk), v (b, hv, n, dv), g (b, hv, n, 1 or dk), beta (b, hv, n).",
+    output_shape=_output_shape,
+)
+
+GATED_DELTA_RULE_STEP_OP = AttentionOp(
+    name="GatedDeltaRuleStep",
+    torch_op=gated_delta_rule_step,
+    bodies=(GatedDeltaRuleStep, GatedDeltaRuleStepFirst),
+    doc="GatedDeltaRule continued from the float32 state (b, hv, dk, dv) of earlier tokens (omitted: "
+    "zeros); returns the output and the state after the new tokens.",
+    input_types=STATE_INPUT_TYPE,
+    output_names=("output", "new_state"),
+    output_types=STATE_OUTPUT_TYPE,
+    output_shape=_output_shape,
+)

@@ -1,0 +1,330 @@
+"""``attnx::GatedDeltaRule(Step)`` on ONNX Runtime's own kernels (``com.microsoft``), for an "ort" target.
+
+Two mappings, each checked against the recurrence of :mod:`attnx.plugins._gated_core` (ONNX Runtime
+1.32's schemas, and tests/plugins/test_gated_ort.py):
+
+* ``GatedDeltaNet``: q, k (B, T, hk, dk), v (B, T, hv, dv) token-major (the rank-4 spelling), head
+  counts read from the shapes, q/k head i serving the consecutive value heads i*r .. i*r + r - 1 as
+  attnx's; decay (B, T, hv) scalar or (B, T, hv, dk) per key dimension; beta (B, T, hv); the state is
+  V-major (B, hv, dv, dk) and required (zeros when the op has none).
+* ``LinearAttention``: packed (B, T, H * D) with ``q_num_heads``/``kv_num_heads`` attributes, which a
+  body cannot take from the shapes: every value head becomes a batch row (H = 1, q and k repeated to
+  the value heads); decay (B, T, dg), beta (B, T, 1), the state (B, 1, dk, dv) K-major.
+
+In both, update_rule ``gated_delta`` is the delta rule with a decay (the op always has one: g = 0 is a
+decay of 1) and ``gated`` the additive rule, which ignores beta (and ``GatedDeltaNet`` refuses it), so v
+is scaled by beta first. A ``scale`` of 0 means 1/sqrt(dk) to both kernels, so scale = 0 (an all-zero
+output) is made explicit. Both run in float32 as the portable body does (``AttnxWiden``).
+"""
+
+from __future__ import annotations
+
+import onnxscript
+from onnxscript import BOOL, FLOAT, INT64
+from onnxscript import opset18 as op
+
+from attnx.ops import LIBRARY, OPSET, AttnxWiden
+
+MICROSOFT = onnxscript.values.Opset("com.microsoft", 1)
+
+
+# ---------------------------------------------------------------- the kernels, one update rule each
+
+
+@onnxscript.script(LIBRARY, default_opset=op)
+def OrtNetDelta(
+    q: FLOAT, k: FLOAT, v: FLOAT, g: FLOAT, beta: FLOAT, state: FLOAT, scale: float
+) -> tuple[FLOAT, FLOAT]:
+    out, final = MICROSOFT.GatedDeltaNet(
+        q, k, v, None, g, beta, state, update_rule="gated_delta", scale=scale
+    )
+    return out, final
+
+
+@onnxscript.script(LIBRARY, default_opset=op)
+def OrtNetAdditive(q: FLOAT, k: FLOAT, v: FLOAT, g: FLOAT, state: FLOAT, scale: float) -> tuple[FLOAT, FLOAT]:
+    out, final = MICROSOFT.GatedDeltaNet(q, k, v, None, g, None, state, update_rule="gated", scale=scale)
+    return out, final
+
+
+@onnxscript.script(LIBRARY, default_opset=op)
+def OrtLinearDelta(
+    q: FLOAT, k: FLOAT, v: FLOAT, state: FLOAT, g: FLOAT, beta: FLOAT, scale: float, chunk_size: int
+) -> tuple[FLOAT, FLOAT]:
+    out, final = MICROSOFT.LinearAttention(
+        q,
+        k,
+        v,
+        state,
+        g,
+        beta,
+        q_num_heads=1,
+        kv_num_heads=1,
+        update_rule="gated_delta",
+        scale=scale,
+        chunk_size=chunk_size,
+    )
+    return out, final
+
+
+@onnxscript.script(LIBRARY, default_opset=op)
+def OrtLinearAdditive(
+    q: FLOAT, k: FLOAT, v: FLOAT, state: FLOAT, g: FLOAT, scale: float, chunk_size: int
+) -> tuple[FLOAT, FLOAT]:
+    out, final = MICROSOFT.LinearAttention(
+        q,
+        k,
+        v,
+        state,
+        g,
+        q_num_heads=1,
+        kv_num_heads=1,
+        update_rule="gated",
+        scale=scale,
+        chunk_size=chunk_size,
+    )
+    return out, final
+
+
+# ---------------------------------------------------------------- layouts
+
+
+@onnxscript.script(LIBRARY, default_opset=op)
+def OrtScaled(out: FLOAT, scale: float) -> FLOAT:
+    """``out``, or zeros when ``scale`` is 0 (the kernels read 0 as 1/sqrt(dk)); an If on a constant."""
+    factor = op.CastLike(op.Constant(value_float=scale), out)
+    zero = op.Equal(factor, op.CastLike(op.Constant(value_float=0.0), out))
+    if zero:  # noqa: SIM108 (onnxscript makes an If of an if statement only)
+        result = op.Mul(out, factor)
+    else:
+        result = op.Identity(out)
+    return result
+
+
+@onnxscript.script(LIBRARY, default_opset=op)
+def OrtHeadsToBatch(x: FLOAT) -> FLOAT:
+    """(b, h, n, d) -> (b * h, n, d)."""
+    return op.Reshape(x, op.Concat(op.Constant(value_ints=[-1]), op.Shape(x, start=2), axis=0))
+
+
+@onnxscript.script(LIBRARY, default_opset=op)
+def OrtRepeatHeads(x: FLOAT, like: FLOAT) -> FLOAT:
+    """q or k (b, hk, n, d) repeated to the value heads of ``like`` (b, hv, ...), each r times in a row."""
+    grouped = op.Concat(
+        op.Shape(x, start=0, end=2), op.Constant(value_ints=[-1]), op.Shape(x, start=2), axis=0
+    )
+    heads = op.Div(op.Shape(like, start=1, end=2), op.Shape(x, start=1, end=2))
+    wide = op.Concat(op.Shape(x, start=0, end=2), heads, op.Shape(x, start=2), axis=0)
+    return op.Reshape(
+        op.Expand(op.Reshape(x, grouped), wide),
+        op.Concat(op.Shape(like, start=0, end=2), op.Shape(x, start=2), axis=0),
+    )
+
+
+@onnxscript.script(LIBRARY, default_opset=op)
+def OrtNetCore(
+    q: FLOAT, k: FLOAT, v: FLOAT, g: FLOAT, beta: FLOAT, state: FLOAT, delta: int, scale: float
+) -> tuple[FLOAT, FLOAT]:
+    """Widened (b, h, n, d) inputs and state (b, hv, dk, dv) through ``GatedDeltaNet``: (out, state')."""
+    decay = op.Transpose(g, perm=[0, 2, 1, 3])  # (b, n, hv, dg), or (b, n, hv) for a scalar decay:
+    per_key = op.Cast(op.Greater(op.Shape(g, start=3), op.Constant(value_ints=[1])), to=INT64.dtype)
+    rank = op.Add(op.Constant(value_ints=[3]), per_key)
+    decay = op.Reshape(decay, op.Slice(op.Shape(decay), op.Constant(value_ints=[0]), rank))
+    rate = op.Transpose(beta, perm=[0, 2, 1])
+    v_major = op.Transpose(state, perm=[0, 1, 3, 2])
+    queries, keys = op.Transpose(q, perm=[0, 2, 1, 3]), op.Transpose(k, perm=[0, 2, 1, 3])
+    use_delta = op.Cast(op.Constant(value_int=delta), to=BOOL.dtype)
+    if use_delta:
+        out, final = OrtNetDelta(
+            queries, keys, op.Transpose(v, perm=[0, 2, 1, 3]), decay, rate, v_major, scale=scale
+        )
+    else:
+        values = op.Transpose(op.Mul(v, op.Unsqueeze(beta, [-1])), perm=[0, 2, 1, 3])
+        out, final = OrtNetAdditive(queries, keys, values, decay, v_major, scale=scale)
+    return OrtScaled(op.Transpose(out, perm=[0, 2, 1, 3]), scale=scale), op.Transpose(
+        final, perm=[0, 1, 3, 2]
+    )
+
+
+@onnxscript.script(LIBRARY, default_opset=op)
+def OrtLinearCore(
+    q: FLOAT,
+    k: FLOAT,
+    v: FLOAT,
+    g: FLOAT,
+    beta: FLOAT,
+    state: FLOAT,
+    delta: int,
+    scale: float,
+    chunk_size: int,
+) -> tuple[FLOAT, FLOAT]:
+    """Widened (b, h, n, d) inputs and state (b, hv, dk, dv) through ``LinearAttention``: (out, state')."""
+    queries, keys = OrtHeadsToBatch(OrtRepeatHeads(q, v)), OrtHeadsToBatch(OrtRepeatHeads(k, v))
+    decay = OrtHeadsToBatch(g)
+    rows = op.Reshape(state, op.Concat(op.Constant(value_ints=[-1, 1]), op.Shape(state, start=2), axis=0))
+    use_delta = op.Cast(op.Constant(value_int=delta), to=BOOL.dtype)
+    if use_delta:
+        rate = op.Reshape(
+            beta,
+            op.Concat(
+                op.Constant(value_ints=[-1]), op.Shape(beta, start=2), op.Constant(value_ints=[1]), axis=0
+            ),
+        )
+        out, final = OrtLinearDelta(
+            queries, keys, OrtHeadsToBatch(v), rows, decay, rate, scale=scale, chunk_size=chunk_size
+        )
+    else:
+        values = OrtHeadsToBatch(op.Mul(v, op.Unsqueeze(beta, [-1])))
+        out, final = OrtLinearAdditive(queries, keys, values, rows, decay, scale=scale, chunk_size=chunk_size)
+    out = op.Reshape(out, op.Shape(v))
+    return OrtScaled(out, scale=scale), op.Reshape(final, op.Shape(state))
+
+
+@onnxscript.script(LIBRARY, default_opset=op)
+def OrtEmptyState(q: FLOAT, v: FLOAT) -> FLOAT:
+    """Zeros (b, hv, dk, dv) in q's type."""
+    shape = op.Concat(op.Shape(v, start=0, end=2), op.Shape(q, start=3), op.Shape(v, start=3), axis=0)
+    return op.Expand(op.CastLike(op.Constant(value_float=0.0), q), shape)
+
+
+# ---------------------------------------------------------------- the bodies
+
+
+@onnxscript.script(OPSET, default_opset=op)
+def OrtNetRule(
+    q: FLOAT, k: FLOAT, v: FLOAT, g: FLOAT, beta: FLOAT, delta: int, scale: float, chunk_size: int
+) -> FLOAT:
+    wide = AttnxWiden(q)
+    out, _ = OrtNetCore(
+        wide,
+        AttnxWiden(k),
+        AttnxWiden(v),
+        AttnxWiden(g),
+        AttnxWiden(beta),
+        OrtEmptyState(wide, v),
+        delta=delta,
+        scale=scale,
+    )
+    return op.CastLike(out, v)
+
+
+@onnxscript.script(OPSET, default_opset=op)
+def OrtNetStep(
+    q: FLOAT,
+    k: FLOAT,
+    v: FLOAT,
+    g: FLOAT,
+    beta: FLOAT,
+    state: FLOAT,
+    delta: int,
+    scale: float,
+    chunk_size: int,
+) -> tuple[FLOAT, FLOAT]:
+    wide = AttnxWiden(q)
+    out, final = OrtNetCore(
+        wide,
+        AttnxWiden(k),
+        AttnxWiden(v),
+        AttnxWiden(g),
+        AttnxWiden(beta),
+        op.CastLike(state, wide),
+        delta=delta,
+        scale=scale,
+    )
+    return op.CastLike(out, v), op.CastLike(final, state)
+
+
+@onnxscript.script(OPSET, default_opset=op)
+def OrtNetStepFirst(
+    q: FLOAT, k: FLOAT, v: FLOAT, g: FLOAT, beta: FLOAT, delta: int, scale: float, chunk_size: int
+) -> tuple[FLOAT, FLOAT]:
+    wide = AttnxWiden(q)
+    out, final = OrtNetCore(
+        wide,
+        AttnxWiden(k),
+        AttnxWiden(v),
+        AttnxWiden(g),
+        AttnxWiden(beta),
+        OrtEmptyState(wide, v),
+        delta=delta,
+        scale=scale,
+    )
+    return op.CastLike(out, v), final
+
+
+@onnxscript.script(OPSET, default_opset=op)
+def OrtLinearRule(
+    q: FLOAT, k: FLOAT, v: FLOAT, g: FLOAT, beta: FLOAT, delta: int, scale: float, chunk_size: int
+) -> FLOAT:
+    wide = AttnxWiden(q)
+    out, _ = OrtLinearCore(
+        wide,
+        AttnxWiden(k),
+        AttnxWiden(v),
+        AttnxWiden(g),
+        AttnxWiden(beta),
+        OrtEmptyState(wide, v),
+        delta=delta,
+        scale=scale,
+        chunk_size=chunk_size,
+    )
+    return op.CastLike(out, v)
+
+
+@onnxscript.script(OPSET, default_opset=op)
+def OrtLinearStep(
+    q: FLOAT,
+    k: FLOAT,
+    v: FLOAT,
+    g: FLOAT,
+    beta: FLOAT,
+    state: FLOAT,
+    delta: int,
+    scale: float,
+    chunk_size: int,
+) -> tuple[FLOAT, FLOAT]:
+    wide = AttnxWiden(q)
+    out, final = OrtLinearCore(
+        wide,
+        AttnxWiden(k),
+        AttnxWiden(v),
+        AttnxWiden(g),
+        AttnxWiden(beta),
+        op.CastLike(state, wide),
+        delta=delta,
+        scale=scale,
+        chunk_size=chunk_size,
+    )
+    return op.CastLike(out, v), op.CastLike(final, state)
+
+
+@onnxscript.script(OPSET, default_opset=op)
+def OrtLinearStepFirst(
+    q: FLOAT, k: FLOAT, v: FLOAT, g: FLOAT, beta: FLOAT, delta: int, scale: float, chunk_size: int
+) -> tuple[FLOAT, FLOAT]:
+    wide = AttnxWiden(q)
+    out, final = OrtLinearCore(
+        wide,
+        AttnxWiden(k),
+        AttnxWiden(v),
+        AttnxWiden(g),
+        AttnxWiden(beta),
+        OrtEmptyState(wide, v),
+        delta=delta,
+        scale=scale,
+        chunk_size=chunk_size,
+    )
+    return op.CastLike(out, v), final
+
+
+# The bodies by op name, in AttentionOp.bodies order (all inputs first, then without the state).
+ORT_GATED_DELTA_NET_BODIES = {
+    "GatedDeltaRule": (OrtNetRule,),
+    "GatedDeltaRuleStep": (OrtNetStep, OrtNetStepFirst),
+}
+ORT_LINEAR_ATTENTION_BODIES = {
+    "GatedDeltaRule": (OrtLinearRule,),
+    "GatedDeltaRuleStep": (OrtLinearStep, OrtLinearStepFirst),
+}
+# LinearAttention's CPU kernel ran 4-8x faster than GatedDeltaNet's at N = 4096 (docs/variants/gated.md).
+ORT_BODIES = ORT_LINEAR_ATTENTION_BODIES

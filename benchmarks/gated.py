@@ -1,0 +1,188 @@
+#!/usr/bin/env python
+"""Time the gated / delta-rule op (attnx/plugins/_gated_core.py) per rule and length, CPU, batch 1.
+
+    python benchmarks/gated.py                                   # N = 1024, 4096; every rule
+    python benchmarks/gated.py --seq-lens 1024,16384 --rules gated_delta --candidates portable
+    python benchmarks/gated.py --chunk-sizes 16,32,64 --candidates portable   # tune the chunk size
+
+Shapes: 4 q/k heads and 8 value heads of 64 (grouped as Qwen3-Next), L2-normalised keys, g <= 0 from
+-softplus, beta from a sigmoid. Candidates:
+
+portable  the op's portable ONNX body (one-node model, function lowering) in ONNX Runtime
+ort       the body on ONNX Runtime's ``LinearAttention`` kernel (attnx.plugins._gated_ort.ORT_BODIES)
+ort-gdn   the body on ONNX Runtime's ``GatedDeltaNet`` kernel
+hf        Hugging Face transformers' reference: ``torch_chunk_gated_delta_rule`` (Qwen3-Next; scalar decay)
+          or ``chunk_kimi_delta_attention`` (Kimi; per-key decay), delta rules only
+torch     the torch op, eager
+
+ONNX Runtime and torch get ``--threads`` intra-op threads. Each (rule, N) times its candidates in turn,
+round after round, so all of them see the same load on a shared machine; the minimum over rounds is
+printed (and written with ``--json``). ``--cpu-time`` times the process's CPU time instead of the wall
+clock: with ``--threads 1`` the work itself, which other load on a shared machine inflates far less.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import time
+from collections.abc import Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from attnx.exporter.lowering import lower
+from attnx.parity.runners import ort_session_options
+from attnx.plugins._gated_core import GATED_DELTA_RULE_OP, ORT_BODIES, gated_delta_rule
+from attnx.plugins._gated_ort import ORT_GATED_DELTA_NET_BODIES
+from attnx.testing.onnx_op import node_model
+from attnx.testing.subject import Case, OpCall
+
+HK, HV, DIM = 4, 8, 64
+RULES = {  # name: (delta, per-key decay, decayed)
+    "linear": (False, False, False),
+    "gated": (False, False, True),
+    "gla": (False, True, True),
+    "delta": (True, False, False),
+    "gated_delta": (True, False, True),
+    "kda": (True, True, True),
+}
+
+
+@dataclasses.dataclass
+class Inputs:
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    g: torch.Tensor
+    beta: torch.Tensor
+    delta: bool
+
+    def args(self, chunk_size: int) -> tuple:
+        return (self.q, self.k, self.v, self.g, self.beta, self.delta, 1 / math.sqrt(DIM), chunk_size)
+
+
+def inputs(rule: str, n: int, seed: int) -> Inputs:
+    delta, per_key, decayed = RULES[rule]
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(1, HK, n, DIM, generator=gen)
+    k = F.normalize(torch.randn(1, HK, n, DIM, generator=gen), dim=-1)
+    v = torch.randn(1, HV, n, DIM, generator=gen)
+    g = -F.softplus(torch.randn(1, HV, n, DIM if per_key else 1, generator=gen) - 2) * decayed
+    beta = (
+        torch.sigmoid(torch.randn(1, HV, n, generator=gen))
+        if delta or rule != "linear"
+        else torch.ones(1, HV, n)
+    )
+    return Inputs(q, k, v, g, beta, delta)
+
+
+def onnx_runner(x: Inputs, chunk_size: int, threads: int, bodies: tuple | None) -> Callable[[], object]:
+    import onnxruntime
+
+    op = GATED_DELTA_RULE_OP if bodies is None else dataclasses.replace(GATED_DELTA_RULE_OP, bodies=bodies)
+    args = x.args(chunk_size)
+    call = OpCall(Case(op.name), op.overload, op, args, {}, torch.empty_like(x.v))
+    model = lower(node_model(op, call), [op], "function")
+    model.opset_import.append(onnx_opset("com.microsoft"))
+    session = onnxruntime.InferenceSession(model.SerializeToString(), ort_session_options(threads))
+    feed = {
+        name: value.numpy() for name, value in call.bound().items() if name in ("q", "k", "v", "g", "beta")
+    }
+    return lambda: session.run(None, feed)
+
+
+def onnx_opset(domain: str):
+    from onnx import helper
+
+    return helper.make_opsetid(domain, 1)
+
+
+def hf_runner(x: Inputs, chunk_size: int) -> Callable[[], object] | None:
+    if not x.delta:
+        return None
+    from transformers.models.kimi_linear.modeling_kimi_linear import chunk_kimi_delta_attention
+    from transformers.models.qwen3_next.modeling_qwen3_next import torch_chunk_gated_delta_rule
+
+    layout = [t.transpose(1, 2).contiguous() for t in (x.q, x.k, x.v, x.g)]
+    beta = x.beta.transpose(1, 2).contiguous()
+    if x.g.shape[-1] == 1:
+        q, k, v, g = layout
+        return lambda: torch_chunk_gated_delta_rule(q, k, v, g[..., 0], beta, chunk_size=64)
+    q, k, v, g = layout  # KDA has no grouped heads: repeat q, k to the value heads
+    q, k = (t.repeat_interleave(HV // HK, dim=2) for t in (q, k))
+    return lambda: chunk_kimi_delta_attention(q, k, v, g, beta, chunk_size=64)
+
+
+def best_of(
+    runners: dict[str, Callable[[], object]], rounds: int, clock: Callable[[], float]
+) -> dict[str, float]:
+    for run in runners.values():
+        run()  # warm-up
+    times: dict[str, list[float]] = {name: [] for name in runners}
+    for _ in range(rounds):
+        for name, run in runners.items():
+            start = clock()
+            run()
+            times[name].append(clock() - start)
+    return {name: min(values) * 1e3 for name, values in times.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--seq-lens", default="1024,4096")
+    parser.add_argument("--rules", default=",".join(RULES))
+    parser.add_argument("--candidates", default="portable,ort,ort-gdn,hf,torch")
+    parser.add_argument("--chunk-sizes", default="", help="portable body chunk sizes (default: the op's)")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--cpu-time", action="store_true", help="process CPU time instead of wall time")
+    parser.add_argument("--json", default="")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    candidates = args.candidates.split(",")
+    results = []
+    for rule in args.rules.split(","):
+        default = default_chunk(rule)
+        sizes = [int(c) for c in args.chunk_sizes.split(",")] if args.chunk_sizes else [default]
+        for n in (int(s) for s in args.seq_lens.split(",")):
+            x = inputs(rule, n, seed=n)
+            runners: dict[str, Callable[[], object]] = {}
+            for size in sizes if "portable" in candidates else []:
+                runners[f"portable@{size}"] = onnx_runner(x, size, args.threads, None)
+            if "ort" in candidates:
+                runners["ort"] = onnx_runner(x, default, args.threads, ORT_BODIES["GatedDeltaRule"])
+            if "ort-gdn" in candidates:
+                bodies = ORT_GATED_DELTA_NET_BODIES["GatedDeltaRule"]
+                runners["ort-gdn"] = onnx_runner(x, default, args.threads, bodies)
+            if "hf" in candidates and (hf := hf_runner(x, default)) is not None:
+                runners["hf"] = hf
+            if "torch" in candidates:
+                runners["torch"] = lambda x=x, c=default: gated_delta_rule(*x.args(c))
+            with torch.no_grad():
+                best = best_of(
+                    runners, args.rounds, time.process_time if args.cpu_time else time.perf_counter
+                )
+            line = "  ".join(f"{name} {ms:9.2f} ms" for name, ms in best.items())
+            print(f"{rule:12s} N={n:6d}  {line}", flush=True)
+            results.append({"rule": rule, "n": n, "ms": best})
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"threads": args.threads, "cpu_time": args.cpu_time, "results": results}, f, indent=1)
+
+
+def default_chunk(rule: str) -> int:
+    from attnx.plugins._gated_core import default_chunk_size
+
+    delta, per_key, _ = RULES[rule]
+    return default_chunk_size(delta, per_key)
+
+
+if __name__ == "__main__":
+    np.set_printoptions(precision=3)
+    main()

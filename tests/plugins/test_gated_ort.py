@@ -1,0 +1,141 @@
+"""The bodies on ONNX Runtime's kernels (com.microsoft GatedDeltaNet / LinearAttention) against the torch ops.
+
+attnx/plugins/_gated_ort.py maps attnx::GatedDeltaRule(Step) onto both kernels, attnx/plugins/linear/ort.py
+the ``linear`` variant's causal attention onto LinearAttention's "linear" rule. Each runs as a one-node model
+whose node is served by that body (function and decomposed), against the torch op on the same inputs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import onnx
+import onnxruntime
+import pytest
+import torch
+from onnx import helper
+
+from attnx.exporter.lowering import lower
+from attnx.ops import AttentionOp
+from attnx.plugins._gated_core import GATED_DELTA_RULE_OP, GATED_DELTA_RULE_STEP_OP, gated_delta_rule_step
+from attnx.plugins._gated_ort import ORT_BODIES, ORT_GATED_DELTA_NET_BODIES, ORT_LINEAR_ATTENTION_BODIES
+from attnx.plugins.linear.kernel import LINEAR_OP, LINEAR_STEP_OP, linear_attention, linear_attention_step
+from attnx.plugins.linear.ort import LINEAR_ORT_BODIES
+from attnx.testing.onnx_op import node_model
+from tests.plugins import op_harness as harness
+from tests.plugins.gated_cases import SCALE, Shape, draw
+
+TOLERANCE = {"atol": 2e-5, "rtol": 1e-4}
+KERNELS = {"GatedDeltaNet": ORT_GATED_DELTA_NET_BODIES, "LinearAttention": ORT_LINEAR_ATTENTION_BODIES}
+
+
+def with_bodies(op: AttentionOp, bodies: dict) -> AttentionOp:
+    return dataclasses.replace(op, bodies=bodies[op.name])
+
+
+def run(op: AttentionOp, lowering: str, *args) -> list[torch.Tensor]:
+    """``op(*args)`` as a one-node model lowered with ``op``'s bodies; the model imports com.microsoft."""
+    call = harness.op_call(op, *args)
+    model = node_model(op, call)
+    node, taken = model.graph.node[0], {value.name for value in model.graph.input}
+    renamed = {name: f"{name}_out" for name in node.output if name in taken}  # linear's step: S, Z in and out
+    node.output[:] = [renamed.get(name, name) for name in node.output]
+    for value in model.graph.output:
+        value.name = renamed.get(value.name, value.name)
+    model = lower(model, [op], lowering)
+    model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    onnx.checker.check_model(model)  # the kernels have no onnx schema: no full (shape-inferring) check
+    options = onnxruntime.SessionOptions()
+    options.log_severity_level = 3
+    session = onnxruntime.InferenceSession(
+        model.SerializeToString(), options, providers=["CPUExecutionProvider"]
+    )
+    feed = {i.name: call.bound()[i.name].numpy() for i in session.get_inputs()}
+    return [torch.from_numpy(t) for t in session.run(None, feed)]
+
+
+CASES = [
+    Shape(2, 2, 4, 13, 6, 5, False, True, 8, state=True),
+    Shape(2, 2, 4, 13, 6, 5, False, False, 8),
+    Shape(1, 1, 3, 37, 4, 6, True, True, 16),
+    Shape(1, 2, 2, 29, 8, 3, True, False, 16, state=True),
+    Shape(1, 1, 1, 1, 4, 4, True, True, 16, state=True),  # a decoded token
+]
+
+
+@pytest.mark.parametrize("lowering", ["function", "decomposed"])
+@pytest.mark.parametrize("shape", CASES, ids=str)
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_kernel_bodies_match_the_torch_op(kernel, shape, lowering):
+    inputs = draw(shape, seed=shape.n + 3)
+    expected_out, expected_state = gated_delta_rule_step(*inputs, shape.delta, SCALE, shape.chunk)
+    step = with_bodies(GATED_DELTA_RULE_STEP_OP, KERNELS[kernel])
+    out, grown = run(step, lowering, *inputs, shape.delta, SCALE, shape.chunk)
+    torch.testing.assert_close(out, expected_out, **TOLERANCE)
+    torch.testing.assert_close(grown, expected_state, **TOLERANCE)
+    if inputs[-1] is None:
+        (full,) = run(
+            with_bodies(GATED_DELTA_RULE_OP, KERNELS[kernel]), lowering, *inputs[:5], shape.delta, SCALE, 8
+        )
+        torch.testing.assert_close(full, expected_out, **TOLERANCE)
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_a_scale_of_zero_gives_zeros(kernel):
+    """Both kernels read scale = 0 as 1/sqrt(dk); attnx's op multiplies by it."""
+    shape = Shape(1, 1, 2, 7, 4, 4, True, True, 8, state=True)
+    inputs = draw(shape, seed=0)
+    out, grown = run(
+        with_bodies(GATED_DELTA_RULE_STEP_OP, KERNELS[kernel]), "function", *inputs, True, 0.0, 8
+    )
+    assert not out.any()
+    torch.testing.assert_close(grown, gated_delta_rule_step(*inputs, True, 0.0, 8)[1], **TOLERANCE)
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_fp16_inputs(kernel):
+    shape = Shape(1, 2, 4, 40, 16, 8, True, True, 16, state=True)
+    inputs = draw(shape, seed=40, dtype=torch.float16)
+    expected_out, expected_state = gated_delta_rule_step(*inputs, True, SCALE, 16)
+    out, grown = run(
+        with_bodies(GATED_DELTA_RULE_STEP_OP, KERNELS[kernel]), "function", *inputs, True, SCALE, 16
+    )
+    assert out.dtype == torch.float16 and grown.dtype == torch.float32
+    torch.testing.assert_close(out, expected_out, atol=2e-3, rtol=2e-3)
+    torch.testing.assert_close(grown, expected_state, **TOLERANCE)
+
+
+def test_ort_bodies_cover_both_ops_in_their_input_order():
+    assert ORT_BODIES is ORT_LINEAR_ATTENTION_BODIES
+    for bodies in KERNELS.values():
+        for op in (GATED_DELTA_RULE_OP, GATED_DELTA_RULE_STEP_OP):
+            found = [[p.name for p in body.function_ir.inputs] for body in bodies[op.name]]
+            assert found[0] == op.input_names
+            assert all(op.body_for(inputs) is not None for inputs in found)
+
+
+# -- the linear variant on LinearAttention's "linear" rule -----------------------------------------------
+
+
+@pytest.mark.parametrize("lowering", ["function", "decomposed"])
+@pytest.mark.parametrize(("causal", "mask_kind"), [(True, "none"), (True, "prefix"), (False, "scattered")])
+def test_linear_variant_on_the_kernel(causal, mask_kind, lowering):
+    q, k, v, gen = harness.random_qkv(2, 3, 19, 19, 8, seed=19)
+    mask = harness.padding_mask(mask_kind, 2, 19, gen)
+    expected = linear_attention(q, k, v, mask, causal, 1e-6, 8)
+    (out,) = run(with_bodies(LINEAR_OP, LINEAR_ORT_BODIES), lowering, q, k, v, mask, causal, 1e-6, 8)
+    torch.testing.assert_close(out, expected, **TOLERANCE)
+
+
+@pytest.mark.parametrize("with_state", [False, True], ids=["prompt", "state"])
+def test_linear_variant_step_on_the_kernel(with_state):
+    q, k, v, gen = harness.random_qkv(2, 3, 6, 6, 8, seed=6)
+    state = (
+        (torch.rand(2, 3, 8, 8, generator=gen), torch.rand(2, 3, 8, generator=gen))
+        if with_state
+        else (None, None)
+    )
+    expected = linear_attention_step(q, k, v, *state, 1e-6, 8)
+    found = run(with_bodies(LINEAR_STEP_OP, LINEAR_ORT_BODIES), "function", q, k, v, *state, 1e-6, 8)
+    for out, want in zip(found, expected, strict=True):
+        torch.testing.assert_close(out, want, **TOLERANCE)

@@ -1,0 +1,143 @@
+"""A hybrid model (Qwen3-Next's shape): KV-cache layers between recurrent layers with a convolution carry.
+
+Each layer's state is its own declaration, so one export mixes kinds: the manifest, ``attnx generate``,
+the onnxruntime-genai layout and the Triton config derive layer by layer. The recurrent layers are
+the seeded decode plugin's sound control (a causal depthwise convolution, whose carry is a ``conv``
+state, then running linear attention with a ``recurrent`` state); the others are softmax's KV cache.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import attnx
+from attnx.exporter.directory import ExportDir
+from attnx.registry import Registry, set_registry
+from attnx.serve.triton import plan_model
+from attnx.variant import AttentionSpec
+from tests.serve.test_genai import genai_greedy
+from tests.testing import seeded_decode_plugins
+
+KINDS = ["seeded_decode_sound", "softmax", "seeded_decode_sound"]
+
+
+class Hybrid(nn.Module):
+    """A user's causal LM of attnx layers of two kinds (pre-norm residuals, learned positions)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        registry = attnx.get_registry()
+        spec = AttentionSpec(32, 2, causal=True)
+        self.embed, self.positions, self.head = nn.Embedding(40, 32), nn.Embedding(64, 32), nn.Linear(32, 40)
+        self.norms = nn.ModuleList(nn.LayerNorm(32) for _ in KINDS)
+        self.layers = nn.ModuleList(
+            registry.variant(name).load().build(registry.variant(name).make_config({}), spec)
+            for name in KINDS
+        )
+
+    def forward(self, input_ids: torch.Tensor, past_length: torch.Tensor | None = None) -> torch.Tensor:
+        start = 0 if past_length is None else past_length
+        x = self.embed(input_ids) + self.positions(torch.arange(input_ids.shape[1]) + start)
+        for norm, layer in zip(self.norms, self.layers, strict=True):
+            x = x + layer(norm(x))
+        return self.head(x)
+
+
+@pytest.fixture(scope="module")
+def hybrid(tmp_path_factory):
+    """(the module, OUT of its verified decode export)."""
+    previous = set_registry(Registry(plugins=[("seeded_decode", seeded_decode_plugins, "test")]))
+    try:
+        torch.manual_seed(4)
+        model = Hybrid().eval()
+        out = tmp_path_factory.mktemp("hybrid") / "out"
+        options = {"export.decode": True, "verify.seq_lens": [1, 6]}
+        result = attnx.export_module(model, {"input_ids": torch.randint(0, 40, (2, 9))}, out, options=options)
+        assert result.parity.passed, result.parity.to_dict()
+        statuses = {b.backend: b.status for b in result.parity.backends}
+        assert statuses == {"ort-cpu": "passed", "torch decode": "passed", "ort-cpu decode": "passed",
+                            "ort-cpu genai": "passed"}  # fmt: skip
+        yield model, out
+    finally:
+        set_registry(previous)
+
+
+def test_each_layer_declares_its_own_state(hybrid):
+    _, out = hybrid
+    section = ExportDir.open(out).manifest.decode
+    assert section.layers == ["recurrent", "kv-cache", "recurrent"]
+    assert section.summary() == "hybrid state: 1 kv-cache + 2 recurrent layers"
+    roles = {(s.layer, s.name): (s.role, s.axes) for s in section.state if s.layer is not None}
+    assert roles == {
+        (0, "conv"): ("conv", ["batch", 32, 2]),
+        (0, "recurrent"): ("recurrent", ["batch", 2, 16, 16]),
+        (1, "key"): ("key", ["batch", 2, "past_seq", 16]),
+        (1, "value"): ("value", ["batch", 2, "past_seq", 16]),
+        (2, "conv"): ("conv", ["batch", 32, 2]),
+        (2, "recurrent"): ("recurrent", ["batch", 2, 16, 16]),
+    }
+
+
+def test_generate_matches_a_greedy_loop_of_the_module_and_genai_follows(hybrid):
+    """attnx generate (ONNX Runtime, state fed back by the manifest) equals a greedy loop through the
+    module's own full forward; genai 0.18 (its own runtime) generates the same tokens."""
+    model, out = hybrid
+    prompt = [5, 1, 7, 30]
+    generated = attnx.generate(out, prompt, max_new_tokens=12).tokens
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(12):
+            ids.append(int(model(torch.tensor([ids]))[0, -1].argmax()))
+    assert generated == ids[len(prompt) :]
+    assert len(set(generated)) > 1  # a sequence whose next token depends on the state
+    tokens = genai_greedy(out, prompt, 12)
+    eos = json.loads((out / "genai_config.json").read_text())["model"]["eos_token_id"]
+    assert tokens == generated[: len(tokens)] and (len(tokens) == 12 or tokens[-1] in (eos or [0]))
+
+
+def test_genai_logits_follow_the_full_forward_with_every_state_fed_back(hybrid):
+    """genai's own logits for a forced continuation equal the module's full forward at every position:
+    it feeds back the KV cache, the recurrent state and the convolution carry."""
+    og = pytest.importorskip("onnxruntime_genai")
+    model, out = hybrid
+    ids = np.random.default_rng(5).integers(2, 40, size=(1, 11))
+    with torch.no_grad():
+        expected = model(torch.from_numpy(ids))[0].numpy()
+    config = json.loads((out / "genai_config.json").read_text())["model"]["decoder"]
+    assert {k: v for k, v in config["inputs"].items() if k.startswith("past_")} == {
+        "past_key_names": "past_key_values.%d.key",
+        "past_value_names": "past_key_values.%d.value",
+        "past_recurrent_names": "past.%d.recurrent",
+        "past_conv_names": "past.%d.conv",
+    }
+    genai = og.Model(str(out))
+    params = og.GeneratorParams(genai)
+    params.set_search_options(max_length=32)
+    generator = og.Generator(genai, params)
+    generator.append_tokens(ids[:, :3].astype(np.int32))
+    for position in range(3, 11):
+        logits = generator.get_output("logits")[0, -1]
+        np.testing.assert_allclose(logits, expected[position - 1], atol=2e-5, rtol=1e-4)
+        generator.append_tokens(ids[:, position : position + 1].astype(np.int32))
+
+
+def test_triton_carries_each_layers_state(hybrid):
+    """Sequence batching: an implicit state per declared tensor; only the KV cache's axis is variable."""
+    _, out = hybrid
+    plan = plan_model(ExportDir.open(out), "hybrid", "auto", None, 1)
+    assert plan.batching == "sequence"
+    dims = {s.input: s.dims for s in plan.states}
+    assert dims == {
+        "past_length": (1,),
+        "past.0.conv": (1, 32, 2),
+        "past.0.recurrent": (1, 2, 16, 16),
+        "past.1.key": (1, 2, -1, 16),
+        "past.1.value": (1, 2, -1, 16),
+        "past.2.conv": (1, 32, 2),
+        "past.2.recurrent": (1, 2, 16, 16),
+    }
