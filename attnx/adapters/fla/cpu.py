@@ -14,9 +14,17 @@ library, that make it run the code as compiled Triton does:
   interpreter's source rewrite (which already turns every assignment into a tensor) also converts
   each loop variable at the top of the loop body.
 
-:func:`enable` is called before ``fla`` is imported by the adapter on a machine without CUDA (and by
-the tests), so ``attnx export --from fla:DIR`` checks parity against the library's own kernels there.
-It is slow (seconds per layer call at a few hundred tokens), and it is the library's code.
+Where it is switched on (only where the library's forward must run on a CPU, never at import):
+
+* ``attnx export --from fla:DIR`` on a machine without CUDA: the loader calls :func:`enable` before it
+  imports the library, so the export checks parity against the library's own kernels there;
+* converting one of the library's modules (``attnx export --module``, ``attnx.export_module``) calls it
+  too; the user's code imported ``fla`` already, so it only pins the interpreter if that process runs
+  it (``TRITON_INTERPRET=1`` set before ``import fla``, as the tests' conftest does).
+
+``TRITON_INTERPRET`` then stays set for the rest of that process: Triton reads it at every kernel
+launch, not only when a kernel is decorated. Exporting anything else never imports the library nor
+sets it. It is slow (seconds per layer call at a few hundred tokens), and it is the library's code.
 """
 
 from __future__ import annotations

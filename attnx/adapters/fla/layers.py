@@ -7,10 +7,10 @@ delta-rule op (``attnx::gated_delta_rule``, GATED_API):
 
 Each class reads the options of one library layer (``fla.layers``, 0.6) and refuses, by name, those
 it does not reproduce. The library's layout is (batch, seq, heads, dim); the op's is
-(batch, heads, seq, dim). Every layer is an :class:`attnx.state.SteppingAttention`: its state is
-``recurrent`` (batch, value heads, key dim, value dim; float32) and, with short convolutions,
-``conv`` (batch, channels, kernel - 1) over the concatenated q, k, v projections (RWKV-6: its
-token shift, one previous input).
+(batch, heads, seq, dim). Every layer decodes (:class:`attnx.state.DecodableLayer`, stepping through
+the model's own forward by :class:`attnx.attention.Stepping`): its state is ``recurrent`` (batch, value
+heads, key dim, value dim; float32) and, with short convolutions, ``conv`` (batch, channels, kernel - 1)
+over the concatenated q, k, v projections (RWKV-6: its token shift, one previous input).
 """
 
 from __future__ import annotations
@@ -22,15 +22,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from attnx.adapters.fla import parts
+from attnx.attention import Stepping
 from attnx.errors import AttnxError
-from attnx.plugins._gated_core import gated_delta_rule, gated_delta_rule_step
-from attnx.state import StateTensor, Step
-
-CHUNK = 64  # the op's chunk size (the library's kernels use 64 too)
+from attnx.plugins._gated_core import default_chunk_size, gated_delta_rule, gated_delta_rule_step
+from attnx.state import StateTensor, conv_state
 
 
-class GatedLayer(nn.Module):
-    """What every converted layer shares: the library's call convention, stepping and the rule.
+class GatedLayer(Stepping, nn.Module):
+    """What every converted layer shares: the library's call convention, its decode step and the rule.
 
     Subclasses set ``heads`` (value heads), ``d_key``, ``d_value`` (the recurrent state's per-head
     sizes), ``conv`` (a :class:`parts.ShortConv` or None) and implement :meth:`run`.
@@ -45,7 +44,6 @@ class GatedLayer(nn.Module):
         self.conv: parts.ShortConv | None = None
         self.kind = type(layer).__name__
         self.layer_idx = getattr(layer, "layer_idx", None)
-        self.stepping: Step | None = None
 
     def forward(
         self,
@@ -57,12 +55,14 @@ class GatedLayer(nn.Module):
         **kwargs: Any,
     ) -> tuple[torch.Tensor, None, Any]:
         refuse_call(self.kind, attention_mask, past_key_values, use_cache, kwargs)
-        step = self.stepping
-        if step is None:
-            out, _ = self.run(hidden_states, None, None)
-        else:
-            out, step.present = self.run(hidden_states, step.past, step.position)
+        out = self.run(hidden_states, None, None)[0] if self.stepping is None else self.stepped(hidden_states)
         return out, None, past_key_values
+
+    def step(
+        self, x: torch.Tensor, state: tuple[torch.Tensor, ...] | None, position: torch.Tensor
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        """The layer on new tokens x after ``state`` (None: none) at ``position``; the state after them."""
+        return self.run(x, state, position)
 
     def run(
         self, x: torch.Tensor, past: tuple[torch.Tensor, ...] | None, position: torch.Tensor | None
@@ -80,8 +80,7 @@ class GatedLayer(nn.Module):
         shape = ("batch", self.heads, self.d_key, self.d_value)
         state = [StateTensor("recurrent", shape, "float32", doc="S (key dim x value dim)")]
         if self.conv is not None:
-            axes = ("batch", self.conv.channels, self.conv.kernel - 1)
-            state.append(StateTensor("conv", axes, doc="last inputs of the short convolutions"))
+            state.append(conv_state(self.conv.channels, self.conv.kernel))
         return state
 
     def convolve(
@@ -108,9 +107,10 @@ class GatedLayer(nn.Module):
         """The op on (batch, n, heads, dim) tensors (beta (batch, n, heads)): the output in that layout
         and (the state after the tokens,) when stepping, () otherwise."""
         args = [t.transpose(1, 2) for t in (q, k, v, g, beta)]
+        chunk = default_chunk_size(delta, g.shape[-1] > 1)
         if position is None:
-            return gated_delta_rule(*args, delta, scale, CHUNK).transpose(1, 2), ()
-        out, state = gated_delta_rule_step(*args, past[0] if past is not None else None, delta, scale, CHUNK)
+            return gated_delta_rule(*args, delta, scale, chunk).transpose(1, 2), ()
+        out, state = gated_delta_rule_step(*args, past[0] if past is not None else None, delta, scale, chunk)
         return out.transpose(1, 2), (state,)
 
 
@@ -437,10 +437,7 @@ class RWKV6Attention(GatedLayer):
         self.heads, self.d_key, self.d_value = self.n_heads, self.head_k, self.head_v
 
     def decode_state(self) -> list[StateTensor]:
-        return [
-            *super().decode_state(),
-            StateTensor("conv", ("batch", self.hidden, 1), doc="the token shift's previous input"),
-        ]
+        return [*super().decode_state(), token_shift_state(self.hidden)]
 
     def run(self, x, past, position):
         b, n, d = x.shape
@@ -466,6 +463,11 @@ class RWKV6Attention(GatedLayer):
         return self.o_proj(o * self.gate_fn(g)), state
 
 
+def token_shift_state(hidden: int) -> StateTensor:
+    """RWKV's token shift carries one previous input: a kernel-2 convolution's carry (role ``conv``)."""
+    return StateTensor("conv", ("batch", hidden, 1), doc="the token shift's previous input", role="conv")
+
+
 def shift(x: torch.Tensor, last: torch.Tensor | None) -> torch.Tensor:
     """RWKV's token shift: the previous input at each position ((batch, hidden, 1) ``last`` before the
     first; zeros without)."""
@@ -483,7 +485,7 @@ LAYERS = {
 }
 
 
-class RWKV6FeedForward(nn.Module):
+class RWKV6FeedForward(Stepping, nn.Module):
     """``fla.models.rwkv6.RWKV6FeedForward``: sigmoid(receptance(x, dx)) * value(act(key(x, dx))) with
     the token shift dx; while stepping it carries its last input (``conv``, (batch, hidden, 1))."""
 
@@ -492,7 +494,6 @@ class RWKV6FeedForward(nn.Module):
         self.key, self.value, self.receptance = ffn.key, ffn.value, ffn.receptance
         self.act = parts.activation(_name_of(ffn.act_fn), "flash-linear-attention RWKV6FeedForward")
         self.hidden = ffn.hidden_size
-        self.stepping: Step | None = None
 
     def forward(
         self,
@@ -503,12 +504,19 @@ class RWKV6FeedForward(nn.Module):
         **kw: Any,
     ) -> tuple[torch.Tensor, Any]:
         refuse_call("RWKV6FeedForward", attention_mask, state, False, {"cu_seqlens": cu_seqlens})
-        step = self.stepping
-        delta = shift(x, step.past[0] if step is not None and step.past is not None else None) - x
-        if step is not None:
-            step.present = (x[:, -1:].transpose(1, 2),)
+        return (self.run(x, None) if self.stepping is None else self.stepped(x)), state
+
+    def run(self, x: torch.Tensor, last: torch.Tensor | None) -> torch.Tensor:
+        """The feed-forward on x after the input ``last`` ((batch, hidden, 1); None: zeros)."""
+        delta = shift(x, last) - x
         value = self.value(self.act(self.key(x, delta)))
-        return self.receptance(x, delta).sigmoid() * value, state
+        return self.receptance(x, delta).sigmoid() * value
+
+    def step(
+        self, x: torch.Tensor, state: tuple[torch.Tensor, ...] | None, position: torch.Tensor
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        """The feed-forward on new tokens x after ``state`` (its last input); the state is x's last token."""
+        return self.run(x, state[0] if state is not None else None), (x[:, -1:].transpose(1, 2),)
 
     def decode_state(self) -> list[StateTensor]:
-        return [StateTensor("conv", ("batch", self.hidden, 1), doc="the token shift's previous input")]
+        return [token_shift_state(self.hidden)]

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from attnx.adapters.fla import cpu
 from attnx.errors import AttnxError, first_line
 
 # model_type -> the layer the library's causal LM of that type is built of (checked by the walk).
@@ -56,6 +57,7 @@ def load(path: Path) -> tuple[Any, dict[str, Any], None, list[str]]:
         AttnxError: see :func:`read_config`; weights that do not match the config.
     """
     raw = read_config(path)
+    cpu.enable()  # before the library is imported: without CUDA its kernels run in Triton's interpreter
     import fla.models  # noqa: F401  (registers the library's models with the Auto classes)
     import transformers
 
