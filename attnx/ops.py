@@ -187,6 +187,9 @@ class AttentionOp:
         targets: bodies for lowering targets' runtime kernels, by target name (``{"ort":
             TargetBodies(...)}``): ``attnx export --target ort`` lowers the op with them. A node whose
             inputs none of them takes is refused then, as a missing portable body is.
+        preconditions: what a call's arguments (name -> value, tensors and attributes) must satisfy beyond
+            their shapes, e.g. a log-decay <= 0: returns one line naming what is outside the op's domain,
+            or None. The conformance kit's ``capabilities`` check applies it to every call a layer makes.
     """
 
     name: str
@@ -199,6 +202,7 @@ class AttentionOp:
     output_types: Mapping[str, str] = dataclasses.field(default_factory=dict)
     kernel: str | None = None
     targets: Mapping[str, TargetBodies] = dataclasses.field(default_factory=dict)
+    preconditions: Callable[[Mapping[str, Any]], str | None] | None = None
 
     @functools.cached_property
     def overload(self) -> torch._ops.OpOverload:

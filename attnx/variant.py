@@ -82,12 +82,18 @@ CostModel = Callable[[Shape, Any], AttentionCost]
 
 @dataclasses.dataclass(frozen=True)
 class AttentionSpec:
-    """What a model asks of an attention layer."""
+    """What a model asks of an attention layer.
+
+    ``layer`` / ``n_layers``: where the layer sits in its stack (0-based) and how many layers the stack
+    has, for variants whose fixed parameters depend on depth (MiniMax-01's decay slopes).
+    """
 
     d_model: int
     n_heads: int
     causal: bool = False
     cross: bool = False
+    layer: int = 0
+    n_layers: int = 1
 
     @property
     def head_dim(self) -> int:

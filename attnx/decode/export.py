@@ -14,7 +14,6 @@ import dataclasses
 from pathlib import Path
 
 import numpy as np
-import onnx
 import torch
 from torch import nn
 
@@ -24,7 +23,7 @@ from attnx.errors import AttnxError
 from attnx.exporter.assemble import Assembly
 from attnx.exporter.export import ExportJob, ExtraGraphs, attnx_ops, every_op, save_onnx, to_onnx
 from attnx.exporter.inputs import random_feed
-from attnx.exporter.lowering import lower
+from attnx.exporter.lowering import check, lower
 from attnx.exporter.module import ModuleAssembly
 from attnx.models.spec import TensorSpec
 from attnx.ops import AttentionOp
@@ -111,7 +110,7 @@ class DecodeGraphs:
             proto = to_onnx(graph, settings.opset, graph.inputs, graph.outputs)
             used += [op for op in attnx_ops(proto) if op not in used]
             proto = lower(proto, ops, settings.lowering, settings.target)
-            onnx.checker.check_model(proto, full_check=True)
+            check(proto)
             save_onnx(proto, directory / name)
             files[key] = name
         return ExtraGraphs(files, used, layout.describe())

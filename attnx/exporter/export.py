@@ -205,7 +205,7 @@ def write(
         check_target(settings.target, settings.lowering, every_op(assembly))
     proto = lowering_mod.lower(proto, assembly.ops, settings.lowering, settings.target)
     if settings.lowering != "plugin":
-        onnx.checker.check_model(proto, full_check=True)
+        lowering_mod.check(proto)
     save_onnx(proto, directory / MODEL_FILE)
     save_model(assembly.module, str(directory / WEIGHTS_FILE))
     files = {"model": MODEL_FILE, "weights": WEIGHTS_FILE}

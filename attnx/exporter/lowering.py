@@ -29,7 +29,7 @@ from onnx import helper
 from attnx.domains import DOMAIN, LIBRARY_DOMAIN, PLUGIN_NAMESPACE, PLUGIN_VERSION, Lowering
 from attnx.errors import AttnxError
 from attnx.exporter.opsets import model_opset, state_ir_version
-from attnx.targets import PORTABLE
+from attnx.targets import PORTABLE, TARGETS
 
 if TYPE_CHECKING:
     import onnxscript
@@ -55,6 +55,17 @@ def lower(
         _drop_opsets(model, {DOMAIN, LIBRARY_DOMAIN})
         _import_opsets(model, {d: v for d, v in imports.items() if d not in (DOMAIN, LIBRARY_DOMAIN)})
     return state_ir_version(model)
+
+
+def check(model: onnx.ModelProto) -> None:
+    """onnx's checker on a lowered model, with shape inference (``full_check``) unless the model or its
+    functions import a lowering target's kernel domain (e.g. com.microsoft): onnx has no schemas for those
+    kernels, so it cannot type their outputs and its inference would reject graphs the runtime runs."""
+    imported = {o.domain for o in model.opset_import} | {
+        o.domain for f in model.functions for o in f.opset_import
+    }
+    kernels = {domain for target in TARGETS.values() for domain in target.domains}
+    onnx.checker.check_model(model, full_check=not imported & kernels)
 
 
 def _mark_plugins(model: onnx.ModelProto) -> onnx.ModelProto:

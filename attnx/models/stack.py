@@ -8,6 +8,7 @@ layer 0 when ``share_layers`` is set (so the state dict and the ONNX graph hold 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import torch
@@ -69,11 +70,15 @@ class Stack(nn.Module):
         self_spec = AttentionSpec(config.d_model, config.n_heads, causal=causal)
         cross_spec = AttentionSpec(config.d_model, config.n_heads, cross=True)
         owners = 1 if config.share_layers else n_layers
+
+        def at(spec: AttentionSpec, i: int) -> AttentionSpec:
+            return dataclasses.replace(spec, layer=i, n_layers=n_layers)
+
         self.blocks = nn.ModuleList(
             Block(
                 config,
-                attention(self_spec, "self") if i < owners else None,
-                attention(cross_spec, "cross") if cross and i < owners else None,
+                attention(at(self_spec, i), "self") if i < owners else None,
+                attention(at(cross_spec, i), "cross") if cross and i < owners else None,
                 cross=cross,
             )
             for i in range(n_layers)

@@ -24,9 +24,10 @@ from __future__ import annotations
 
 import torch
 
-from attnx.ops import AttentionOp, trainable_op
+from attnx.ops import AttentionOp, TargetBodies, trainable_op
+from attnx.plugins._gated_config import MAX_CHUNK_SIZE, default_chunk_size
 from attnx.plugins._gated_onnx import GatedDeltaRule, GatedDeltaRuleStep, GatedDeltaRuleStepFirst
-from attnx.plugins._gated_ort import ORT_BODIES
+from attnx.plugins._gated_ort import ORT_BODIES, ORT_SINCE
 from attnx.plugins._gated_torch import gated_chunks
 
 # The state is float32 whatever the activations; the output is named apart from the input (one-node models
@@ -46,16 +47,6 @@ __all__ = [
 ]
 
 
-# Chunk sizes measured fastest for the portable body in ONNX Runtime (docs/variants/gated.md), by
-# (delta, per-key decay); a variant's config defaults to these.
-DEFAULT_CHUNK_SIZES = {(False, False): 64, (False, True): 16, (True, False): 32, (True, True): 16}
-
-
-def default_chunk_size(delta: bool, per_key: bool) -> int:
-    """The default ``chunk_size`` for the delta (or additive) rule with a per-key (or scalar) decay."""
-    return DEFAULT_CHUNK_SIZES[(delta, per_key)]
-
-
 def check_shapes(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor
 ) -> None:
@@ -73,11 +64,6 @@ def check_shapes(
         problems.append(f"beta {tuple(beta.shape)} must be ({batch}, {hv}, {n})")
     if problems:
         raise ValueError("gated_delta_rule: " + "; ".join(problems))
-
-
-# The ONNX bodies' inverse takes ceil(log2 C) - 1 squarings from a table of powers up to 2^14, exact for
-# chunks of up to 2^15 tokens (a chunk that long would cost far more than it saves anyway).
-MAX_CHUNK_SIZE = 32768
 
 
 def _check_chunk_size(chunk_size: int) -> None:
@@ -164,6 +150,13 @@ def _output_shape(shapes):
     return tuple(shapes["v"])
 
 
+def _preconditions(arguments) -> str | None:
+    """g is a log-decay: a positive value grows the state (exp(g) > 1) instead of forgetting."""
+    g = arguments["g"]
+    largest = float(g.max()) if g.numel() else 0.0
+    return None if largest <= 0 else f"g (the log-decay) must be <= 0; its largest value is {largest:.3g}"
+
+
 GATED_DELTA_RULE_OP = AttentionOp(
     name="GatedDeltaRule",
     torch_op=gated_delta_rule,
@@ -172,6 +165,9 @@ GATED_DELTA_RULE_OP = AttentionOp(
     "u_t = beta_t (v_t - (diag(exp(g_t)) S_{t-1})^T k_t) (delta) or beta_t v_t, o_t = scale S_t^T q_t; "
     "q, k (b, hk, n, dk), v (b, hv, n, dv), g (b, hv, n, 1 or dk), beta (b, hv, n).",
     output_shape=_output_shape,
+    kernel="attnx.plugins._gated_triton:GATED_KERNEL",
+    targets={"ort": TargetBodies(ORT_BODIES["GatedDeltaRule"], since=ORT_SINCE)},
+    preconditions=_preconditions,
 )
 
 GATED_DELTA_RULE_STEP_OP = AttentionOp(
@@ -184,4 +180,6 @@ GATED_DELTA_RULE_STEP_OP = AttentionOp(
     output_names=("output", "new_state"),
     output_types=STATE_OUTPUT_TYPE,
     output_shape=_output_shape,
+    targets={"ort": TargetBodies(ORT_BODIES["GatedDeltaRuleStep"], since=ORT_SINCE)},
+    preconditions=_preconditions,
 )

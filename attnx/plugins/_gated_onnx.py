@@ -39,7 +39,7 @@ _NEG_INF = onnxscript.ir.tensor([float("-inf")], dtype=onnxscript.ir.DataType.FL
 @onnxscript.script(LIBRARY, default_opset=op)
 def GatedChunkLength(n: INT64, chunk_size: INT64, per_key: BOOL) -> tuple[INT64, INT64]:
     """(C, s): tokens per chunk and the per-key block length (1 for a scalar decay), int64 (1,), as
-    ``attnx.plugins._gated_torch.chunk_plan`` chooses them."""
+    ``attnx.plugins._gated_config.chunk_plan`` chooses them."""
     one = op.Constant(value_ints=[1])
     length = op.Min(chunk_size, op.Max(n, one))
     powers = op.Constant(value_ints=[1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384])

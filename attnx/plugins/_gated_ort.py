@@ -26,6 +26,9 @@ from onnxscript import opset18 as op
 from attnx.ops import LIBRARY, OPSET, AttnxWiden
 
 MICROSOFT = onnxscript.values.Opset("com.microsoft", 1)
+# The ONNX Runtime release whose LinearAttention / GatedDeltaNet kernels these bodies (and the linear
+# variant's) were checked against: the ops' TargetBodies(since=...), named when an older one lacks them.
+ORT_SINCE = "1.32"
 
 
 # ---------------------------------------------------------------- the kernels, one update rule each

@@ -29,21 +29,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-
-def block_size(chunk_size: int) -> int:
-    """The block length s of a per-key-decay chunk: the largest power of two with s * s <= chunk_size."""
-    size = 1
-    while (2 * size) ** 2 <= chunk_size:
-        size *= 2
-    return size
-
-
-def chunk_plan(n: int, chunk_size: int, per_key: bool) -> tuple[int, int]:
-    """(C, s) for n tokens: C = min(chunk_size, n) tokens per chunk (a decoded token is one chunk of 1) and,
-    for a per-key decay, blocks of s = :func:`block_size` (C) tokens, C rounded up to a multiple of s."""
-    length = min(chunk_size, max(n, 1))
-    size = block_size(length) if per_key else 1
-    return -(-length // size) * size, size
+from attnx.plugins._gated_config import chunk_plan
 
 
 def gated_chunks(

@@ -20,6 +20,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from attnx.exporter.export import save_onnx
+from attnx.exporter.lowering import check
 
 PREFIX = "serve/"  # names of the adapter's own values
 
@@ -95,7 +96,7 @@ class Layout:
             producer_name=self.proto.producer_name,
             producer_version=self.proto.producer_version,
         )
-        onnx.checker.check_model(model, full_check=True)
+        check(model)
         return model
 
 

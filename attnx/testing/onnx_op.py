@@ -19,7 +19,7 @@ import torch
 from onnx import helper
 
 from attnx.domains import DOMAIN
-from attnx.exporter.lowering import lower
+from attnx.exporter.lowering import check, lower
 from attnx.exporter.opsets import DEFAULT_OPSET, IR_VERSIONS
 from attnx.ops import AttentionOp
 from attnx.targets import PORTABLE
@@ -103,7 +103,7 @@ class OpSession:
 
             model, self.options = kernel_view(model, [op]), session_options()
         else:
-            onnx.checker.check_model(model, full_check=True)
+            check(model)
         self.model = model
         self.input_names = [value.name for value in model.graph.input]
         self.session: Any = None

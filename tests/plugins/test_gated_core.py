@@ -14,6 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from attnx.plugins._gated_config import block_size, chunk_plan
 from attnx.plugins._gated_core import (
     MAX_CHUNK_SIZE,
     default_chunk_size,
@@ -21,7 +22,6 @@ from attnx.plugins._gated_core import (
     gated_delta_rule_step,
     naive_gated_delta_rule,
 )
-from attnx.plugins._gated_torch import block_size, chunk_plan
 from tests.helpers import assert_unchanged
 from tests.plugins.gated_cases import SCALE, Shape, boundary_lengths, draw
 

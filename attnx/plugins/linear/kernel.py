@@ -9,7 +9,8 @@ from onnxscript import BOOL, FLOAT
 from onnxscript import opset18 as op
 
 from attnx.attention import MultiHeadAttention
-from attnx.ops import LIBRARY, OPSET, AttentionOp, AttnxWiden, VariantImpl, at_least_float32, trainable_op
+from attnx.ops import OPSET, AttentionOp, TargetBodies, VariantImpl, at_least_float32, trainable_op
+from attnx.plugins._gated_ort import ORT_SINCE
 from attnx.plugins._linear_core import (
     STATE_TYPES,
     STEP_OUTPUT_NAMES,
@@ -23,6 +24,8 @@ from attnx.plugins._linear_core import (
     step_fake,
 )
 from attnx.plugins.linear.config import LinearConfig
+from attnx.plugins.linear.features import LinearEluFeatures
+from attnx.plugins.linear.ort import LINEAR_ORT_BODIES
 from attnx.state import StateTensor, recurrent_state
 from attnx.variant import AttentionSpec
 
@@ -75,13 +78,6 @@ def _(q, k, v, kv_sum, k_sum, eps, chunk_size):
     return step_fake(q, v, q.shape[-1])
 
 
-@onnxscript.script(LIBRARY, default_opset=op)
-def LinearEluFeatures(x: FLOAT) -> FLOAT:
-    """elu(x) + 1 in float32, as relu(x) + exp(min(x, 0)): the same map, without ONNX Runtime's slow Elu."""
-    wide = AttnxWiden(x)
-    return op.Add(op.Relu(wide), op.Exp(op.Min(wide, op.CastLike(op.Constant(value_float=0.0), wide))))
-
-
 @onnxscript.script(OPSET, default_opset=op)
 def LinearAttention(
     q: FLOAT, k: FLOAT, v: FLOAT, key_padding_mask: BOOL, causal: int, eps: float, chunk_size: int
@@ -129,6 +125,7 @@ LINEAR_STEP_OP = AttentionOp(
     input_types=STATE_TYPES,
     output_names=STEP_OUTPUT_NAMES,
     output_types=STATE_TYPES,
+    targets={"ort": TargetBodies(LINEAR_ORT_BODIES["LinearAttentionStep"], since=ORT_SINCE)},
 )
 
 LINEAR_OP = AttentionOp(
@@ -138,6 +135,7 @@ LINEAR_OP = AttentionOp(
     input_types={"key_padding_mask": "tensor(bool)"},
     doc="elu+1 linear attention per head; q,k,v (batch, heads, seq, dim); causal is bottom-right aligned.",
     kernel="attnx.plugins.linear.triton_kernel:LINEAR_KERNEL",
+    targets={"ort": TargetBodies(LINEAR_ORT_BODIES["LinearAttention"], since=ORT_SINCE)},
 )
 
 

@@ -27,7 +27,7 @@ from attnx.plugins._linear_core import (
     LinearCoreSplitLast,
     LinearCoreValues,
 )
-from attnx.plugins.linear.kernel import LinearEluFeatures
+from attnx.plugins.linear.features import LinearEluFeatures
 
 
 @onnxscript.script(LIBRARY, default_opset=op)

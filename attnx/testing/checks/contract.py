@@ -128,6 +128,9 @@ def check_capabilities(subject: Subject) -> list[str]:
                 )
             else:
                 called.add(call.op.name)
+                outside = call.op.preconditions and call.op.preconditions(call.bound())
+                if outside:
+                    problems.append(f"the {label} layer calls {call.name} outside its domain: {outside}")
         if fw.mask is not None:
             problems += _padding_leaks(subject, fw)
     problems += [
