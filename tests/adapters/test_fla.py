@@ -11,6 +11,10 @@ cross the library's chunk of 64.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -142,6 +146,62 @@ def test_the_library_runs_in_the_interpreter_here():
     if torch.cuda.is_available():
         pytest.skip("CUDA is available: the library's kernels run compiled (tests/gpu)")
     assert cpu.enable()
+
+
+def test_the_interpreter_changes_touch_only_the_librarys_kernels():
+    """The autotuner is pinned to one configuration for the library's kernels only."""
+    import triton
+    import triton.language as tl
+    from fla.ops.common.fused_recurrent import fused_recurrent_fwd_kernel
+    from triton.runtime.autotuner import Autotuner
+
+    cpu.enable()
+
+    def kernel(x, BLOCK: tl.constexpr):  # not the library's: keeps every configuration
+        pass
+
+    configs = [triton.Config({"BLOCK": b}) for b in (16, 32)]
+    ours = Autotuner(triton.jit(kernel), ["x"], configs, [], None, None)
+    assert len(ours.prune_configs({})) == 2
+    assert cpu.from_library(fused_recurrent_fwd_kernel) and not cpu.from_library(ours)
+    autotuner = fused_recurrent_fwd_kernel.fn  # under the library's triton.heuristics
+    assert len(autotuner.configs) == 2 and len(autotuner.prune_configs({})) == 1
+
+
+def test_the_switch_is_restored(monkeypatch):
+    monkeypatch.delenv(cpu.ENV, raising=False)
+    with cpu.interpreter_switched_on():
+        assert os.environ[cpu.ENV] == "1"
+    assert cpu.ENV not in os.environ
+    monkeypatch.setenv(cpu.ENV, "0")
+    with cpu.interpreter_switched_on():
+        pass
+    assert os.environ[cpu.ENV] == "0"
+
+
+@pytest.mark.slow
+def test_loading_the_library_leaves_triton_as_it_was(tmp_path):
+    """In a fresh process without TRITON_INTERPRET (as `attnx export --from fla:DIR` runs): the library's
+    kernels run in the interpreter, the variable is unset again afterwards and a kernel decorated later
+    is compiled Triton's."""
+    script = tmp_path / "probe.py"
+    script.write_text(
+        "import os, torch\n"
+        "from attnx.adapters.fla import cpu\n"
+        "cpu.import_library()\n"
+        "import fla.layers, triton\n"
+        "layer = fla.layers.GatedLinearAttention(hidden_size=32, num_heads=2).eval()\n"
+        "with torch.no_grad():\n"
+        "    layer(torch.randn(1, 5, 32))\n"
+        "@triton.jit\n"
+        "def later(x):\n"
+        "    pass\n"
+        "print(os.environ.get('TRITON_INTERPRET'), type(later).__name__, cpu.interpreted())\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != cpu.ENV}
+    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["None", "JITFunction", "True"]
 
 
 # The default run: each configuration once, alternately across the chunk (65 tokens: the chunk kernels)

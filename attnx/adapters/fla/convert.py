@@ -91,7 +91,7 @@ def convert(module: nn.Module) -> nn.Module | None:
     """
     if not from_library(module):
         return None
-    cpu.enable()  # the library's forward (the parity reference) in Triton's interpreter without CUDA
+    cpu.enable()  # the library's forward (the parity reference) runs in Triton's interpreter without CUDA
     refuse_model_options(module)
     lib, kind = library(), type(module)
     if isinstance(module, lib.layers):

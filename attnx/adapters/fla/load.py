@@ -57,8 +57,7 @@ def load(path: Path) -> tuple[Any, dict[str, Any], None, list[str]]:
         AttnxError: see :func:`read_config`; weights that do not match the config.
     """
     raw = read_config(path)
-    cpu.enable()  # before the library is imported: without CUDA its kernels run in Triton's interpreter
-    import fla.models  # noqa: F401  (registers the library's models with the Auto classes)
+    cpu.import_library()  # registers its models with the Auto classes; without CUDA, kernels interpreted
     import transformers
 
     transformers.logging.set_verbosity_error()
