@@ -204,9 +204,16 @@ def test_loading_the_library_leaves_triton_as_it_was(tmp_path):
     assert done.stdout.split() == ["None", "JITFunction", "True"]
 
 
-# The default run: each configuration once, alternately across the chunk (65 tokens: the chunk kernels)
-# and below it (9: the fused_recurrent kernels); the slow set runs the other lengths.
-CASES = [(name, 65 if i % 2 == 0 else 9) for i, name in enumerate(LAYERS)]
+# The default run: one configuration per layer type, across the chunk (65 tokens: the chunk kernels) or
+# below it (9: the fused_recurrent kernels); the slow set runs the other configurations and lengths.
+CASES = [
+    ("linear-hadamard", 65),
+    ("gla-conv", 9),
+    ("deltanet", 9),
+    ("gated-deltanet", 65),
+    ("retnet", 65),
+    ("rwkv6", 65),
+]
 SLOW_CASES = [(name, n) for name in LAYERS for n in (1, 9, 64, 65, 130) if (name, n) not in CASES]
 
 

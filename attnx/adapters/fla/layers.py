@@ -472,7 +472,9 @@ def shift(x: torch.Tensor, last: torch.Tensor | None) -> torch.Tensor:
     """RWKV's token shift: the previous input at each position ((batch, hidden, 1) ``last`` before the
     first; zeros without)."""
     first = x.new_zeros(x.shape[0], 1, x.shape[2]) if last is None else last.transpose(1, 2).to(x.dtype)
-    return torch.cat([first, x[:, :-1]], dim=1)
+    # slicing after the concatenation keeps every size a multiple of the sequence length: x[:, :-1]
+    # (n - 1 tokens) would make torch.export guard on n - 1 != 1 and refuse a dynamic length
+    return torch.cat([first, x], dim=1)[:, :-1]
 
 
 LAYERS = {
