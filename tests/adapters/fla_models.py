@@ -59,8 +59,12 @@ def digits() -> torch.Tensor:
 
 def build(model_type: str) -> torch.nn.Module:
     """A randomly initialised tiny causal LM of ``model_type`` (seeded)."""
-    import fla.models
     import transformers
+
+    from attnx.adapters.fla.cpu import import_library
+
+    import_library()
+    import fla.models
 
     name, options = MODELS[model_type]
     config = getattr(fla.models, name)(**TINY, **options)
