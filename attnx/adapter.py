@@ -31,6 +31,8 @@ class Adapter:
             whether it is installed.
         impl: "module:attribute" of the :class:`AdapterImpl`, imported on first use.
         sources: the schemes of ``attnx export --from SCHEME:PATH`` it loads (e.g. ``("hf",)``).
+        extra: attnx's optional-dependency group that installs :attr:`library` (e.g. "fla"), named by
+            the error for a missing library; None: name the library.
     """
 
     name: str
@@ -38,6 +40,11 @@ class Adapter:
     library: str
     impl: str
     sources: tuple[str, ...] = ()
+    extra: str | None = None
+
+    def install_hint(self) -> str:
+        """e.g. "pip install 'attnx[fla]'" or "pip install transformers"."""
+        return f"pip install 'attnx[{self.extra}]'" if self.extra else f"pip install {self.library}"
 
     def load(self) -> AdapterImpl:
         """Import and return the heavy half."""

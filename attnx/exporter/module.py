@@ -156,7 +156,10 @@ def from_source(source: str, registry: Registry | None = None) -> ModuleSource:
         raise AttnxError(f"--from takes SCHEME:PATH with a scheme an adapter loads ({known}), not '{source}'")
     adapter = schemes[scheme]
     if adapter.library_version() is None:
-        raise AttnxError(f"--from {scheme}: needs {adapter.library}; install it (adapter {adapter.name})")
+        raise AttnxError(
+            f"--from {scheme}: needs {adapter.library}; install it: {adapter.install_hint()} "
+            f"(adapter {adapter.name})"
+        )
     load = adapter.load().load
     if load is None:
         raise AttnxError(f"adapter {adapter.name} declares source '{scheme}' but loads nothing")

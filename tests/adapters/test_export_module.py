@@ -117,7 +117,7 @@ def test_from_loads_a_saved_library_model_through_its_adapter(tmp_path, toy_regi
     assert code == 0, stderr
     assert "through adapter toy" in stdout and "parity: PASSED" in stdout
     assert json.loads((out / "attnx.json").read_text())["module"]["entry"] == f"toy:{saved}"
-    cases = [("nope:x", "(hf:DIR, toy:DIR)"), (f"toy:{tmp_path / 'none'}", "has no weights.pt")]
+    cases = [("nope:x", "hf:DIR, toy:DIR)"), (f"toy:{tmp_path / 'none'}", "has no weights.pt")]
     for source, fragment in cases:
         code, _, stderr = run_cli(["export", "--from", source, "-o", str(tmp_path / "o2")])
         assert_one_line_error(code, stderr, fragment)

@@ -1,0 +1,524 @@
+"""flash-linear-attention's layers as attnx layers: the library's projections and parameters, its
+gates and norms in torch (:mod:`attnx.adapters.fla.parts`), and the recurrence on attnx's gated /
+delta-rule op (``attnx::gated_delta_rule``, GATED_API):
+
+    S_t = diag(exp(g_t)) S_{t-1} + k_t u_t^T,  u_t = beta_t (v_t - (D_t S_{t-1})^T k_t) (delta) or beta_t v_t,
+    o_t = scale * S_t^T q_t.
+
+Each class reads the options of one library layer (``fla.layers``, 0.6) and refuses, by name, those
+it does not reproduce. The library's layout is (batch, seq, heads, dim); the op's is
+(batch, heads, seq, dim). Every layer decodes (:class:`attnx.state.DecodableLayer`, stepping through
+the model's own forward by :class:`attnx.attention.Stepping`): its state is ``recurrent`` (batch, value
+heads, key dim, value dim; float32) and, with short convolutions, ``conv`` (batch, channels, kernel - 1)
+over the concatenated q, k, v projections (RWKV-6: its token shift, one previous input).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from attnx.adapters.fla import parts
+from attnx.attention import Stepping
+from attnx.errors import AttnxError
+from attnx.plugins._gated_core import default_chunk_size, gated_delta_rule, gated_delta_rule_step
+from attnx.state import StateTensor, conv_state
+
+
+class GatedLayer(Stepping, nn.Module):
+    """What every converted layer shares: the library's call convention, its decode step and the rule.
+
+    Subclasses set ``heads`` (value heads), ``d_key``, ``d_value`` (the recurrent state's per-head
+    sizes), ``conv`` (a :class:`parts.ShortConv` or None) and implement :meth:`run`.
+    """
+
+    heads: int
+    d_key: int
+    d_value: int
+
+    def __init__(self, layer: nn.Module) -> None:
+        super().__init__()
+        self.conv: parts.ShortConv | None = None
+        self.kind = type(layer).__name__
+        self.layer_idx = getattr(layer, "layer_idx", None)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        past_key_values: Any = None,
+        use_cache: bool | None = False,
+        output_attentions: bool | None = False,
+        **kwargs: Any,
+    ) -> tuple[torch.Tensor, None, Any]:
+        refuse_call(self.kind, attention_mask, past_key_values, use_cache, kwargs)
+        out = self.run(hidden_states, None, None)[0] if self.stepping is None else self.stepped(hidden_states)
+        return out, None, past_key_values
+
+    def step(
+        self, x: torch.Tensor, state: tuple[torch.Tensor, ...] | None, position: torch.Tensor
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        """The layer on new tokens x after ``state`` (None: none) at ``position``; the state after them."""
+        return self.run(x, state, position)
+
+    def run(
+        self, x: torch.Tensor, past: tuple[torch.Tensor, ...] | None, position: torch.Tensor | None
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        """The layer on x (batch, n, hidden) after ``past`` (None: nothing before) at ``position``
+        (None: a full forward, no state kept); returns the output and the state after x."""
+        raise NotImplementedError
+
+    def take(self, layer: nn.Module, *names: str) -> None:
+        """Hold the library layer's own submodules and parameters under the same names."""
+        for name in names:
+            setattr(self, name, getattr(layer, name))
+
+    def decode_state(self) -> list[StateTensor]:
+        shape = ("batch", self.heads, self.d_key, self.d_value)
+        state = [StateTensor("recurrent", shape, "float32", doc="S (key dim x value dim)")]
+        if self.conv is not None:
+            state.append(conv_state(self.conv.channels, self.conv.kernel))
+        return state
+
+    def convolve(
+        self, xs: list[torch.Tensor], past: tuple[torch.Tensor, ...] | None
+    ) -> tuple[list[torch.Tensor], tuple[torch.Tensor, ...]]:
+        """The short convolutions (if any) of the projections ``xs``; their state as a tuple (or ())."""
+        if self.conv is None:
+            return xs, ()
+        ys, state = self.conv(xs, past[1] if past is not None else None)
+        return ys, (state,)
+
+    def rule(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        g: torch.Tensor,
+        beta: torch.Tensor,
+        past: tuple[torch.Tensor, ...] | None,
+        position: torch.Tensor | None,
+        delta: bool,
+        scale: float,
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        """The op on (batch, n, heads, dim) tensors (beta (batch, n, heads)): the output in that layout
+        and (the state after the tokens,) when stepping, () otherwise."""
+        args = [t.transpose(1, 2) for t in (q, k, v, g, beta)]
+        chunk = default_chunk_size(delta, g.shape[-1] > 1)
+        if position is None:
+            return gated_delta_rule(*args, delta, scale, chunk).transpose(1, 2), ()
+        out, state = gated_delta_rule_step(*args, past[0] if past is not None else None, delta, scale, chunk)
+        return out.transpose(1, 2), (state,)
+
+
+def refuse_call(kind: str, attention_mask: Any, past_key_values: Any, use_cache: Any, kwargs: dict) -> None:
+    """The library's runtime arguments an exported layer does not take, refused in one line each."""
+    if attention_mask is not None:
+        raise AttnxError(
+            f"an exported flash-linear-attention {kind} takes no attention_mask (the library unpads by it); "
+            "export unpadded token ids"
+        )
+    if past_key_values is not None or use_cache:
+        raise AttnxError(
+            f"an exported flash-linear-attention {kind} keeps no cache of the library's: pass "
+            "use_cache=False (attnx export --decode makes the decode graphs)"
+        )
+    if kwargs.get("cu_seqlens") is not None:
+        raise AttnxError(f"an exported flash-linear-attention {kind} takes no cu_seqlens (packed sequences)")
+
+
+def short_conv(layer: nn.Module) -> parts.ShortConv | None:
+    """The layer's q, k, v short convolutions as one (None without ``use_short_conv``)."""
+    return parts.ShortConv([layer.q_conv1d, layer.k_conv1d, layer.v_conv1d]) if layer.use_short_conv else None
+
+
+def heads(x: torch.Tensor, d: int, groups: int = 1) -> torch.Tensor:
+    """(batch, n, h * d) -> (batch, n, h * groups, d), each head repeated ``groups`` times in a row
+    (the library's ``repeat(x, '... (h d) -> ... (h g) d')``)."""
+    x = x.unflatten(-1, (-1, d))
+    return x.repeat_interleave(groups, dim=2) if groups > 1 else x
+
+
+def l2norm(x: torch.Tensor) -> torch.Tensor:
+    """The kernels' in-kernel L2 norm: x / sqrt(sum(x²) + 1e-6), in float32."""
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.square().sum(-1, keepdim=True) + 1e-6)).to(x.dtype)
+
+
+def ones(x: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """beta = 1 for every (batch, token, head) of x (batch, n, ...)."""
+    return x.new_ones(x.shape[0], x.shape[1], n_heads)
+
+
+def zeros_g(x: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """No decay: log-gate 0, one per (batch, token, head)."""
+    return x.new_zeros(x.shape[0], x.shape[1], n_heads, 1)
+
+
+def norm_weight(module: nn.Module) -> torch.Tensor | None:
+    return getattr(module, "weight", None)
+
+
+class OutputGate(nn.Module):
+    """The output stage GLA and RetNet share: a per-head RMSNorm, then (``use_output_gate``) a gate
+    g_proj(x), fused as rms_norm(o) * silu(g) or applied after the norm as ``gate_fn(g)``."""
+
+    def __init__(self, layer: nn.Module, where: str) -> None:
+        super().__init__()
+        self.d_value, self.gated = layer.head_v_dim, layer.use_output_gate
+        self.fused = layer.fuse_norm_and_gate
+        norm = layer.g_norm_swish_gate if self.fused else layer.g_norm
+        self.weight, self.eps = norm_weight(norm), norm.eps
+        if self.gated:
+            self.g_proj = layer.g_proj
+        if self.gated and not self.fused:
+            self.gate_fn = parts.activation(_name_of(layer.gate_fn), where)
+
+    def forward(self, o: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        if not self.gated:
+            return parts.norm(o, self.weight, None, self.eps, rms=True).flatten(-2)
+        g = self.g_proj(x)
+        if self.fused:
+            return parts.gated_rms_norm(o, heads(g, self.d_value), self.weight, self.eps, "swish").flatten(-2)
+        return parts.norm(o, self.weight, None, self.eps, rms=True).flatten(-2) * self.gate_fn(g)
+
+
+def _act2fn() -> dict[str, Any]:
+    from fla.modules.activations import ACT2FN
+
+    return ACT2FN
+
+
+class LinearAttention(GatedLayer):
+    """``fla.layers.LinearAttention``: o = phi(q)^T S / ... with S = sum phi(k) v^T (no decay, beta 1).
+
+    With ``do_feature_map_norm`` the library divides by scale * phi(q)·sum phi(k) + 1e-10: the value
+    gets a column of ones, so the same state carries sum phi(k) (d_value + 1 columns).
+    """
+
+    def __init__(self, layer: nn.Module) -> None:
+        super().__init__(layer)
+        self.n_heads, self.groups = layer.num_heads, layer.num_kv_groups
+        self.head_k, self.head_v = layer.head_k_dim, layer.head_v_dim
+        self.take(layer, "q_proj", "k_proj", "v_proj", "o_proj")
+        self.feature_q, self.feature_k = feature_map(layer.feature_map_q), feature_map(layer.feature_map_k)
+        self.norm_q, self.norm_k, self.normalize = layer.norm_q, layer.norm_k, layer.do_feature_map_norm
+        self.out_norm = isinstance(layer.norm, nn.Module) and not isinstance(layer.norm, nn.Identity)
+        if self.out_norm:
+            self.norm_w, self.norm_eps = norm_weight(layer.norm), layer.norm.eps
+        probe = self.feature_k(torch.zeros(1, 1, 1, self.head_k))
+        self.heads, self.d_key = self.n_heads, probe.shape[-1]
+        self.d_value = self.head_v + int(self.normalize)
+
+    def run(self, x, past, position):
+        q = self.feature_q(heads(self.q_proj(x), self.head_k))
+        k = self.feature_k(heads(self.k_proj(x), self.head_k, self.groups))
+        v = heads(self.v_proj(x), self.head_v, self.groups)
+        if self.norm_q:
+            q = q / (q.sum(-1, True) + 1e-4)
+        if self.norm_k:
+            k = k / (k.sum(-1, True) + 1e-4)
+        if self.normalize:
+            v = torch.cat([v, v.new_ones(*v.shape[:-1], 1)], dim=-1)
+        scale = k.shape[-1] ** -0.5
+        g, beta = zeros_g(x, self.n_heads), ones(x, self.n_heads)
+        o, state = self.rule(q, k, v, g, beta, past, position, False, scale)
+        if self.normalize:
+            o = o[..., : self.head_v] / (o[..., self.head_v :] + 1e-10)
+        if self.out_norm:
+            o = parts.norm(o, self.norm_w, None, self.norm_eps, rms=True)
+        return self.o_proj(o.flatten(-2)), state
+
+
+def feature_map(fn: Any) -> Any:
+    """A LinearAttention feature map as torch: the library's own modules (they are torch code), or
+    elu(x) + 1 for its ``elu_p1`` kernel."""
+    if isinstance(fn, nn.Module):
+        return fn
+    if getattr(fn, "__name__", "") == "elu_p1":
+        return lambda x: F.elu(x) + 1
+    raise AttnxError(f"flash-linear-attention LinearAttention feature map {fn!r} is not exported by attnx")
+
+
+class GatedLinearAttention(GatedLayer):
+    """``fla.layers.GatedLinearAttention`` (GLA): per-key-dim decay g = logsigmoid(gk_proj(x)) /
+    gate_logit_normalizer (clamped below by ``clamp_min``), beta 1, scale d_k^-1/2."""
+
+    def __init__(self, layer: nn.Module) -> None:
+        super().__init__(layer)
+        where = "flash-linear-attention GatedLinearAttention"
+        self.n_heads, self.groups = layer.num_heads, layer.num_kv_groups
+        self.head_k, self.head_v = layer.head_k_dim, layer.head_v_dim
+        self.take(layer, "q_proj", "k_proj", "v_proj", "gk_proj", "o_proj")
+        self.conv = short_conv(layer)
+        self.normalizer, self.clamp_min = layer.gate_logit_normalizer, layer.clamp_min
+        self.feature = parts.activation(_name_of(layer.feature_map_fn), where)
+        self.output = OutputGate(layer, where)
+        self.heads, self.d_key, self.d_value = self.n_heads, self.head_k, self.head_v
+
+    def run(self, x, past, position):
+        (q, k, v), conv = self.convolve([self.q_proj(x), self.k_proj(x), self.v_proj(x)], past)
+        q = heads(q, self.head_k)
+        k, gk = (heads(t, self.head_k, self.groups) for t in (k, self.gk_proj(x)))
+        v = heads(v, self.head_v, self.groups)
+        gk = F.logsigmoid(gk) / self.normalizer
+        if self.clamp_min is not None:
+            gk = torch.clamp_min(gk, self.clamp_min)
+        q, k = self.feature(q), self.feature(k)
+        o, state = self.rule(q, k, v, gk, ones(x, self.n_heads), past, position, False, self.head_k**-0.5)
+        return self.o_proj(self.output(o, x)), state + conv
+
+
+def _name_of(fn: Any) -> str | None:
+    """The library's ``ACT2FN`` name of an activation function (None for None)."""
+    if fn is None:
+        return None
+    for name, known in _act2fn().items():
+        if fn == known:  # a bound autograd.Function.apply is a new object at each access
+            return name
+    return getattr(fn, "__name__", repr(fn))
+
+
+class DeltaNet(GatedLayer):
+    """``fla.layers.DeltaNet``: the delta rule (no decay), beta = sigmoid(b_proj(x)) (1 without
+    ``use_beta``; doubled with ``allow_neg_eigval``), q/k after the activation, L2- (in-kernel, eps
+    1e-6) or sum-normalised, scale d_k^-1/2; output RMSNorm per head, or gated by silu(g_proj(x))."""
+
+    def __init__(self, layer: nn.Module) -> None:
+        super().__init__(layer)
+        self.n_heads, self.head_k, self.head_v = layer.num_heads, layer.head_k_dim, layer.head_v_dim
+        self.take(layer, "q_proj", "k_proj", "v_proj", "o_proj")
+        self.conv = short_conv(layer)
+        self.activation, self.qk_norm = layer.qk_activation, layer.qk_norm
+        self.use_beta, self.neg = layer.use_beta, layer.allow_neg_eigval
+        if self.use_beta:
+            self.b_proj = layer.b_proj
+        self.use_gate = layer.use_gate
+        if self.use_gate:
+            self.g_proj = layer.g_proj
+        self.norm_w, self.norm_eps = norm_weight(layer.o_norm), layer.o_norm.eps
+        self.heads, self.d_key, self.d_value = self.n_heads, self.head_k, self.head_v
+
+    def run(self, x, past, position):
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        if self.conv is not None:
+            (q, k, v), conv = self.convolve([q, k, v], past)
+        else:
+            conv = ()
+            q, k = (F.silu(q), F.silu(k)) if self.activation == "silu" else (q, k)
+            v = F.silu(v)
+        q, k, v = heads(q, self.head_k), heads(k, self.head_k), heads(v, self.head_v)
+        if self.activation == "relu":
+            q, k = q.relu(), k.relu()
+        elif self.activation == "elu":
+            q, k = F.elu(q) + 1, F.elu(k) + 1
+        if self.qk_norm == "sum":
+            q, k = (F.normalize(t, p=1, dim=-1, eps=1e-6) for t in (q, k))
+        else:
+            q, k = l2norm(q), l2norm(k)
+        beta = self.b_proj(x).sigmoid() if self.use_beta else ones(x, self.n_heads)
+        if self.neg:
+            beta = beta * 2.0
+        o, state = self.rule(q, k, v, zeros_g(x, self.n_heads), beta, past, position, True, self.head_k**-0.5)
+        if self.use_gate:
+            o = parts.gated_rms_norm(
+                o, heads(self.g_proj(x), self.head_v), self.norm_w, self.norm_eps, "swish"
+            )
+        else:
+            o = parts.norm(o, self.norm_w, None, self.norm_eps, rms=True)
+        return self.o_proj(o.flatten(-2)), state + conv
+
+
+class GatedDeltaNet(GatedLayer):
+    """``fla.layers.GatedDeltaNet``: the gated delta rule with one decay per value head,
+    g = -exp(A_log) * softplus(a_proj(x) + dt_bias), beta = sigmoid(b_proj(x)) (x2 with
+    ``allow_neg_eigval``), L2-normalised q/k (eps 1e-6), scale d_k^-1/2, value heads a multiple of the
+    q/k heads (each q/k head serves consecutive value heads); output gated RMSNorm (swish/sigmoid) or
+    a plain per-head RMSNorm."""
+
+    def __init__(self, layer: nn.Module) -> None:
+        super().__init__(layer)
+        if layer.num_v_heads < layer.num_heads:
+            raise AttnxError(
+                f"flash-linear-attention GatedDeltaNet with num_v_heads={layer.num_v_heads} < num_heads="
+                f"{layer.num_heads}: the library's kernels need value heads a multiple of the q/k heads"
+            )
+        self.n_heads, self.v_heads = layer.num_heads, layer.num_v_heads
+        self.head_k, self.head_v = layer.head_k_dim, layer.head_v_dim
+        self.take(layer, "q_proj", "k_proj", "v_proj", "o_proj")
+        self.take(layer, "a_proj", "b_proj", "A_log", "dt_bias")
+        self.conv = short_conv(layer)
+        self.neg, self.use_gate = layer.allow_neg_eigval, layer.use_gate
+        if self.use_gate:
+            self.g_proj, self.gate = layer.g_proj, layer.o_norm.activation
+        self.norm_w, self.norm_eps = norm_weight(layer.o_norm), layer.o_norm.eps
+        self.heads, self.d_key, self.d_value = self.v_heads, self.head_k, self.head_v
+
+    def run(self, x, past, position):
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        if self.conv is not None:
+            (q, k, v), conv = self.convolve([q, k, v], past)
+        else:
+            (q, k, v), conv = (F.silu(q), F.silu(k), F.silu(v)), ()
+        q, k, v = l2norm(heads(q, self.head_k)), l2norm(heads(k, self.head_k)), heads(v, self.head_v)
+        beta = self.b_proj(x).float().sigmoid() * (2.0 if self.neg else 1.0)
+        g = -self.A_log.float().exp() * F.softplus(self.a_proj(x).float() + self.dt_bias.float())
+        o, state = self.rule(q, k, v, g[..., None], beta, past, position, True, self.head_k**-0.5)
+        if self.use_gate:
+            o = parts.gated_rms_norm(
+                o, heads(self.g_proj(x), self.head_v), self.norm_w, self.norm_eps, self.gate
+            )
+        else:
+            o = parts.norm(o, self.norm_w, None, self.norm_eps, rms=True)
+        return self.o_proj(o.flatten(-2)), state + conv
+
+
+class MultiScaleRetention(GatedLayer):
+    """``fla.layers.MultiScaleRetention`` (RetNet): fixed decay per head gamma_h = 1 - 2^(-5 - h),
+    rotary q/k (non-interleaved, from the token's position), beta 1, scale d_k^-1/2; output as GLA's."""
+
+    def __init__(self, layer: nn.Module) -> None:
+        super().__init__(layer)
+        where = "flash-linear-attention MultiScaleRetention"
+        rotary = layer.rotary
+        if rotary.scale_base is not None or rotary.interleaved or not rotary.pos_idx_in_fp32:
+            raise AttnxError(
+                f"{where}: rotary embeddings with XPos scaling or interleaved pairs are not exported"
+            )
+        self.n_heads, self.groups = layer.num_heads, layer.num_kv_groups
+        self.head_k, self.head_v = layer.head_k_dim, layer.head_v_dim
+        self.take(layer, "q_proj", "k_proj", "v_proj", "o_proj")
+        self.conv = short_conv(layer)
+        self.feature = parts.activation(_name_of(layer.feature_map_fn), where)
+        self.register_buffer("inv_freq", rotary._compute_inv_freq(), persistent=False)
+        decay = (1 - 2.0 ** (-5.0 - torch.arange(self.n_heads, dtype=torch.float32))).log()
+        self.register_buffer("decay", decay, persistent=False)
+        self.output = OutputGate(layer, where)
+        self.heads, self.d_key, self.d_value = self.n_heads, self.head_k, self.head_v
+
+    def run(self, x, past, position):
+        (q, k, v), conv = self.convolve([self.q_proj(x), self.k_proj(x), self.v_proj(x)], past)
+        q, k = heads(q, self.head_k), heads(k, self.head_k)
+        q, k = self.feature(q), self.feature(k)
+        start = 0 if position is None else position.to(torch.float32)
+        q, k = parts.rotate(q, self.inv_freq, start), parts.rotate(k, self.inv_freq, start)
+        k = k.repeat_interleave(self.groups, dim=2) if self.groups > 1 else k
+        v = heads(v, self.head_v, self.groups)
+        g = self.decay[:, None].expand(x.shape[0], x.shape[1], self.n_heads, 1)
+        o, state = self.rule(q, k, v, g, ones(x, self.n_heads), past, position, False, self.head_k**-0.5)
+        return self.o_proj(self.output(o, x)), state + conv
+
+
+class RWKV6Attention(GatedLayer):
+    """``fla.layers.RWKV6Attention``: per-key-dim decay w = -exp(w_proj(...)), scale 1, and the bonus u.
+
+    RWKV-6 reads the state *before* the current token: o_t = r_t^T (S_{t-1} + diag(u) k_t v_t^T),
+    S_t = diag(exp(w_t)) S_{t-1} + k_t v_t^T. The op's rule reads S_t, so it runs on the sequence
+    shifted by one token (k, v, w of token t - 1 at step t, a no-op first step, r at step t and one
+    extra step at the end), which gives r_t^T S_{t-1} exactly and ends on S_n; the bonus
+    (r_t * u · k_t) v_t is added outside the op. State: ``recurrent`` S and ``conv``, the token shift's
+    last input (batch, hidden, 1).
+    """
+
+    def __init__(self, layer: nn.Module) -> None:
+        super().__init__(layer)
+        self.n_heads, self.head_k, self.head_v = layer.num_heads, layer.head_k_dim, layer.head_v_dim
+        self.rank = layer.proj_low_rank_dim
+        self.take(
+            layer, "x_proj", "x_bias", "r_proj", "w_proj", "k_proj", "v_proj", "g_proj", "o_proj", "bonus"
+        )
+        norm = layer.g_norm
+        self.norm_w, self.norm_b, self.norm_eps = norm.weight, norm.bias, norm.eps
+        self.gate_fn = parts.activation(_name_of(layer.gate_fn), "flash-linear-attention RWKV6Attention")
+        self.hidden = layer.hidden_size
+        self.heads, self.d_key, self.d_value = self.n_heads, self.head_k, self.head_v
+
+    def decode_state(self) -> list[StateTensor]:
+        return [*super().decode_state(), token_shift_state(self.hidden)]
+
+    def run(self, x, past, position):
+        b, n, d = x.shape
+        delta = shift(x, past[1] if past is not None else None) - x
+        xx = self.x_proj[0](x, delta).view(b, n, -1, self.rank)
+        xx = torch.einsum("btnr,hnr->btnh", self.x_proj[1](xx), self.x_proj[2].weight.view(d, 5, -1))
+        r, w, k, v, g = (xx + self.x_bias).unbind(-2)
+        pairs = ((self.r_proj, r), (self.w_proj, w), (self.k_proj, k))
+        r, w, k = (heads(proj(x, mix, delta), self.head_k) for proj, mix in pairs)
+        v = heads(self.v_proj(x, v, delta), self.head_v)
+        g = self.g_proj(x, g, delta)
+        w = -torch.exp(w)
+        edge = x.new_zeros(b, 1, self.n_heads, self.head_k)
+        shifted = [torch.cat([edge, t], dim=1) for t in (k, w)]
+        vv = torch.cat([x.new_zeros(b, 1, self.n_heads, self.head_v), v], dim=1)
+        qq = torch.cat([r, edge], dim=1)
+        beta = ones(qq, self.n_heads)
+        o, state = self.rule(qq, shifted[0], vv, shifted[1], beta, past, position, False, 1.0)
+        o = o[:, :n] + (r * self.bonus * k).sum(-1, keepdim=True) * v
+        o = parts.norm(o.flatten(-2), self.norm_w, self.norm_b, self.norm_eps, rms=False, groups=self.n_heads)
+        if position is not None:
+            state = (*state, x[:, -1:].transpose(1, 2))
+        return self.o_proj(o * self.gate_fn(g)), state
+
+
+def token_shift_state(hidden: int) -> StateTensor:
+    """RWKV's token shift carries one previous input: a kernel-2 convolution's carry (role ``conv``)."""
+    return StateTensor("conv", ("batch", hidden, 1), doc="the token shift's previous input", role="conv")
+
+
+def shift(x: torch.Tensor, last: torch.Tensor | None) -> torch.Tensor:
+    """RWKV's token shift: the previous input at each position ((batch, hidden, 1) ``last`` before the
+    first; zeros without)."""
+    first = x.new_zeros(x.shape[0], 1, x.shape[2]) if last is None else last.transpose(1, 2).to(x.dtype)
+    # slicing after the concatenation keeps every size a multiple of the sequence length: x[:, :-1]
+    # (n - 1 tokens) would make torch.export guard on n - 1 != 1 and refuse a dynamic length
+    return torch.cat([first, x], dim=1)[:, :-1]
+
+
+LAYERS = {
+    "LinearAttention": LinearAttention,
+    "GatedLinearAttention": GatedLinearAttention,
+    "DeltaNet": DeltaNet,
+    "GatedDeltaNet": GatedDeltaNet,
+    "MultiScaleRetention": MultiScaleRetention,
+    "RWKV6Attention": RWKV6Attention,
+}
+
+
+class RWKV6FeedForward(Stepping, nn.Module):
+    """``fla.models.rwkv6.RWKV6FeedForward``: sigmoid(receptance(x, dx)) * value(act(key(x, dx))) with
+    the token shift dx; while stepping it carries its last input (``conv``, (batch, hidden, 1))."""
+
+    def __init__(self, ffn: nn.Module) -> None:
+        super().__init__()
+        self.key, self.value, self.receptance = ffn.key, ffn.value, ffn.receptance
+        self.act = parts.activation(_name_of(ffn.act_fn), "flash-linear-attention RWKV6FeedForward")
+        self.hidden = ffn.hidden_size
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        attention_mask: Any = None,
+        state: Any = None,
+        cu_seqlens: Any = None,
+        **kw: Any,
+    ) -> tuple[torch.Tensor, Any]:
+        refuse_call("RWKV6FeedForward", attention_mask, state, False, {"cu_seqlens": cu_seqlens})
+        return (self.run(x, None) if self.stepping is None else self.stepped(x)), state
+
+    def run(self, x: torch.Tensor, last: torch.Tensor | None) -> torch.Tensor:
+        """The feed-forward on x after the input ``last`` ((batch, hidden, 1); None: zeros)."""
+        delta = shift(x, last) - x
+        value = self.value(self.act(self.key(x, delta)))
+        return self.receptance(x, delta).sigmoid() * value
+
+    def step(
+        self, x: torch.Tensor, state: tuple[torch.Tensor, ...] | None, position: torch.Tensor
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        """The feed-forward on new tokens x after ``state`` (its last input); the state is x's last token."""
+        return self.run(x, state[0] if state is not None else None), (x[:, -1:].transpose(1, 2),)
+
+    def decode_state(self) -> list[StateTensor]:
+        return [token_shift_state(self.hidden)]

@@ -1,0 +1,330 @@
+"""The ``fla`` adapter against flash-linear-attention's own forward.
+
+The library has no CPU path; here its layers run **its own Triton kernels in Triton's interpreter**
+(``attnx.adapters.fla.cpu``: tests/conftest.py sets ``TRITON_INTERPRET=1`` on a machine without
+CUDA; the autotuner keeps one configuration and loop variables are tensors, as compiled Triton
+makes them; nothing of the library is changed). In eval mode the library picks its kernel by length:
+its ``fused_recurrent_*`` kernel up to 64 tokens, the layer's ``mode`` (``chunk_*`` here) above, so
+each parity case's id names the library function that ran (``fla.ops...``). Lengths 65 and 130
+cross the library's chunk of 64.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+fla_layers = pytest.importorskip(
+    "fla.layers", reason="flash-linear-attention is not installed (pip install 'attnx[fla]')"
+)
+
+from attnx.adapters.fla import cpu  # noqa: E402
+from attnx.adapters.fla.convert import convert, needs_adapter  # noqa: E402
+from attnx.errors import AttnxError  # noqa: E402
+from attnx.state import Step  # noqa: E402
+from tests.helpers import assert_one_line_error, run_cli  # noqa: E402
+
+HIDDEN = 32
+
+# name -> (layer factory, library op package, mode above 64 tokens)
+LAYERS = {
+    "linear-hadamard": (
+        lambda: fla_layers.LinearAttention(hidden_size=HIDDEN, num_heads=2),
+        "linear_attn",
+        "chunk",
+    ),
+    "linear-elu-normalised-mqa": (
+        lambda: fla_layers.LinearAttention(
+            hidden_size=HIDDEN,
+            num_heads=2,
+            num_kv_heads=1,
+            feature_map="elu",
+            do_feature_map_norm=True,
+            output_norm="identity",
+            mode="fused_chunk",
+        ),
+        "linear_attn",
+        "fused_chunk",
+    ),
+    "gla-conv": (
+        lambda: fla_layers.GatedLinearAttention(hidden_size=HIDDEN, num_heads=2, use_short_conv=True),
+        "gla",
+        "chunk",
+    ),
+    "gla-mqa-unfused-clamp": (
+        lambda: fla_layers.GatedLinearAttention(
+            hidden_size=HIDDEN,
+            num_heads=2,
+            num_kv_heads=1,
+            fuse_norm=False,
+            clamp_min=-0.5,
+            feature_map="relu",
+        ),
+        "gla",
+        "chunk",
+    ),
+    "deltanet": (
+        lambda: fla_layers.DeltaNet(hidden_size=HIDDEN, num_heads=2, mode="fused_recurrent"),
+        "delta_rule",
+        "fused_recurrent",
+    ),
+    "deltanet-gate-relu-sum-neg": (
+        lambda: fla_layers.DeltaNet(
+            hidden_size=HIDDEN,
+            num_heads=2,
+            mode="fused_recurrent",
+            use_gate=True,
+            qk_activation="relu",
+            qk_norm="sum",
+            allow_neg_eigval=True,
+        ),
+        "delta_rule",
+        "fused_recurrent",
+    ),
+    "gated-deltanet": (
+        lambda: fla_layers.GatedDeltaNet(hidden_size=HIDDEN, num_heads=2, head_dim=16, expand_v=1),
+        "gated_delta_rule",
+        "chunk",
+    ),
+    "gated-deltanet-gva-sigmoid": (
+        lambda: fla_layers.GatedDeltaNet(
+            hidden_size=HIDDEN,
+            num_heads=1,
+            num_v_heads=2,
+            head_dim=16,
+            expand_v=2,
+            output_gate_activation="sigmoid",
+            use_short_conv=False,
+        ),
+        "gated_delta_rule",
+        "chunk",
+    ),
+    "retnet": (lambda: fla_layers.MultiScaleRetention(hidden_size=HIDDEN, num_heads=2), "retention", "chunk"),
+    "retnet-mqa-ungated-conv": (
+        lambda: fla_layers.MultiScaleRetention(
+            hidden_size=HIDDEN, num_heads=2, num_kv_heads=1, use_output_gate=False, use_short_conv=True
+        ),
+        "retention",
+        "chunk",
+    ),
+    "rwkv6": (lambda: fla_layers.RWKV6Attention(hidden_size=HIDDEN, num_heads=2), "rwkv6", "chunk"),
+}
+# The library's chunked RWKV-6 kernel itself is 1.1e-4 from its own float64 recurrence at 70 tokens
+# (values up to 30; its fused_recurrent kernel: 4e-6), so that kernel is compared relative to scale.
+RTOL = {"rwkv6": 3e-5}
+ATOL = 2e-5
+
+
+def library_layer(name: str) -> torch.nn.Module:
+    """A library layer with its parameters moved off their initial values (seeded)."""
+    torch.manual_seed(0)
+    layer = LAYERS[name][0]().eval()
+    with torch.no_grad():
+        for pname, parameter in layer.named_parameters():
+            if pname not in ("A_log", "dt_bias"):
+                parameter.add_(0.2 * torch.randn_like(parameter))
+    return layer
+
+
+def route(name: str, length: int) -> str:
+    """The library function the layer's forward runs at ``length`` tokens (its own dispatch)."""
+    _, package, mode = LAYERS[name]
+    return f"fla.ops.{package}.{'fused_recurrent' if length <= 64 else mode}"
+
+
+def close(actual: torch.Tensor, expected: torch.Tensor, name: str) -> None:
+    rtol = RTOL.get(name, 1e-5) * float(expected.abs().max())
+    torch.testing.assert_close(actual, expected, atol=ATOL + rtol, rtol=0)
+
+
+def test_the_library_runs_in_the_interpreter_here():
+    """The route the other tests rely on: no CUDA here, so the kernels are interpreted."""
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is available: the library's kernels run compiled (tests/gpu)")
+    assert cpu.enable()
+
+
+def test_the_interpreter_changes_touch_only_the_librarys_kernels():
+    """The autotuner is pinned to one configuration for the library's kernels only."""
+    import triton
+    import triton.language as tl
+    from fla.ops.common.fused_recurrent import fused_recurrent_fwd_kernel
+    from triton.runtime.autotuner import Autotuner
+
+    cpu.enable()
+
+    def kernel(x, BLOCK: tl.constexpr):  # not the library's: keeps every configuration
+        pass
+
+    configs = [triton.Config({"BLOCK": b}) for b in (16, 32)]
+    ours = Autotuner(triton.jit(kernel), ["x"], configs, [], None, None)
+    assert len(ours.prune_configs({})) == 2
+    assert cpu.from_library(fused_recurrent_fwd_kernel) and not cpu.from_library(ours)
+    autotuner = fused_recurrent_fwd_kernel.fn  # under the library's triton.heuristics
+    assert len(autotuner.configs) == 2 and len(autotuner.prune_configs({})) == 1
+
+
+def test_the_switch_is_restored(monkeypatch):
+    monkeypatch.delenv(cpu.ENV, raising=False)
+    with cpu.interpreter_switched_on():
+        assert os.environ[cpu.ENV] == "1"
+    assert cpu.ENV not in os.environ
+    monkeypatch.setenv(cpu.ENV, "0")
+    with cpu.interpreter_switched_on():
+        pass
+    assert os.environ[cpu.ENV] == "0"
+
+
+@pytest.mark.slow
+def test_loading_the_library_leaves_triton_as_it_was(tmp_path):
+    """In a fresh process without TRITON_INTERPRET (as `attnx export --from fla:DIR` runs): the library's
+    kernels run in the interpreter, the variable is unset again afterwards and a kernel decorated later
+    is compiled Triton's."""
+    script = tmp_path / "probe.py"
+    script.write_text(
+        "import os, torch\n"
+        "from attnx.adapters.fla import cpu\n"
+        "cpu.import_library()\n"
+        "import fla.layers, triton\n"
+        "layer = fla.layers.GatedLinearAttention(hidden_size=32, num_heads=2).eval()\n"
+        "with torch.no_grad():\n"
+        "    layer(torch.randn(1, 5, 32))\n"
+        "@triton.jit\n"
+        "def later(x):\n"
+        "    pass\n"
+        "print(os.environ.get('TRITON_INTERPRET'), type(later).__name__, cpu.interpreted())\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != cpu.ENV}
+    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["None", "JITFunction", "True"]
+
+
+# The default run: one configuration per layer type, across the chunk (65 tokens: the chunk kernels) or
+# below it (9: the fused_recurrent kernels); the slow set runs the other configurations and lengths.
+CASES = [
+    ("linear-hadamard", 65),
+    ("gla-conv", 9),
+    ("deltanet", 9),
+    ("gated-deltanet", 65),
+    ("retnet", 65),
+    ("rwkv6", 65),
+]
+SLOW_CASES = [(name, n) for name in LAYERS for n in (1, 9, 64, 65, 130) if (name, n) not in CASES]
+
+
+def _ids(cases):
+    return [f"{name}-n{n}-{route(name, n)}" for name, n in cases]
+
+
+def _check_layer(name: str, length: int) -> None:
+    layer = library_layer(name)
+    replacement = convert(layer)
+    x = torch.randn(2, length, HIDDEN, generator=torch.Generator().manual_seed(length))
+    with torch.no_grad():
+        expected = layer(x)[0]
+        actual = replacement(x)[0]
+    close(actual, expected, name)
+
+
+@pytest.mark.parametrize("name,length", CASES, ids=_ids(CASES))
+def test_layer_matches_the_librarys_forward(name, length):
+    _check_layer(name, length)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,length", SLOW_CASES, ids=_ids(SLOW_CASES))
+def test_layer_matches_the_librarys_forward_more_lengths(name, length):
+    _check_layer(name, length)
+
+
+@pytest.mark.parametrize("name", list(LAYERS))
+def test_stepping_continues_the_full_forward(name):
+    """Prefill 5 tokens, then steps of 1, 3 and 1 tokens: the outputs are the full forward's, and the
+    state has the declared shapes (the attnx layer against itself; decode parity against the library
+    goes through the decode graphs)."""
+    replacement = convert(library_layer(name))
+    x = torch.randn(2, 10, HIDDEN, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        full = replacement(x)[0]
+        past, outs, start = None, [], 0
+        for size in (5, 1, 3, 1):
+            replacement.stepping = Step(past, torch.tensor([start]))
+            outs.append(replacement(x[:, start : start + size])[0])
+            past, start = replacement.stepping.present, start + size
+        replacement.stepping = None
+    close(torch.cat(outs, dim=1), full, name)
+    declared = replacement.decode_state()
+    assert [s.name for s in declared] == ["recurrent", "conv"][: len(past)]
+    for spec, tensor in zip(declared, past, strict=True):
+        assert tuple(tensor.shape) == tuple(2 if a == "batch" else a for a in spec.axes), spec.name
+        assert spec.dtype is None or str(tensor.dtype) == f"torch.{spec.dtype}"
+
+
+def test_library_layers_need_the_adapter():
+    layer = fla_layers.GatedLinearAttention(hidden_size=HIDDEN, num_heads=2)
+    assert needs_adapter(layer) and needs_adapter(layer.g_norm_swish_gate)
+    assert not needs_adapter(layer.q_proj)
+
+
+@pytest.mark.parametrize(
+    "make,fragments",
+    [
+        (lambda: fla_layers.HGRNAttention(hidden_size=HIDDEN), ("HGRNAttention", "it maps LinearAttention")),
+        (
+            lambda: fla_layers.Mamba2(hidden_size=HIDDEN, num_heads=4, head_dim=16),
+            ("Mamba2", "GatedDeltaNet"),
+        ),
+        (
+            lambda: fla_layers.GatedDeltaNet(hidden_size=HIDDEN, num_heads=2, num_v_heads=1, head_dim=16),
+            ("num_v_heads=1 < num_heads=2",),
+        ),
+        (
+            lambda: fla_layers.GatedLinearAttention(
+                hidden_size=HIDDEN, num_heads=2, fuse_norm=False, gate_fn="gelu"
+            ),
+            ("activation 'gelu'",),
+        ),
+    ],
+    ids=["unmapped-hgrn", "unmapped-mamba2", "gdn-fewer-value-heads", "gla-gelu-gate"],
+)
+def test_what_attnx_does_not_reproduce_is_refused_by_name(make, fragments):
+    with pytest.raises(AttnxError) as error:
+        convert(make())
+    message = str(error.value)
+    assert "\n" not in message
+    for fragment in fragments:
+        assert fragment in message
+
+
+def test_runtime_arguments_the_export_does_not_take_are_refused():
+    replacement = convert(library_layer("gla-conv"))
+    x = torch.randn(1, 4, HIDDEN)
+    with pytest.raises(AttnxError, match="attention_mask"):
+        replacement(x, attention_mask=torch.ones(1, 4))
+    with pytest.raises(AttnxError, match="use_cache=False"):
+        replacement(x, use_cache=True)
+
+
+# --- attnx export --from fla:DIR refusals ---------------------------------------------------------
+
+
+def test_from_fla_refuses_a_directory_it_cannot_load(tmp_path):
+    code, _, err = run_cli(["export", "--from", f"fla:{tmp_path}", "-o", str(tmp_path / "out")])
+    assert_one_line_error(code, err, "no config.json")
+    (tmp_path / "config.json").write_text('{"model_type": "mamba2"}')
+    code, _, err = run_cli(["export", "--from", f"fla:{tmp_path}", "-o", str(tmp_path / "out")])
+    assert_one_line_error(code, err, "'mamba2'", "gla (GatedLinearAttention)", "rwkv6 (RWKV6Attention)")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_missing_library_names_the_extra(tmp_path, monkeypatch):
+    from attnx.adapter import Adapter
+
+    monkeypatch.setattr(Adapter, "library_version", lambda self: None)
+    code, _, err = run_cli(["export", "--from", f"fla:{tmp_path}", "-o", str(tmp_path / "out")])
+    assert_one_line_error(code, err, "flash-linear-attention", "pip install 'attnx[fla]'")
