@@ -11,8 +11,8 @@ So attnx stores the program as torch.export's JSON (``reference.json``, from
 ``torch._export.serde.serialize``) and its parameters, buffers and constants in safetensors
 (``reference.safetensors``), and :func:`load_program` loads them only after :func:`check_program`
 has accepted every string of the JSON: symbolic shapes in sympy's ``srepr`` form made of a few
-constructors, variable names that are Python identifiers, other strings of letters, digits and
-``_.+-``, tree specs of plain tuples, lists and dicts,
+constructors, variable names that are Python identifiers, string arguments of ops (einsum's equation)
+in printable ASCII, other strings of letters, digits and ``_.+-``, tree specs of plain tuples, lists and dicts,
 targets of ``aten``, ``prims`` and ``attnx`` ops (none that takes a file name), ``operator`` and
 ``torch.sym_*``. Source locations and guards are dropped (the reference needs neither); no sample
 inputs are stored (so no guard function is generated).
@@ -38,6 +38,10 @@ _PLAIN = re.compile(r"[A-Za-z0-9_.+\-]{0,400}")
 # Names FX turns into Python variables (a dot would assign to an attribute of a module in scope).
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,200}")
 _IDENTIFIER_KEYS = ("name", "forward_arg_names")
+# A string argument of an op (einsum's equation, a reduction or padding mode): a value the op receives, which
+# FX writes into its generated source with repr(), so any printable ASCII is inert.
+_ARGUMENT = re.compile(r"[ -~]{0,400}")
+_ARGUMENT_KEYS = ("as_string", "as_strings")
 _TARGET = re.compile(r"torch\.ops\.(aten|prims|attnx)\.\w+(\.\w+)?|_operator\.\w+|torch\.sym_\w+")
 _OPS_NAMESPACES = ("aten", "prims", "attnx")
 _OPERATORS = tuple((
@@ -159,6 +163,8 @@ def check_program(document: dict[str, Any], where: str) -> None:
             problem = None if _TARGET.fullmatch(text) else "a call attnx does not run"
         elif key in _IDENTIFIER_KEYS:
             problem = None if _IDENTIFIER.fullmatch(text) else "not a Python name"
+        elif key in _ARGUMENT_KEYS and "arg" in path:
+            problem = None if _ARGUMENT.fullmatch(text) else "not a printable string argument"
         else:
             problem = None if _PLAIN.fullmatch(text) else "not a plain name"
         if problem:

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from attnx.errors import AttnxError
-from attnx.exporter.reference import PROGRAM_FILE, check_program, check_targets
+from attnx.exporter.reference import PROGRAM_FILE, check_program, check_targets, load_program, save_program
 from tests.helpers import assert_one_line_error, run_cli
 from tests.security.conftest import MARKER, RunsCode, edit_manifest, rehash
 
@@ -173,6 +173,24 @@ def test_a_call_that_reads_a_file_is_refused():
     program = SimpleNamespace(graph_module=torch.fx.GraphModule(torch.nn.Module(), graph))
     with pytest.raises(AttnxError, match="aten.from_file.default, which reads a file"):
         check_targets(program, "reference.json")
+
+
+class Einsum(torch.nn.Module):
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return torch.einsum("btnr,hnr->btnh", x, y)
+
+
+def test_string_arguments_of_ops_round_trip_and_control_characters_are_refused(tmp_path):
+    """An op's string argument (einsum's equation, as RWKV-6 uses) is a value, stored and loaded as it is;
+    one with a control character is not something attnx wrote."""
+    x, y = torch.randn(2, 3, 4, 5), torch.randn(6, 4, 5)
+    program_file, tensors_file = save_program(torch.export.export(Einsum(), (x, y)), tmp_path)
+    loaded = load_program(tmp_path / program_file, tmp_path / tensors_file)
+    torch.testing.assert_close(loaded.module()(x, y), Einsum()(x, y))
+    document = json.loads((tmp_path / program_file).read_text())
+    text = json.dumps(document).replace("btnr,hnr->btnh", "btnr,hnr->btnh\\n")
+    with pytest.raises(AttnxError, match="not a printable string argument"):
+        check_program(json.loads(text), PROGRAM_FILE)
 
 
 def test_guards_code_is_dropped_not_run(copy, workdir):
