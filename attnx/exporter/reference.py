@@ -11,9 +11,9 @@ So attnx stores the program as torch.export's JSON (``reference.json``, from
 ``torch._export.serde.serialize``) and its parameters, buffers and constants in safetensors
 (``reference.safetensors``), and :func:`load_program` loads them only after :func:`check_program`
 has accepted every string of the JSON: symbolic shapes in sympy's ``srepr`` form made of a few
-constructors, variable names that are Python identifiers, string arguments of ops (einsum's equation)
-in printable ASCII, other strings of letters, digits and ``_.+-``, tree specs of plain tuples, lists and dicts,
-targets of ``aten``, ``prims`` and ``attnx`` ops (none that takes a file name), ``operator`` and
+constructors, variable names that are Python identifiers, string arguments of ops (einsum's
+equation) in printable ASCII, other strings of letters, digits and ``_.+-``, tree specs of plain
+tuples, lists and dicts, targets of ``aten``, ``prims`` and ``attnx`` ops (none that takes a file name), ``operator`` and
 ``torch.sym_*``. Source locations and guards are dropped (the reference needs neither); no sample
 inputs are stored (so no guard function is generated).
 """
