@@ -13,9 +13,9 @@ So attnx stores the program as torch.export's JSON (``reference.json``, from
 has accepted every string of the JSON: symbolic shapes in sympy's ``srepr`` form made of a few
 constructors, variable names that are Python identifiers, string arguments of ops (einsum's
 equation) in printable ASCII, other strings of letters, digits and ``_.+-``, tree specs of plain
-tuples, lists and dicts, targets of ``aten``, ``prims`` and ``attnx`` ops (none that takes a file name), ``operator`` and
-``torch.sym_*``. Source locations and guards are dropped (the reference needs neither); no sample
-inputs are stored (so no guard function is generated).
+tuples, lists and dicts, targets of ``aten``, ``prims`` and ``attnx`` ops (none that takes a file
+name), ``operator`` and ``torch.sym_*``. Source locations and guards are dropped (the reference needs
+neither); no sample inputs are stored (so no guard function is generated).
 """
 
 from __future__ import annotations
