@@ -15,7 +15,8 @@ export's stored program's), and the stored ``weights.safetensors`` with them too
   ``X_zero_point``) is compared dequantised, to half a quantisation step;
 * anything else is a constant of the model's code (shapes, frequencies), which parity covers.
 
-For attnx's own models every parameter and buffer must also appear in ``model.onnx``: a weight
+For attnx's own models every parameter and buffer must also appear in ``model.onnx`` (or its image under
+an element-wise map the exporter folds, e.g. a decay's -exp(A_log), to float32 rounding): a weight
 replaced wholesale (matching no parameter at all) then shows as a missing parameter.
 """
 
@@ -161,11 +162,32 @@ def check_graph(
         _match(check, used, name, array, reference, 0)
     if complete:
         for name, tensor in reference.tensors.items():
-            if name not in used and tensor.dtype.kind == "f" and tensor.size:
-                check.mismatches.append(
-                    WeightMismatch(label, name, None, tensor.size, [], math.nan, math.nan)
-                )
+            if name in used or tensor.dtype.kind != "f" or not tensor.size:
+                continue
+            if _folded(tensor, found):
+                check.matched += 1
+                continue
+            check.mismatches.append(WeightMismatch(label, name, None, tensor.size, [], math.nan, math.nan))
     return check
+
+
+# Element-wise maps the exporter's constant folding applies to a parameter used only through them (a
+# decay's -exp(A_log)): the graph then holds the image, not the parameter.
+FOLDS = (np.exp, lambda x: -np.exp(x), np.negative)
+
+
+def _folded(tensor: np.ndarray, found: Mapping[str, np.ndarray]) -> bool:
+    """Whether a graph tensor of ``tensor``'s size (reshaped: a broadcast view) is one of :data:`FOLDS` of it,
+    to float32 rounding (an edited element of the image leaves the parameter without a copy: a mismatch)."""
+    wide = tensor.astype(np.float64).reshape(-1)
+    for array in found.values():
+        if array.dtype.kind == "f" and array.size == tensor.size:
+            flat = array.reshape(-1).astype(np.float64)
+            for fold in FOLDS:
+                image = fold(wide)
+                if np.all(np.abs(flat - image) <= 4 * np.finfo(array.dtype).eps * np.abs(image)):
+                    return True
+    return False
 
 
 def check_stored(export: ExportDir, reference: Reference) -> WeightCheck:

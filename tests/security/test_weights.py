@@ -128,3 +128,17 @@ def test_int8_and_fp16_graphs_match_to_their_rounding(made, tmp_path):
         mismatches = [m for c in report["weights"] for m in c["mismatches"]]
         assert mismatches == [], mismatches
         assert Path(target / "attnx.json").is_file()
+
+
+def test_a_parameter_the_exporter_folds_counts_by_its_image_and_an_edited_image_does_not():
+    """A decay's -exp(A_log) is folded into one constant: that image stands for A_log, exactly."""
+    from attnx.parity.weights import Reference, check_graph
+
+    a_log = np.log(np.array([1.5, 2.0, 7.0, 11.0], np.float32))
+    image = (-np.exp(a_log.astype(np.float64))).astype(np.float32).reshape(4, 1, 1)
+    reference = Reference({"A_log": a_log})
+    assert check_graph("model.onnx", {"neg": image}, reference, complete=True).passed
+    edited = image.copy()
+    edited[2] *= 1.001
+    check = check_graph("model.onnx", {"neg": edited}, reference, complete=True)
+    assert [m.tensor for m in check.mismatches] == ["A_log"]
