@@ -162,7 +162,8 @@ class Variant:
         caps = self.capabilities
         if not (spec.causal or spec.cross or caps.bidirectional):
             raise AttnxError(
-                f"variant '{self.name}' does not support bidirectional attention ({describe(caps)})"
+                f"variant '{self.name}' does not support bidirectional attention ({describe(caps)}); "
+                "use it causal (causal=True)"
             )
         if spec.causal and not caps.causal:
             raise AttnxError(f"variant '{self.name}' does not support causal attention ({describe(caps)})")

@@ -19,6 +19,8 @@ Every lowered graph states the IR version of its opset (:mod:`attnx.exporter.ops
 
 from __future__ import annotations
 
+import copy
+import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -150,6 +152,43 @@ def _drop_opsets(model: onnx.ModelProto, domains: set[str]) -> None:
     model.opset_import.extend(kept)
 
 
+def order_if_outputs(function: onnx.FunctionProto) -> None:
+    """Give each multi-value ``If`` of ``function`` its outputs in one order: onnxscript orders them, and
+    numbers their names, by a set of names (so by PYTHONHASHSEED), and a body's bytes must not depend on it.
+    The outputs are sorted by their variable names, renumbered with the same numbers in order, the
+    branches' outputs permuted with them and every use renamed."""
+    renames: dict[str, str] = {}
+    for node in function.node:
+        if node.op_type != "If" or len(node.output) < 2:
+            continue
+        names = list(node.output)
+        order = sorted(range(len(names)), key=lambda i: _NUMBERED.fullmatch(names[i]).group(1))
+        numbers = sorted((_NUMBERED.fullmatch(n).group(2) for n in names), key=lambda x: (len(x), x))
+        for slot, (i, number) in enumerate(zip(order, numbers, strict=True)):
+            renames[names[i]] = _NUMBERED.fullmatch(names[i]).group(1) + number
+            node.output[slot] = renames[names[i]]
+        for attribute in node.attribute:
+            values = [copy.deepcopy(attribute.g.output[i]) for i in order]
+            del attribute.g.output[:]
+            attribute.g.output.extend(values)
+    if renames:
+        _rename_uses(function.node, renames)
+        function.output[:] = [renames.get(name, name) for name in function.output]
+
+
+_NUMBERED = re.compile(r"(.*?)(_\d+|)")
+
+
+def _rename_uses(nodes: Sequence[onnx.NodeProto], renames: dict[str, str]) -> None:
+    for node in nodes:
+        node.input[:] = [renames.get(name, name) for name in node.input]
+        for attribute in node.attribute:
+            if attribute.type == onnx.AttributeProto.GRAPH:
+                _rename_uses(attribute.g.node, renames)
+                for value in attribute.g.output:
+                    value.name = renames.get(value.name, value.name)
+
+
 def function_protos(body: onnxscript.OnnxFunction) -> list[onnx.FunctionProto]:
     """``body`` and every library function it calls, transitively, as FunctionProtos.
 
@@ -160,6 +199,7 @@ def function_protos(body: onnxscript.OnnxFunction) -> list[onnx.FunctionProto]:
 
     def visit(fn: onnxscript.OnnxFunction) -> None:
         proto = fn.to_function_proto()
+        order_if_outputs(proto)
         key = (proto.domain, proto.name)
         if key in seen:
             return
