@@ -134,7 +134,9 @@ def test_manifest_maps_every_output_to_the_next_input(decode_export, variant):
 
 def test_verify_reruns_decode_parity_and_catches_a_broken_decode_graph(decode_export, tmp_path):
     out, _ = decode_export("linear")
-    code, stdout, stderr = run_cli(["verify", str(out), "--seq-lens", "3", "--json", "--seed", "4"])
+    # --no-write: the export is the session's, and other tests read its parity.json
+    argv = ["verify", str(out), "--seq-lens", "3", "--json", "--seed", "4", "--no-write"]
+    code, stdout, stderr = run_cli(argv)
     report = json.loads(stdout)
     assert code == 0, stderr
     assert {b["backend"]: b["status"] for b in report["backends"]}["ort-cpu decode"] == "passed"
