@@ -71,7 +71,8 @@ def test_cross_variants_pass_decode_parity_on_torch_and_ort(decode_export, varia
 
 def test_verify_reruns_seq2seq_decode_parity(decode_export):
     out, _ = decode_export("linear", "seq2seq", "cosformer")
-    code, stdout, stderr = run_cli(["verify", str(out), "--seq-lens", "2,5", "--json", "--seed", "9", "--no-write"])
+    argv = ["verify", str(out), "--seq-lens", "2,5", "--json", "--seed", "9", "--no-write"]
+    code, stdout, stderr = run_cli(argv)
     assert code == 0, stderr
     statuses = {b["backend"]: b["status"] for b in json.loads(stdout)["backends"]}
     assert statuses == {"ort-cpu": "passed", "torch decode": "passed", "ort-cpu decode": "passed"}
