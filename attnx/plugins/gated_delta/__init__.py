@@ -24,6 +24,9 @@ VARIANT = Variant(
         causal=True, bidirectional=False, key_padding_mask=True, decode="recurrent", trainable=True
     ),
     tolerance=Tolerance(atol=1e-4, rtol=1e-3),
+    # fp16: the same per-head RMSNorm as retention's, in its eps-dominated range where q . k nearly cancels:
+    # measured 0.026 against the float32 model on the tiny lm (docs/variants/retention.md, Tolerance)
+    fp16_tolerance=Tolerance(atol=5e-2, rtol=1e-2),
     impl="attnx.plugins._gated_layer:IMPL",
     cost=gated_cost,
     testing=TestOptions(
