@@ -163,6 +163,24 @@ def train_tokenizer() -> Any:
     )
 
 
+GATED_DELTA_MODULES = ("qwen3_next", "qwen3_5", "qwen3_5_moe")
+
+
+def pure_torch_gated_delta() -> None:
+    """HF's own pure-torch gated delta rule in its Qwen modeling modules, for this process. With
+    flash-linear-attention installed, transformers binds that library's Triton kernels at import
+    (``use_kernel_func_from_hub_with_fallback``), and those need a GPU; these torch functions are what HF
+    runs on a CPU without it (the reference of every test here)."""
+    import importlib
+    import inspect
+
+    for name in GATED_DELTA_MODULES:
+        module = importlib.import_module(f"transformers.models.{name}.modeling_{name}")
+        for attribute, value in list(vars(module).items()):
+            if attribute.startswith("torch_") and inspect.isfunction(value):
+                setattr(module, attribute, inspect.unwrap(value))
+
+
 def build(arch: str) -> Any:
     """The randomly initialised model of ``arch``'s recipe (seeded)."""
     import torch
@@ -222,6 +240,7 @@ def make(arch: str, root: Path | None = None, log: Any = None) -> Path:
     import transformers
 
     transformers.logging.disable_progress_bar()
+    pure_torch_gated_delta()  # training runs HF's forward
     final = (root or cache_root()) / f"{arch}-{recipe_hash(arch)}"
     if (final / "config.json").is_file():
         return final

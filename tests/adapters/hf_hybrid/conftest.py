@@ -14,6 +14,11 @@ from attnx.testing import hf_hybrid  # noqa: E402
 ARCHS = tuple(hf_hybrid.RECIPES)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _hf_runs_its_torch_path():
+    hf_hybrid.pure_torch_gated_delta()
+
+
 @pytest.fixture(scope="session")
 def saved_dir():
     """``saved_dir(arch)``: the save_pretrained directory of ``arch``'s trained model."""
