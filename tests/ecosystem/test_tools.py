@@ -42,7 +42,8 @@ GATED_IF_UNDER_STRICT_INFERENCE = (
 def known_bug(subject: Subject, tool: Tool) -> str | None:
     if tool.name == "onnx.version_converter" and subject.lowering == "function":
         return VERSION_CONVERTER_DROPS_FUNCTIONS
-    per_key = subject.variant == "retention"  # its test options decay per key dimension; gated_delta's per head
+    # retention's test options decay per key dimension (gated_delta's per head)
+    per_key = subject.variant == "retention"
     if tool.name == "strict-shape-inference" and per_key and subject.lowering == "decomposed":
         return GATED_IF_UNDER_STRICT_INFERENCE
     return None

@@ -81,11 +81,10 @@ def test_every_recipe_and_model_variant_pair_is_a_target():
 
     found = {t.id for t in targets()}
     assert {f"recipe-{name}" for name in recipe_names()} <= found
-    registry = get_registry()
-    served = {
-        f"{m}-{v}" for m, spec in registry.models.items() for v in registry.variants if not spec.generates
-    }
-    assert served | {f"lm-{v}" for v, d in registry.variants.items() if d.capabilities.causal} <= found
+    from tests.models.cases import SUPPORTED
+
+    assert set(SUPPORTED) == set(get_registry().variants)
+    assert {f"{m}-{v}" for v, models in SUPPORTED.items() for m in models} <= found
     keys = {o.key for o in ENCODER.options()}
     assert {"d_model", "n_heads", "export.opset", "verify.seq_lens", "bench.batch", "attention_mask"} <= keys
 
