@@ -96,6 +96,25 @@ def weight_files(path: Path) -> list[Path]:
     return files
 
 
+def check_loading_info(path: Path, info: dict[str, Any]) -> None:
+    """Refuse weights that do not match the config (``from_pretrained``'s ``output_loading_info``).
+
+    Raises:
+        AttnxError: naming the missing, unexpected or differently shaped tensors (three of each).
+    """
+    wrong = {
+        k: v for k, v in info.items() if k in ("missing_keys", "unexpected_keys", "mismatched_keys") and v
+    }
+    if wrong:
+        found = "; ".join(
+            f"{k.replace('_', ' ')}: {', '.join(map(str, sorted(v)[:3]))}" for k, v in wrong.items()
+        )
+        raise AttnxError(
+            f"--from hf:{path}: its weights do not match its config.json ({found}); save model and config "
+            "together with save_pretrained"
+        )
+
+
 def check_tokenizer(path: Path) -> bool:
     """Whether the directory holds a tokenizer; one that is there must load.
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from attnx.adapters.hf.load import check_loading_info
 from attnx.adapters.hf_hybrid.architecture import Architecture, check_config
 from attnx.adapters.hf_hybrid.convert import ARCHITECTURES
 from attnx.errors import AttnxError, first_line
@@ -69,17 +70,7 @@ def load(path: Path) -> tuple[Any, dict[str, Any], None, list[str]]:
             )
     except (OSError, ValueError, RuntimeError) as exc:
         raise AttnxError(f"--from hf:{path}: cannot load its weights: {first_line(exc, limit=300)}") from None
-    wrong = {
-        k: v for k, v in info.items() if k in ("missing_keys", "unexpected_keys", "mismatched_keys") and v
-    }
-    if wrong:
-        found = "; ".join(
-            f"{k.replace('_', ' ')}: {', '.join(map(str, sorted(v)[:3]))}" for k, v in wrong.items()
-        )
-        raise AttnxError(
-            f"--from hf:{path}: its weights do not match its config.json ({found}); save model and config "
-            "together with save_pretrained"
-        )
+    check_loading_info(path, info)
     model.config.use_cache = False
     ids = torch.randint(0, config.vocab_size, (2, EXAMPLE_LENGTH))
     ids[0, 0] = config.vocab_size - 1  # parity draws ids below the example's largest + 1

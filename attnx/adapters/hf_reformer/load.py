@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from attnx.adapters.hf.load import read_config
+from attnx.adapters.hf.load import check_loading_info, read_config
 from attnx.errors import AttnxError, first_line
 
 CLASSES = ("ReformerModelWithLMHead", "ReformerForSequenceClassification", "ReformerModel")
@@ -72,17 +72,7 @@ def load(path: Path) -> tuple[Any, dict[str, Any], None, list[str]]:
             )
     except Exception as exc:  # a corrupt file fails in safetensors or transformers with any type
         raise AttnxError(f"--from hf:{path}: cannot load its weights: {first_line(exc, limit=300)}") from None
-    wrong = {
-        k: v for k, v in info.items() if k in ("missing_keys", "unexpected_keys", "mismatched_keys") and v
-    }
-    if wrong:
-        found = "; ".join(
-            f"{k.replace('_', ' ')}: {', '.join(map(str, sorted(v)[:3]))}" for k, v in wrong.items()
-        )
-        raise AttnxError(
-            f"--from hf:{path}: its weights do not match its config.json ({found}); save model and config "
-            "together with save_pretrained"
-        )
+    check_loading_info(path, info)
     model.config.use_cache = False
     length = 2 * max(config.lsh_attn_chunk_length or 1, config.local_attn_chunk_length or 1)
     example = {
