@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
-import importlib.util
 import json
 import os
 import subprocess
@@ -106,10 +105,21 @@ def _locked(folder: Path, report: Progress) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+def _has_pip() -> bool:
+    """Whether attnx's own environment has pip, read from its installed metadata: finding pip's module
+    instead (``importlib.util.find_spec("pip")``) makes setuptools' distutils shim hand every later
+    ``import distutils`` to the standard library, and torch.compile then fails in this process."""
+    try:
+        metadata.version("pip")
+    except metadata.PackageNotFoundError:
+        return False
+    return True
+
+
 def _build(folder: Path, packages: Sequence[str], report: Progress) -> None:
     """A virtualenv without pip of its own (attnx's pip installs into it: no ``ensurepip``, which some
     system Pythons lack), this Python's ``libpython`` beside it, the packages, a check, the marker."""
-    if importlib.util.find_spec("pip") is None:
+    if not _has_pip():
         raise AttnxError(
             "building the python environment for Triton's python backend needs pip in attnx's own "
             f"environment ({sys.executable} -m pip); install pip there, e.g. `{sys.executable} -m ensurepip`"

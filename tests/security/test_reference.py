@@ -9,6 +9,7 @@ file and the fix, and the payload's marker is never written.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import zipfile
@@ -63,7 +64,7 @@ def test_torch_export_load_runs_a_pickle_planted_in_an_archive(tmp_path, workdir
     archive = tmp_path / "program.pt2"
     torch.export.save(tiny_program(), str(archive))
     plant_pickle(archive)
-    with pytest.raises(Exception):  # noqa: B017 - torch fails after the payload ran (it returned an int)
+    with contextlib.suppress(Exception):  # torch may fail after the payload ran (it returned an int)
         torch.export.load(str(archive))
     assert (workdir / MARKER).exists()
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 import ast
 import dataclasses
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +21,7 @@ from attnx.serve import triton_model
 from attnx.serve.triton import plan_model
 from attnx.serve.triton_model import SequenceStore
 from attnx.serve.triton_python import write_python_model
-from tests.helpers import assert_one_line_error, run_cli
+from tests.helpers import REPO, assert_one_line_error, run_cli
 from tests.serve.python_backend import END, START, Request, install, load_model
 
 pytest.importorskip("tritonclient.grpc")
@@ -216,3 +218,33 @@ def test_an_environment_that_cannot_be_built_is_one_line_and_resumes(serve_expor
     assert (folder / "bin" / "python").exists() and not (folder / "attnx-env.json").exists()
     code, _, stderr = run_cli(args)
     assert code == 2 and f"resuming the build in {folder}" in stderr
+
+
+DISTUTILS_AFTER_THE_PIP_CHECK = """
+import distutils.core
+before = distutils.core.__file__
+for name in [m for m in sys.modules if m == "distutils" or m.startswith("distutils.")]:
+    del sys.modules[name]
+from attnx.serve.pyenv import _has_pip
+assert _has_pip()
+import distutils.core
+print(before, distutils.core.__file__)
+"""
+
+
+@pytest.mark.skipif(sys.version_info >= (3, 12), reason="Python 3.12 has no distutils of its own to fall back to")
+def test_the_pip_check_leaves_setuptools_distutils_shim_alone(tmp_path):
+    """Why the check reads pip's metadata: finding pip's module switches setuptools' shim off for the
+    process, and torch.compile (inductor imports distutils) then fails in it."""
+    run = subprocess.run(
+        [sys.executable, "-c", "import sys\n" + DISTUTILS_AFTER_THE_PIP_CHECK],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    before, after = run.stdout.split()
+    if "setuptools" not in before:
+        pytest.skip(f"this Python's distutils is not setuptools' shim ({before})")
+    assert after == before
