@@ -278,9 +278,12 @@ def genai_config(
 
 
 def context_length(assembly: Assembly | ModuleAssembly) -> int:
-    """The longest sequence genai may generate: the variant's position limit, else :data:`DEFAULT_CONTEXT`."""
+    """The longest sequence genai may generate: the variant's position limit (a module's: what its
+    adapters read from it, e.g. a Hugging Face config's ``max_position_embeddings``), else
+    :data:`DEFAULT_CONTEXT`."""
     if isinstance(assembly, ModuleAssembly):
-        return DEFAULT_CONTEXT
+        limit = assembly.section.lengths
+        return limit.maximum if limit is not None and limit.maximum is not None else DEFAULT_CONTEXT
     return assembly.variant.position_limit(assembly.variant_config) or DEFAULT_CONTEXT
 
 

@@ -181,13 +181,14 @@ def pure_torch_gated_delta() -> None:
                 setattr(module, attribute, inspect.unwrap(value))
 
 
-def build(arch: str) -> Any:
-    """The randomly initialised model of ``arch``'s recipe (seeded)."""
+def build(arch: str, **config_changes: Any) -> Any:
+    """The randomly initialised model of ``arch``'s recipe (seeded), its config options changed by
+    ``config_changes``."""
     import torch
     import transformers
 
     recipe = RECIPES[arch]
-    config = getattr(transformers, recipe["config"])(**recipe["options"])
+    config = getattr(transformers, recipe["config"])(**{**recipe["options"], **config_changes})
     torch.manual_seed(TRAINING["seed"])
     return getattr(transformers, recipe["class"])(config)
 

@@ -1,11 +1,11 @@
 """The heavy half of the ``hf_hybrid`` adapter (imports transformers and torch): every architecture's
-declaration, the walk's ``convert``/``needs_adapter``, and ``--from hf:DIR`` loading."""
+declaration, the walk's ``convert``/``needs_adapter``/``lengths``, and ``--from hf:DIR`` loading."""
 
 from __future__ import annotations
 
 from torch import nn
 
-from attnx.adapter import AdapterImpl
+from attnx.adapter import AdapterImpl, Lengths
 from attnx.adapters.hf_hybrid.architecture import Architecture
 from attnx.adapters.hf_hybrid.minimax import MINIMAX
 from attnx.adapters.hf_hybrid.qwen import QWEN3_5, QWEN3_5_MOE, QWEN3_NEXT
@@ -32,4 +32,12 @@ def needs_adapter(module: nn.Module) -> bool:
     return any(isinstance(module, a.untraceable) for a in ARCHITECTURES.values())
 
 
-IMPL = AdapterImpl(convert=convert, needs_adapter=needs_adapter)
+def lengths(module: nn.Module) -> Lengths | None:
+    """A whole model takes up to its config's ``max_position_embeddings`` tokens (the rotary table's
+    reach, and the context its genai config declares); anything else: no limit of its own."""
+    if not any(isinstance(module, a.models) for a in ARCHITECTURES.values()):
+        return None
+    return Lengths(maximum=module.config.max_position_embeddings)
+
+
+IMPL = AdapterImpl(convert=convert, needs_adapter=needs_adapter, lengths=lengths)

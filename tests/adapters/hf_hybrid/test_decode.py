@@ -49,7 +49,9 @@ def test_genai_config_names_each_layers_state(decode_export, trained, arch):
     import onnx
 
     out = decode_export(arch)
-    decoder = json.loads((out / "genai_config.json").read_text())["model"]["decoder"]
+    genai_model = json.loads((out / "genai_config.json").read_text())["model"]
+    assert genai_model["context_length"] == trained(arch).config.max_position_embeddings
+    decoder = genai_model["decoder"]
     assert decoder["inputs"]["past_recurrent_names"] == "past.%d.recurrent"
     assert decoder["inputs"]["past_conv_names"] == "past.%d.conv"
     assert decoder["inputs"]["past_key_names"] == "past_key_values.%d.key"

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from attnx.testing import hf_hybrid
+from tests.adapters.hf_hybrid.conftest import ARCHS
 from tests.helpers import assert_one_line_error, run_cli
 
 
@@ -103,3 +105,17 @@ def test_a_sharded_save_loads_and_a_missing_shard_is_named(trained, tmp_path):
     assert type(model).__name__ == "Qwen3_5ForCausalLM" and set(example) >= {"input_ids", "attention_mask"}
     shards[-1].unlink()
     refused(directory, tmp_path, f"names {shards[-1].name}, which is missing")
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_the_default_verify_lengths_fit_the_configs_positions(arch):
+    """A model whose config allows 100 positions verifies at 1, 7, 32 and 100 (not 129), and its genai
+    config declares 100 as its context (the manifest's lengths, read from max_position_embeddings)."""
+    from attnx.adapters.hf_hybrid.convert import lengths
+    from attnx.recipes.loader import DEFAULT_SEQ_LENS
+
+    model = hf_hybrid.build(arch, max_position_embeddings=100)
+    limit = lengths(model)
+    assert limit is not None and limit.maximum == 100
+    assert limit.fit(DEFAULT_SEQ_LENS) == (1, 7, 32, 100)
+    assert lengths(model.lm_head) is None
