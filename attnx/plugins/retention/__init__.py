@@ -10,25 +10,15 @@ decode (docs/variants/retention.md). The layer is :mod:`attnx.plugins._gated_lay
 from __future__ import annotations
 
 from attnx.hookspecs import hookimpl
-from attnx.plugins._gated_cost import gated_cost
+from attnx.plugins._gated_variant import gated_variant
 from attnx.plugins.retention.config import RetentionConfig
-from attnx.variant import Capabilities, TestOptions, Tolerance, Variant
+from attnx.variant import TestOptions, Variant
 
-VARIANT = Variant(
+VARIANT = gated_variant(
     name="retention",
     summary="gated linear attention, additive rule: fixed or input-dependent decay, O(N), O(1) decode",
     paper="Retentive Network (arXiv 2307.08621); GLA (2312.06635); MiniMax-01 lightning (2501.08313)",
     config=RetentionConfig,
-    capabilities=Capabilities(
-        causal=True, bidirectional=False, key_padding_mask=True, decode="recurrent", trainable=True
-    ),
-    tolerance=Tolerance(atol=1e-4, rtol=1e-3),
-    # fp16: where q . k nearly cancels (o ~ 0, a first token), the per-head RMSNorm runs in its eps-dominated
-    # range and passes the fp16 rounding of q and k (up to half of a tiny o) to the logits: measured 0.028 on
-    # the kit's tiny lm, twice the house fp16 atol (docs/variants/retention.md, Tolerance)
-    fp16_tolerance=Tolerance(atol=5e-2, rtol=1e-2),
-    impl="attnx.plugins._gated_layer:IMPL",
-    cost=gated_cost,
     testing=TestOptions(
         # a per-key decay from x, grouped value heads and chunks of 4: 11 tokens cross chunks and blocks
         options={"decay": "key", "value_heads": 4, "chunk_size": 4},
