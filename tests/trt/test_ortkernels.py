@@ -18,9 +18,9 @@ from onnx import TensorProto, helper
 from attnx.api import verify
 from attnx.exporter.directory import ExportDir
 from attnx.ops import AttentionOp
-from attnx.ortkernels import kernel_view, session_options
+from attnx.ortkernels import kernel_view, kernels_missing, register_all, session_options
 from attnx.plugins.softmax.kernel import SOFTMAX_OP
-from attnx.trt.spec import PluginSpec
+from attnx.trt.spec import PluginSpec, describe
 from tests.trt.conftest import VARIANTS
 
 
@@ -136,6 +136,10 @@ def _(x, key_padding_mask, weights, shift, mode):
 
 
 ROLL_OP = AttentionOp("ScaledRollTest", scaled_roll, (), input_types={"key_padding_mask": "tensor(bool)"})
+# Its kernels are registered now, at collection, before any session of this process exists: a session
+# made before a later registration crashes onnxruntime-extensions when it runs or is freed (register_all).
+if kernels_missing() is None:
+    register_all([describe(ROLL_OP)])
 
 
 @pytest.mark.parametrize("with_mask", [True, False])
