@@ -30,7 +30,8 @@ def test_an_architecture_attnx_does_not_adapt_is_named_with_the_supported_ones(t
     other = tmp_path / "llama"
     other.mkdir()
     (other / "config.json").write_text(json.dumps({"model_type": "llama"}))
-    refused(other, tmp_path, "'llama' model", "minimax", "qwen3_5", "qwen3_5_moe", "qwen3_next", "reformer")
+    supported = ("kimi_linear", "minimax", "qwen3_5", "qwen3_5_moe", "qwen3_next", "reformer")
+    refused(other, tmp_path, "'llama' model", *supported)
 
 
 def test_a_class_attnx_does_not_export_is_named(saved_dir, tmp_path):
@@ -88,6 +89,11 @@ def test_a_rotary_that_rescales_per_forward_is_refused_by_name(saved_dir, tmp_pa
 def test_a_minimax_sliding_window_is_refused_by_name(saved_dir, tmp_path):
     directory = copy_of(saved_dir("minimax"), tmp_path / "window", sliding_window=32)
     refused(directory, tmp_path, "sliding_window=32")
+
+
+def test_kimi_key_value_heads_other_than_attention_heads_are_refused_by_name(saved_dir, tmp_path):
+    directory = copy_of(saved_dir("kimi_linear"), tmp_path / "kv", num_key_value_heads=2)
+    refused(directory, tmp_path, "kimi_linear with num_key_value_heads=2", "set num_key_value_heads to 4")
 
 
 def test_a_sharded_save_loads_and_a_missing_shard_is_named(trained, tmp_path):
