@@ -193,24 +193,15 @@ def train_tokenizer() -> Any:
     )
 
 
-GATED_DELTA_MODULES = ("qwen3_next", "qwen3_5", "qwen3_5_moe", "kimi_linear")
-
-
 def pure_torch_gated_delta() -> None:
-    """HF's own pure-torch delta rules and short convolutions in its Qwen and Kimi Linear modeling modules,
-    for this process. With flash-linear-attention installed, transformers binds that library's Triton
-    kernels at import (``use_kernel_func_from_hub_with_fallback``: Qwen's ``torch_chunk_gated_delta_rule``,
-    Kimi's ``chunk_kimi_delta_attention``, ...), and those need a GPU; the torch functions they wrap are
-    what HF runs on a CPU without it (the reference of every test here)."""
-    import importlib
-    import inspect
+    """HF's own pure-torch delta rules and short convolutions in every hybrid architecture's modeling
+    module, for this process (:meth:`attnx.adapters.hf_hybrid.architecture.Architecture.use_torch_fallbacks`:
+    with flash-linear-attention installed, transformers binds its GPU kernels in their place at import);
+    the reference of every test here, as of ``--from hf:DIR``."""
+    from attnx.adapters.hf_hybrid.convert import ARCHITECTURES
 
-    for name in GATED_DELTA_MODULES:
-        module = importlib.import_module(f"transformers.models.{name}.modeling_{name}")
-        for attribute, value in list(vars(module).items()):
-            # HF's kernel-or-fallback wrappers: functools.wraps of the module's own torch function
-            if getattr(value, "__module__", None) == module.__name__ and hasattr(value, "__wrapped__"):
-                setattr(module, attribute, inspect.unwrap(value))
+    for architecture in ARCHITECTURES.values():
+        architecture.use_torch_fallbacks()
 
 
 def build(arch: str) -> Any:

@@ -9,6 +9,8 @@ replaces it. Shared code keys on these declarations, never on an architecture's 
 from __future__ import annotations
 
 import dataclasses
+import inspect
+import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -59,6 +61,20 @@ class Architecture:
         check_config(config, self.model_type)
         if self.check is not None:
             self.check(config)
+
+    def use_torch_fallbacks(self) -> None:
+        """Make the architecture's modeling module call its own pure-torch functions, for this process.
+
+        transformers binds flash-linear-attention's (or causal-conv1d's) kernels in their place at import
+        when those libraries are installed (``use_kernel_func_from_hub_with_fallback``: Qwen's
+        ``torch_chunk_gated_delta_rule``, Kimi's ``chunk_kimi_delta_attention``, the short convolutions);
+        they need a GPU, and HF's torch path is the reference attnx's parity is checked against.
+        """
+        modeling = sys.modules[self.models[0].__module__]
+        for name, value in list(vars(modeling).items()):
+            # HF's kernel-or-fallback wrappers are functools.wraps of the module's own torch function
+            if getattr(value, "__module__", None) == modeling.__name__ and hasattr(value, "__wrapped__"):
+                setattr(modeling, name, inspect.unwrap(value))
 
     def convert(self, module: nn.Module) -> nn.Module | None:
         """The attnx replacement of a whole model or of one layer of this architecture, or None."""

@@ -2,7 +2,9 @@
 
 The class is the first of ``config.json``'s ``architectures`` that the architecture declares; the
 model loads in eval mode with ``use_cache`` off (its decode state goes through attnx's decode
-graphs). The example inputs are what generate passes: token ids, a bool padding mask and position ids.
+graphs), its modeling module calling HF's own pure-torch functions rather than the GPU kernels of
+flash-linear-attention bound in their place when that is installed (the forward is the parity
+reference). The example inputs are what generate passes: token ids, a bool padding mask and position ids.
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ def load(path: Path) -> tuple[Any, dict[str, Any], None, list[str]]:
     arch, name = architecture(path, raw)
     config = getattr(transformers, arch.config_class).from_pretrained(path, local_files_only=True)
     arch.check_config(config)
+    arch.use_torch_fallbacks()  # HF's forward is the parity reference: its torch path, on any device
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
