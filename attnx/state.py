@@ -107,16 +107,13 @@ def layer_kind(roles: Sequence[str]) -> LayerKind:
     return "kv-cache" if any(role in CACHE_ROLES for role in roles) else "recurrent"
 
 
-def kv_cache(heads: int, head_dim: int, value_dim: int | None = None) -> list[StateTensor]:
-    """A KV cache: keys and values of every earlier token, (batch, heads, past_seq, head_dim), the values'
-    last axis ``value_dim`` where it differs (multi-head latent attention), in the activations' dtype
-    (widening it would copy the whole cache at every step)."""
+def kv_cache(heads: int, head_dim: int) -> list[StateTensor]:
+    """A KV cache: keys and values of every earlier token, (batch, heads, past_seq, head_dim), in the
+    activations' dtype (widening it would copy the whole cache at every step)."""
     axes = ("batch", heads, GROWING, head_dim)
     return [
         StateTensor("key", axes, doc="keys of earlier tokens", role="key"),
-        StateTensor(
-            "value", (*axes[:-1], value_dim or head_dim), doc="values of earlier tokens", role="value"
-        ),
+        StateTensor("value", axes, doc="values of earlier tokens", role="value"),
     ]
 
 

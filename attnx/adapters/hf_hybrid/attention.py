@@ -38,20 +38,23 @@ class FullAttention(Stepping, nn.Module):
 
     A :class:`attnx.state.DecodableLayer`: ``step(x, state, position)`` continues a KV cache of the
     key/value heads; while ``stepping`` holds a Step (:class:`attnx.attention.Stepping`), HF's call of the
-    layer is that step. Subclasses set ``kv_heads``, ``head_dim`` (keys), ``value_dim``, ``groups`` (query
-    heads per key/value head), ``repeat`` (the architecture's ``repeat_kv``) and ``scaling``.
+    layer is that step. Subclasses set ``kv_heads``, ``head_dim`` (of the keys), ``groups`` (query heads
+    per key/value head), ``repeat`` (the architecture's ``repeat_kv``) and ``scaling``.
+
+    Values narrower than the keys (Kimi's MLA) are cached padded with zeros to the keys' head size:
+    onnxruntime-genai sizes the key and the value cache by one ``head_size``. That is exact, since
+    softmax(s) [v, 0] = [softmax(s) v, 0], and the padding is sliced off the output.
     """
 
     repeat: Callable[[torch.Tensor, int], torch.Tensor]
     kv_heads: int
     head_dim: int
-    value_dim: int
     groups: int
     scaling: float
 
     def decode_state(self) -> list[StateTensor]:
         """A KV cache of the key/value heads (keys as the attention sees them: after norms and rotation)."""
-        return kv_cache(self.kv_heads, self.head_dim, self.value_dim)
+        return kv_cache(self.kv_heads, self.head_dim)
 
     def forward(
         self,
@@ -87,7 +90,7 @@ class FullAttention(Stepping, nn.Module):
         self, x: torch.Tensor, position_embeddings: Any
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """Queries (batch, heads, n, head_dim), keys, values of the key/value heads, and the output gate
-        (batch, n, heads * value_dim; None: ungated) of (batch, n, width) ``x``."""
+        (batch, n, query heads * value head size; None: ungated) of (batch, n, width) ``x``."""
         raise NotImplementedError
 
     def attend(
@@ -100,8 +103,10 @@ class FullAttention(Stepping, nn.Module):
         """The layer on (batch, n, width) ``x``; with ``past`` (a KV cache, () when empty) the new keys and
         values are appended and the cache after ``x`` is returned too."""
         query, key, value, gate = self.project(x, position_embeddings)
-        present = None
+        width, present = value.shape[-1], None
         if past is not None:
+            if width != self.head_dim:
+                value = torch.nn.functional.pad(value, (0, self.head_dim - width))
             if past:
                 key, value = torch.cat([past[0], key], dim=-2), torch.cat([past[1], value], dim=-2)
             present = (key, value)
@@ -110,6 +115,8 @@ class FullAttention(Stepping, nn.Module):
         )
         if padding is not None:  # a query that sees no key (left padding) gets zeros, as HF's SDPA gives it
             out = out * (padding.cumsum(-1) > 0)[:, None, :, None].to(out.dtype)
+        if out.shape[-1] != width:
+            out = out[..., :width]
         out = out.transpose(1, 2).reshape(*x.shape[:-1], -1)
         if gate is not None:
             out = out * torch.sigmoid(gate)
@@ -135,7 +142,7 @@ class GatedAttention(FullAttention):
         for name, child in layer.named_children():
             self.add_module(name, child)
         self.rotate, self.repeat = rotate, repeat
-        self.head_dim = self.value_dim = layer.head_dim
+        self.head_dim = layer.head_dim
         self.scaling = float(layer.scaling)
         self.groups = layer.num_key_value_groups
         self.kv_heads = layer.config.num_key_value_heads

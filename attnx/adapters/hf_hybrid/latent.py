@@ -15,7 +15,9 @@ width), H heads:
 
 HF caches the normalised latent and the shared key part and re-expands them every step; attnx's decode
 keeps the per-head keys and values instead (the KV cache onnxruntime-genai holds: ``past_key_values.{i}``),
-which is the same function: the expansion is linear per token.
+which is the same function: the expansion is linear per token. The values (``v_head_dim``, narrower than
+the keys in the released model) are cached padded with zeros to the keys' size, since genai sizes both
+caches by one head size (:class:`~attnx.adapters.hf_hybrid.attention.FullAttention`).
 """
 
 from __future__ import annotations
