@@ -18,6 +18,10 @@ What HF computes (``Qwen3NextGatedDeltaNet.forward``, ``Qwen3_5GatedDeltaNet.for
 
 A padded token is then exactly a no-op on the state at the start (left padding): its q, k, v are
 silu(conv(0)) = 0, so the zero state stays zero whatever its decay.
+
+Kimi Linear's Kimi Delta Attention is this layer with its own q/k normalisation, a decay per key channel
+and its own output norm: :class:`attnx.adapters.hf_hybrid.kimi.KimiDeltaAttention` overrides
+:meth:`GatedDeltaNet.l2norm`, :meth:`GatedDeltaNet.decay` and :meth:`GatedDeltaNet.output`.
 """
 
 from __future__ import annotations
