@@ -13,11 +13,13 @@ import copy
 import pytest
 import torch
 from transformers.masking_utils import create_causal_mask
+from transformers.models.kimi_linear import modeling_kimi_linear as kimi
 
 from attnx.adapters.hf_hybrid import qwen
 from attnx.adapters.hf_hybrid.attention import FullAttention
 from attnx.adapters.hf_hybrid.convert import convert
 from attnx.adapters.hf_hybrid.kimi import KimiDeltaAttention
+from attnx.adapters.hf_hybrid.latent import LatentAttention
 from attnx.adapters.hf_hybrid.lightning import LightningAttention
 from attnx.adapters.hf_hybrid.linear import GatedDeltaNet
 from attnx.adapters.hf_hybrid.moe import DenseExperts
@@ -187,6 +189,25 @@ def test_a_kimi_decay_per_head_instead_of_per_key_is_caught(trained):
         assert_close(KimiDeltaAttention(layer)(x), layer(x))
         with pytest.raises(AssertionError):
             assert_close(PerHead(layer)(x), layer(x))
+
+
+def test_a_kimi_key_with_its_shared_part_first_is_caught(trained):
+    """Seeded defect: Kimi's MLA keys assembled as [shared, own] instead of HF's [own, shared] (the same
+    numbers, another order against the queries) fail the attention layer parity."""
+
+    class SharedFirst(LatentAttention):
+        def project(self, x, position_embeddings):
+            query, key, value, gate = super().project(x, position_embeddings)
+            return query, key.roll(self.shared_dim, dims=-1), value, gate
+
+    model = trained("kimi_linear")
+    (layer,) = layers_of(model, "full_attention")
+    x = torch.randn(1, 33, model.config.hidden_size)
+    with torch.no_grad():
+        expected, _ = layer(x, attention_mask=None)
+        assert_close(LatentAttention(layer, kimi.repeat_kv)(x)[0], expected)
+        with pytest.raises(AssertionError):
+            assert_close(SharedFirst(layer, kimi.repeat_kv)(x)[0], expected)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
