@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -109,3 +111,20 @@ def test_a_sharded_save_loads_and_a_missing_shard_is_named(trained, tmp_path):
     assert type(model).__name__ == "Qwen3_5ForCausalLM" and set(example) >= {"input_ids", "attention_mask"}
     shards[-1].unlink()
     refused(directory, tmp_path, f"names {shards[-1].name}, which is missing")
+
+
+@pytest.mark.slow  # a fresh interpreter importing torch, transformers and flash-linear-attention: ~30 s here
+def test_a_loaded_model_runs_hf_torch_path_in_a_fresh_process(saved_dir):
+    """With flash-linear-attention installed, transformers binds its GPU kernels in place of HF's torch
+    delta rule at import; ``--from hf:DIR`` loads a model whose own forward (the parity reference) runs
+    on a CPU anyway (a fresh process: the tests' own process already uses the torch path)."""
+    pytest.importorskip("fla")
+    script = (
+        "import sys, torch; from attnx.adapters.hf.load import load\n"
+        "model, example, _, _ = load(__import__('pathlib').Path(sys.argv[1]))\n"
+        "with torch.no_grad(): print(tuple(model(**example).logits.shape))"
+    )
+    command = [sys.executable, "-c", script, str(saved_dir("kimi_linear"))]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().endswith("512)")
