@@ -1,12 +1,13 @@
 """Make the small trained Hugging Face hybrids that attnx's tests and benchmarks use.
 
 Each is a small config of its architecture (Qwen3-Next: Gated DeltaNet, gated softmax attention and
-MoE; Qwen3.5's text model), a byte-level BPE tokenizer trained on CPython's documentation
+MoE; Qwen3.5's text models; Kimi Linear: Kimi Delta Attention, multi-head latent attention, MoE;
+MiniMax: lightning attention), a byte-level BPE tokenizer trained on CPython's documentation
 (``pydoc_data``), and a few hundred AdamW steps of next-token training on that text on CPU, saved
 with ``save_pretrained`` (safetensors) and the tokenizer. The directory is keyed by a hash of the
 recipe, so a second run reuses it (attnx.testing.hf_hybrid holds the recipes).
 
-    python examples/train_hf_hybrid.py                     # both, into ~/.cache/attnx/hf-fixtures
+    python examples/train_hf_hybrid.py                     # all, into ~/.cache/attnx/hf-fixtures
     python examples/train_hf_hybrid.py qwen3_5 --out models
     attnx export --from hf:models/qwen3_5-<hash> -o qwen35
 """

@@ -1,7 +1,8 @@
-"""Small *trained* Hugging Face hybrid models (Qwen3-Next, Qwen3.5's text model) for tests and benchmarks.
+"""Small *trained* Hugging Face hybrid models (Qwen3-Next, Qwen3.5's text models, Kimi Linear, MiniMax) for
+tests and benchmarks.
 
-Each recipe is a small config of the architecture (a few layers mixing Gated DeltaNet and gated
-softmax attention, width 64, MoE with four experts for Qwen3-Next), a byte-level BPE tokenizer
+Each recipe is a small config of the architecture (a few layers mixing gated linear attention and
+softmax attention, width 64, MoE with a few experts), a byte-level BPE tokenizer
 trained with ``tokenizers`` on the Python documentation that ships with CPython
 (``pydoc_data.topics``), and a few hundred AdamW steps of next-token training on that text on CPU.
 The result is written with ``save_pretrained`` (safetensors) plus the tokenizer into
@@ -99,6 +100,35 @@ RECIPES: dict[str, dict[str, Any]] = {
             "linear_attn_beta_factor": 0.7,
         },
     },
+    # the released Kimi-Linear-48B's shape in small: KDA x3 + MLA (no q low rank, value heads narrower than
+    # keys), DeepSeek-V3 routing over groups (4 groups of 2 experts, the best 2 groups, 2 experts), one
+    # shared expert, the first layer a dense MLP
+    "kimi_linear": {
+        "class": "KimiLinearForCausalLM",
+        "config": "KimiLinearConfig",
+        "options": {
+            **{k: _SHARED[k] for k in ("vocab_size", "hidden_size", "intermediate_size", "layer_types")},
+            **{k: _SHARED[k] for k in ("num_hidden_layers", "linear_conv_kernel_dim")},
+            **{k: _SHARED[k] for k in ("max_position_embeddings",)},
+            **{k: _SHARED[k] for k in ("pad_token_id", "bos_token_id", "eos_token_id")},
+            "num_attention_heads": 4,
+            "num_key_value_heads": 4,
+            "q_lora_rank": None,
+            "kv_lora_rank": 32,
+            "qk_nope_head_dim": 16,
+            "qk_rope_head_dim": 8,
+            "v_head_dim": 16,
+            "linear_num_heads": 4,
+            "linear_head_dim": 16,
+            "num_local_experts": 8,
+            "num_experts_per_tok": 2,
+            "n_group": 4,
+            "topk_group": 2,
+            "moe_intermediate_size": 32,
+            "mlp_layer_types": ["dense", "sparse", "sparse", "sparse"],
+            "tie_word_embeddings": False,
+        },
+    },
     "qwen3_5_moe": {
         "class": "Qwen3_5MoeForCausalLM",
         "config": "Qwen3_5MoeTextConfig",
@@ -163,22 +193,15 @@ def train_tokenizer() -> Any:
     )
 
 
-GATED_DELTA_MODULES = ("qwen3_next", "qwen3_5", "qwen3_5_moe")
-
-
 def pure_torch_gated_delta() -> None:
-    """HF's own pure-torch gated delta rule in its Qwen modeling modules, for this process. With
-    flash-linear-attention installed, transformers binds that library's Triton kernels at import
-    (``use_kernel_func_from_hub_with_fallback``), and those need a GPU; these torch functions are what HF
-    runs on a CPU without it (the reference of every test here)."""
-    import importlib
-    import inspect
+    """HF's own pure-torch delta rules and short convolutions in every hybrid architecture's modeling
+    module, for this process (:meth:`attnx.adapters.hf_hybrid.architecture.Architecture.use_torch_fallbacks`:
+    with flash-linear-attention installed, transformers binds its GPU kernels in their place at import);
+    the reference of every test here, as of ``--from hf:DIR``."""
+    from attnx.adapters.hf_hybrid.convert import ARCHITECTURES
 
-    for name in GATED_DELTA_MODULES:
-        module = importlib.import_module(f"transformers.models.{name}.modeling_{name}")
-        for attribute, value in list(vars(module).items()):
-            if attribute.startswith("torch_") and inspect.isfunction(value):
-                setattr(module, attribute, inspect.unwrap(value))
+    for architecture in ARCHITECTURES.values():
+        architecture.use_torch_fallbacks()
 
 
 def build(arch: str, **config_changes: Any) -> Any:

@@ -26,6 +26,7 @@ LOADERS: dict[str, str] = {
     "qwen3_5_text": "attnx.adapters.hf_hybrid.load:load",
     "qwen3_5_moe": "attnx.adapters.hf_hybrid.load:load",
     "qwen3_5_moe_text": "attnx.adapters.hf_hybrid.load:load",
+    "kimi_linear": "attnx.adapters.hf_hybrid.load:load",
     "minimax": "attnx.adapters.hf_hybrid.load:load",
 }
 PICKLES = ("pytorch_model.bin", "pytorch_model.bin.index.json", "model.pt", "model.pth")

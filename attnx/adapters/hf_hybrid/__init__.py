@@ -5,7 +5,11 @@ Qwen3-Next (``qwen3_next``) and the text models of Qwen3.5 (``qwen3_5``) and Qwe
 (``attnx::GatedDeltaRule``, decode ``attnx::GatedDeltaRuleStep``), their gated full-attention layers
 attnx's softmax attention with a KV cache, their sparse MoE experts a dense weighted sum that
 exports; everything else (embeddings, norms, rotary tables, routers, MLPs, head) runs Hugging Face's
-own code. One module per architecture family (``qwen.py``), shared layers beside it.
+own code. Kimi Linear (``kimi_linear``): its Kimi Delta Attention layers the same rule with a decay per
+key channel, its multi-head latent attention layers attnx's softmax attention (no positions), the
+experts of its DeepSeek-V3-style MoE the same dense sum. MiniMax (``minimax``): its lightning attention
+layers the gated rule without the delta update. One module per architecture family (``qwen.py``,
+``kimi.py``, ``minimax.py``), shared layers beside it.
 See docs/importing.md.
 """
 
@@ -16,7 +20,7 @@ from attnx.hookspecs import hookimpl
 
 ADAPTER = Adapter(
     name="hf_hybrid",
-    summary="HF Qwen3-Next, Qwen3.5, Qwen3.5-MoE (Gated DeltaNet, gated attention, MoE) -> gated_delta",
+    summary="HF Qwen3-Next, Qwen3.5(-MoE), Kimi Linear, MiniMax (linear + full attention) -> gated_delta",
     library="transformers",
     impl="attnx.adapters.hf_hybrid.convert:IMPL",
 )

@@ -1,7 +1,7 @@
 """What the hybrid adapter knows about one Hugging Face architecture, and what all of them share.
 
-An :class:`Architecture` is declared once per ``model_type`` (``qwen.py``; Kimi Linear and MiniMax
-add theirs beside it): the classes ``--from hf:DIR`` loads, the whole-model classes the adapter wraps
+An :class:`Architecture` is declared once per ``model_type`` (``qwen.py``, ``kimi.py``,
+``minimax.py``): the classes ``--from hf:DIR`` loads, the whole-model classes the adapter wraps
 (:class:`attnx.adapters.hf_hybrid.model.HybridModel`), and per HF layer class the attnx module that
 replaces it. Shared code keys on these declarations, never on an architecture's name.
 """
@@ -9,6 +9,8 @@ replaces it. Shared code keys on these declarations, never on an architecture's 
 from __future__ import annotations
 
 import dataclasses
+import inspect
+import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -35,7 +37,10 @@ class Architecture:
         layers: HF layer class -> the attnx module made from it (same parameters).
         untraceable: HF classes that cannot be exported as they are (refused if left unconverted).
         rotary: the model's rotary embedding class (its cos/sin for positions), which the attention
-            layers of a converted model use to step on their own.
+            layers of a converted model use to step on their own; None: the model has no positions
+            (Kimi Linear).
+        check: refuses, by name, the architecture's own options the adapter does not reproduce
+            (after :func:`check_config`'s shared ones).
     """
 
     model_type: str
@@ -44,17 +49,43 @@ class Architecture:
     models: tuple[type, ...]
     layers: Mapping[type, Callable[[nn.Module], nn.Module]]
     untraceable: tuple[type, ...]
-    rotary: type
+    rotary: type | None
+    check: Callable[[Any], None] | None = None
+
+    def check_config(self, config: Any) -> None:
+        """Refuse, by name, the options of ``config`` that the adapter does not reproduce.
+
+        Raises:
+            AttnxError: see :func:`check_config` and the architecture's own ``check``.
+        """
+        check_config(config, self.model_type)
+        if self.check is not None:
+            self.check(config)
+
+    def use_torch_fallbacks(self) -> None:
+        """Make the architecture's modeling module call its own pure-torch functions, for this process.
+
+        transformers binds flash-linear-attention's (or causal-conv1d's) kernels in their place at import
+        when those libraries are installed (``use_kernel_func_from_hub_with_fallback``: Qwen's
+        ``torch_chunk_gated_delta_rule``, Kimi's ``chunk_kimi_delta_attention``, the short convolutions);
+        they need a GPU, and HF's torch path is the reference attnx's parity is checked against.
+        """
+        modeling = sys.modules[self.models[0].__module__]
+        for name, value in list(vars(modeling).items()):
+            # HF's kernel-or-fallback wrappers are functools.wraps of the module's own torch function
+            if getattr(value, "__module__", None) == modeling.__name__ and hasattr(value, "__wrapped__"):
+                setattr(modeling, name, inspect.unwrap(value))
 
     def convert(self, module: nn.Module) -> nn.Module | None:
         """The attnx replacement of a whole model or of one layer of this architecture, or None."""
         if isinstance(module, self.models):
-            check_config(module.config, self.model_type)
-            rotary = next(m for m in module.modules() if isinstance(m, self.rotary))
+            self.check_config(module.config)
             converted = convert_layers(module, self.layers)
-            for layer in converted.modules():
-                if isinstance(layer, GatedAttention):
-                    layer.rotary = rotary.forward
+            if self.rotary is not None:
+                rotary = next(m for m in module.modules() if isinstance(m, self.rotary))
+                for layer in converted.modules():
+                    if isinstance(layer, GatedAttention):
+                        layer.rotary = rotary.forward
             return HybridModel(converted, module.config.layer_types)
         make = self.layers.get(type(module))
         return None if make is None else make(module)

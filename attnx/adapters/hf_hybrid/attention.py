@@ -32,13 +32,102 @@ from attnx.state import StateTensor, kv_cache
 Rotary = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 
-class GatedAttention(Stepping, nn.Module):
-    """An HF full attention layer (same parameters, same names) computed by ``attnx::SoftmaxAttention``;
-    ``gated``: Qwen's output gate in ``q_proj`` and q/k norms (False: MiniMax's plain layer).
+class FullAttention(Stepping, nn.Module):
+    """What every full attention layer of the hybrids shares: HF's call, the KV-cache step and the softmax
+    around the architecture's own projections (:meth:`project`).
 
     A :class:`attnx.state.DecodableLayer`: ``step(x, state, position)`` continues a KV cache of the
-    key/value heads, with cos/sin from the model's own rotary module; while ``stepping`` holds a Step
-    (:class:`attnx.attention.Stepping`), HF's call of the layer is that step.
+    key/value heads; while ``stepping`` holds a Step (:class:`attnx.attention.Stepping`), HF's call of the
+    layer is that step. Subclasses set ``kv_heads``, ``head_dim`` (of the keys), ``groups`` (query heads
+    per key/value head), ``repeat`` (the architecture's ``repeat_kv``) and ``scaling``.
+
+    Values narrower than the keys (Kimi's MLA) are cached padded with zeros to the keys' head size:
+    onnxruntime-genai sizes the key and the value cache by one ``head_size``. That is exact, since
+    softmax(s) [v, 0] = [softmax(s) v, 0], and the padding is sliced off the output.
+    """
+
+    repeat: Callable[[torch.Tensor, int], torch.Tensor]
+    kv_heads: int
+    head_dim: int
+    groups: int
+    scaling: float
+
+    def decode_state(self) -> list[StateTensor]:
+        """A KV cache of the key/value heads (keys as the attention sees them: after norms and rotation)."""
+        return kv_cache(self.kv_heads, self.head_dim)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
+        attention_mask: torch.Tensor | None = None,
+        cache: Any = None,
+        **kwargs: Any,
+    ) -> tuple[torch.Tensor, None]:
+        """HF's call (with its cos/sin where the model rotates): the whole sequence, or (while ``stepping``
+        holds a Step) the step of new tokens after its KV cache."""
+        if cache is not None:
+            raise ValueError(
+                "an attnx full attention layer keeps its KV cache through attnx decoding, not HF's cache"
+            )
+        if self.stepping is not None:
+            return self.stepped(hidden_states), None
+        padding = None if attention_mask is None else attention_mask.to(torch.bool)
+        return self.attend(hidden_states, position_embeddings, padding, None)[0], None
+
+    def step(
+        self, x: torch.Tensor, state: tuple[torch.Tensor, ...] | None, position: torch.Tensor
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        """The output for new tokens ``x`` at ``position`` after the KV cache ``state`` (None: empty), and
+        the cache after them."""
+        return self.attend(x, self.embeddings_at(x, position), None, state or ())
+
+    def embeddings_at(self, x: torch.Tensor, position: torch.Tensor) -> Any:
+        """What :meth:`project` takes for new tokens ``x`` from ``position`` on (None: no positions)."""
+        return None
+
+    def project(
+        self, x: torch.Tensor, position_embeddings: Any
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Queries (batch, heads, n, head_dim), keys, values of the key/value heads, and the output gate
+        (batch, n, query heads * value head size; None: ungated) of (batch, n, width) ``x``."""
+        raise NotImplementedError
+
+    def attend(
+        self,
+        x: torch.Tensor,
+        position_embeddings: Any,
+        padding: torch.Tensor | None,
+        past: tuple[torch.Tensor, ...] | None,
+    ) -> tuple[torch.Tensor, Any]:
+        """The layer on (batch, n, width) ``x``; with ``past`` (a KV cache, () when empty) the new keys and
+        values are appended and the cache after ``x`` is returned too."""
+        query, key, value, gate = self.project(x, position_embeddings)
+        width, present = value.shape[-1], None
+        if past is not None:
+            if width != self.head_dim:
+                value = torch.nn.functional.pad(value, (0, self.head_dim - width))
+            if past:
+                key, value = torch.cat([past[0], key], dim=-2), torch.cat([past[1], value], dim=-2)
+            present = (key, value)
+        out = torch.ops.attnx.softmax_attention(
+            query, self.repeat(key, self.groups), self.repeat(value, self.groups), padding, True, self.scaling
+        )
+        if padding is not None:  # a query that sees no key (left padding) gets zeros, as HF's SDPA gives it
+            out = out * (padding.cumsum(-1) > 0)[:, None, :, None].to(out.dtype)
+        if out.shape[-1] != width:
+            out = out[..., :width]
+        out = out.transpose(1, 2).reshape(*x.shape[:-1], -1)
+        if gate is not None:
+            out = out * torch.sigmoid(gate)
+        return self.o_proj(out), present
+
+
+class GatedAttention(FullAttention):
+    """An HF full attention layer of Qwen3-Next, Qwen3.5 or MiniMax (same parameters, same names) computed by
+    ``attnx::SoftmaxAttention``; ``gated``: Qwen's output gate in ``q_proj`` and q/k norms (False: MiniMax's
+    plain layer). Stepping takes cos/sin from the model's own rotary module (``rotary``, set with the
+    model's).
     """
 
     def __init__(
@@ -53,40 +142,15 @@ class GatedAttention(Stepping, nn.Module):
         for name, child in layer.named_children():
             self.add_module(name, child)
         self.rotate, self.repeat = rotate, repeat
-        self.head_dim, self.scaling = layer.head_dim, float(layer.scaling)
+        self.head_dim = layer.head_dim
+        self.scaling = float(layer.scaling)
         self.groups = layer.num_key_value_groups
         self.kv_heads = layer.config.num_key_value_heads
         self.layer_idx = layer.layer_idx
         self.rotary: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None  # set with the model's
 
-    def decode_state(self) -> list[StateTensor]:
-        """A KV cache of the key/value heads (keys after their norm and rotation)."""
-        return kv_cache(self.kv_heads, self.head_dim)
-
-    def forward(
-        self,
-        hidden_states: torch.Tensor,
-        position_embeddings: tuple[torch.Tensor, torch.Tensor],
-        attention_mask: torch.Tensor | None = None,
-        cache: Any = None,
-        **kwargs: Any,
-    ) -> tuple[torch.Tensor, None]:
-        """HF's call (with its cos/sin): the whole sequence, or (while ``stepping`` holds a Step) the step
-        of new tokens after its KV cache."""
-        if cache is not None:
-            raise ValueError(
-                "an attnx gated attention layer keeps its KV cache through attnx decoding, not HF's cache"
-            )
-        if self.stepping is not None:
-            return self.stepped(hidden_states), None
-        padding = None if attention_mask is None else attention_mask.to(torch.bool)
-        return self.attend(hidden_states, position_embeddings, padding, None)[0], None
-
-    def step(
-        self, x: torch.Tensor, state: tuple[torch.Tensor, ...] | None, position: torch.Tensor
-    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-        """The output for new tokens ``x`` at ``position`` after the KV cache ``state`` (None: empty), and
-        the cache after them; cos/sin from the model's own rotary module.
+    def embeddings_at(self, x: torch.Tensor, position: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin of the new tokens' positions, from the model's own rotary module.
 
         Raises:
             AttnxError: a layer converted on its own, without its model's rotary module.
@@ -95,24 +159,19 @@ class GatedAttention(Stepping, nn.Module):
             raise AttnxError(
                 "a gated attention layer converted without its model cannot step; convert the model"
             )
-        positions = (torch.arange(x.shape[1], device=x.device) + position)[None]
-        return self.attend(x, self.rotary(x, positions), None, state or ())
+        return self.rotary(x, (torch.arange(x.shape[1], device=x.device) + position)[None])
 
-    def attend(
-        self,
-        x: torch.Tensor,
-        position_embeddings: tuple[torch.Tensor, torch.Tensor],
-        padding: torch.Tensor | None,
-        past: tuple[torch.Tensor, ...] | None,
-    ) -> tuple[torch.Tensor, Any]:
-        """The layer on (batch, n, width) ``x``; with ``past`` (a KV cache, () when empty) the new keys and
-        values are appended and the cache after ``x`` is returned too."""
+    def project(
+        self, x: torch.Tensor, position_embeddings: tuple[torch.Tensor, torch.Tensor]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
         shape = x.shape[:-1]
         heads = (*shape, -1, self.head_dim)
+        gate = None
         if self.gated:
             query, gate = torch.chunk(self.q_proj(x).view(*shape, -1, self.head_dim * 2), 2, dim=-1)
             query = self.q_norm(query.view(heads)).transpose(1, 2)
             key = self.k_norm(self.k_proj(x).view(heads)).transpose(1, 2)
+            gate = gate.reshape(*shape, -1)
         else:
             query, key = (
                 self.q_proj(x).view(heads).transpose(1, 2),
@@ -120,17 +179,4 @@ class GatedAttention(Stepping, nn.Module):
             )
         value = self.v_proj(x).view(heads).transpose(1, 2)
         query, key = self.rotate(query, key, *position_embeddings)
-        present = None
-        if past is not None:
-            if past:
-                key, value = torch.cat([past[0], key], dim=-2), torch.cat([past[1], value], dim=-2)
-            present = (key, value)
-        out = torch.ops.attnx.softmax_attention(
-            query, self.repeat(key, self.groups), self.repeat(value, self.groups), padding, True, self.scaling
-        )
-        if padding is not None:  # a query that sees no key (left padding) gets zeros, as HF's SDPA gives it
-            out = out * (padding.cumsum(-1) > 0)[:, None, :, None].to(out.dtype)
-        out = out.transpose(1, 2).reshape(*shape, -1)
-        if self.gated:
-            out = out * torch.sigmoid(gate.reshape(*shape, -1))
-        return self.o_proj(out), present
+        return query, key, value, gate

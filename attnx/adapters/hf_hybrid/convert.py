@@ -7,12 +7,13 @@ from torch import nn
 
 from attnx.adapter import AdapterImpl, Lengths
 from attnx.adapters.hf_hybrid.architecture import Architecture
+from attnx.adapters.hf_hybrid.kimi import KIMI_LINEAR
 from attnx.adapters.hf_hybrid.minimax import MINIMAX
 from attnx.adapters.hf_hybrid.qwen import QWEN3_5, QWEN3_5_MOE, QWEN3_NEXT
 from attnx.registry import get_registry
 
 ARCHITECTURES: dict[str, Architecture] = {
-    a.model_type: a for a in (QWEN3_NEXT, QWEN3_5, QWEN3_5_MOE, MINIMAX)
+    a.model_type: a for a in (QWEN3_NEXT, QWEN3_5, QWEN3_5_MOE, KIMI_LINEAR, MINIMAX)
 }
 
 

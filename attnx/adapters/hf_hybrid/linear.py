@@ -18,6 +18,10 @@ What HF computes (``Qwen3NextGatedDeltaNet.forward``, ``Qwen3_5GatedDeltaNet.for
 
 A padded token is then exactly a no-op on the state at the start (left padding): its q, k, v are
 silu(conv(0)) = 0, so the zero state stays zero whatever its decay.
+
+Kimi Linear's Kimi Delta Attention is this layer with its own q/k normalisation, a decay per key channel
+and its own output norm: :class:`attnx.adapters.hf_hybrid.kimi.KimiDeltaAttention` overrides
+:meth:`GatedDeltaNet.l2norm`, :meth:`GatedDeltaNet.decay` and :meth:`GatedDeltaNet.output`.
 """
 
 from __future__ import annotations
@@ -62,10 +66,14 @@ class GatedDeltaNet(Stepping, nn.Module):
         for name, parameter in layer.named_parameters(recurse=False):
             self.register_parameter(name, parameter)
         self.project, self.activation = project, activation
-        # HF's names, so the architecture's own helpers (Qwen3-Next's fix_query_key_value_ordering) run on it
+        self.conv_kernel_size, self.layer_idx = layer.conv_kernel_size, layer.layer_idx
+        self.read_heads(layer)
+
+    def read_heads(self, layer: nn.Module) -> None:
+        """The head counts and sizes, under HF's Qwen names (so the architecture's own helpers, Qwen3-Next's
+        ``fix_query_key_value_ordering``, run on this module)."""
         self.num_k_heads, self.num_v_heads = layer.num_k_heads, layer.num_v_heads
         self.head_k_dim, self.head_v_dim = layer.head_k_dim, layer.head_v_dim
-        self.conv_kernel_size, self.layer_idx = layer.conv_kernel_size, layer.layer_idx
 
     def decode_state(self) -> list[StateTensor]:
         """The conv carry over the q, k, v channels and the delta rule's state per value head."""
@@ -129,9 +137,9 @@ class GatedDeltaNet(Stepping, nn.Module):
         mixed, conv_state = self.conv(qkv.transpose(1, 2), past_conv)
         widths = [self.num_k_heads * self.head_k_dim] * 2 + [self.num_v_heads * self.head_v_dim]
         q, k, v = torch.split(mixed.transpose(1, 2), widths, -1)
-        q, k = (l2norm(t.reshape(batch, n, -1, self.head_k_dim).float()).transpose(1, 2) for t in (q, k))
+        q, k = (self.l2norm(t.reshape(batch, n, -1, self.head_k_dim).float()).transpose(1, 2) for t in (q, k))
         v = v.reshape(batch, n, -1, self.head_v_dim).float().transpose(1, 2)
-        g = (-self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)).transpose(1, 2)[..., None]
+        g = self.decay(a).transpose(1, 2)
         beta = b.sigmoid().float().transpose(1, 2)
         scale = self.head_k_dim**-0.5
         present = None
@@ -140,6 +148,18 @@ class GatedDeltaNet(Stepping, nn.Module):
         else:
             out, recurrent = gated_delta_rule_step(q, k, v, g, beta, past_state, True, scale, CHUNK_SIZE)
             present = (conv_state, recurrent)
-        out = out.transpose(1, 2).to(x.dtype).reshape(-1, self.head_v_dim)
-        out = self.norm(out, z.reshape(-1, self.head_v_dim)).reshape(batch, n, -1)
-        return self.out_proj(out), present
+        return self.output(out.transpose(1, 2).to(x.dtype), z), present
+
+    def l2norm(self, x: torch.Tensor) -> torch.Tensor:
+        """q and k's L2 normalisation (float32, per head), as the architecture writes it."""
+        return l2norm(x)
+
+    def decay(self, a: torch.Tensor) -> torch.Tensor:
+        """The log-decay g <= 0, (batch, n, Hv, 1): -exp(A_log) softplus(a + dt_bias) per value head."""
+        return (-self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias))[..., None]
+
+    def output(self, out: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        """The gated norm of the rule's output (batch, n, Hv, Dv) with gate ``z`` (same shape), per value
+        head as HF flattens it, and the output projection."""
+        normed = self.norm(out.reshape(-1, self.head_v_dim), z.reshape(-1, self.head_v_dim))
+        return self.out_proj(normed.reshape(*out.shape[:2], -1))

@@ -2,7 +2,9 @@
 
 The class is the first of ``config.json``'s ``architectures`` that the architecture declares; the
 model loads in eval mode with ``use_cache`` off (its decode state goes through attnx's decode
-graphs). The example inputs are what generate passes: token ids, a bool padding mask and position ids.
+graphs), its modeling module calling HF's own pure-torch functions rather than the GPU kernels of
+flash-linear-attention bound in their place when that is installed (the forward is the parity
+reference). The example inputs are what generate passes: token ids, a bool padding mask and position ids.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Any
 import torch
 
 from attnx.adapters.hf.load import check_loading_info
-from attnx.adapters.hf_hybrid.architecture import Architecture, check_config
+from attnx.adapters.hf_hybrid.architecture import Architecture
 from attnx.adapters.hf_hybrid.convert import ARCHITECTURES
 from attnx.errors import AttnxError, first_line
 
@@ -51,7 +53,7 @@ def load(path: Path) -> tuple[Any, dict[str, Any], None, list[str]]:
     """The model in eval mode and its example inputs.
 
     Raises:
-        AttnxError: see :func:`architecture` and :func:`attnx.adapters.hf_hybrid.architecture.check_config`;
+        AttnxError: see :func:`architecture` and :meth:`Architecture.check_config`;
             weights that do not match the config (missing, unexpected or differently shaped tensors).
     """
     import transformers
@@ -61,7 +63,8 @@ def load(path: Path) -> tuple[Any, dict[str, Any], None, list[str]]:
     raw = json.loads((path / "config.json").read_text())
     arch, name = architecture(path, raw)
     config = getattr(transformers, arch.config_class).from_pretrained(path, local_files_only=True)
-    check_config(config, arch.model_type)
+    arch.check_config(config)
+    arch.use_torch_fallbacks()  # HF's forward is the parity reference: its torch path, on any device
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")

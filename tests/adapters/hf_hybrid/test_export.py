@@ -9,6 +9,7 @@ import onnxruntime as ort
 import pytest
 import torch
 import transformers
+from transformers.models.kimi_linear import modeling_kimi_linear as kimi
 
 from attnx.registry import get_registry
 from attnx.testing import hf_hybrid
@@ -96,3 +97,25 @@ def test_trained_hybrid_exports_and_matches_hf(trained, saved_dir, tmp_path, arc
     code, stdout, stderr = run_cli(["verify", str(out)])
     assert code == 0, stderr
     assert "parity: PASSED" in stdout
+
+
+@pytest.mark.slow
+def test_kimi_router_correction_bias_exports_and_matches_hf(tmp_path):
+    """Kimi Linear's DeepSeek-V3 router (HF's own code in the graph: sigmoid scores, grouped top-k) with a
+    non-zero ``e_score_correction_bias`` (zero in a trained fixture: training leaves the buffer alone),
+    which moves the choice of groups and experts but not the weights: ONNX Runtime equals HF's forward."""
+    recipe = hf_hybrid.RECIPES["kimi_linear"]
+    torch.manual_seed(0)
+    model = transformers.KimiLinearForCausalLM(transformers.KimiLinearConfig(**recipe["options"])).eval()
+    routers = [m for m in model.modules() if isinstance(m, kimi.KimiLinearTopkRouter)]
+    assert routers
+    for router in routers:
+        router.e_score_correction_bias.normal_(0.0, 0.5)
+    saved = tmp_path / "saved"
+    model.save_pretrained(saved)
+    hf_hybrid.train_tokenizer().save_pretrained(saved)
+    out = tmp_path / "out"
+    code, stdout, stderr = run_cli(["export", "--from", f"hf:{saved}", "-o", str(out)])
+    assert code == 0, stderr
+    assert "parity: PASSED" in stdout
+    ort_matches_hf_on_left_padded_batches(model, out / "model.onnx", (7, 65))

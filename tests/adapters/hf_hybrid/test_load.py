@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -32,7 +34,8 @@ def test_an_architecture_attnx_does_not_adapt_is_named_with_the_supported_ones(t
     other = tmp_path / "llama"
     other.mkdir()
     (other / "config.json").write_text(json.dumps({"model_type": "llama"}))
-    refused(other, tmp_path, "'llama' model", "minimax", "qwen3_5", "qwen3_5_moe", "qwen3_next", "reformer")
+    supported = ("kimi_linear", "minimax", "qwen3_5", "qwen3_5_moe", "qwen3_next", "reformer")
+    refused(other, tmp_path, "'llama' model", *supported)
 
 
 def test_a_class_attnx_does_not_export_is_named(saved_dir, tmp_path):
@@ -92,6 +95,11 @@ def test_a_minimax_sliding_window_is_refused_by_name(saved_dir, tmp_path):
     refused(directory, tmp_path, "sliding_window=32")
 
 
+def test_kimi_key_value_heads_other_than_attention_heads_are_refused_by_name(saved_dir, tmp_path):
+    directory = copy_of(saved_dir("kimi_linear"), tmp_path / "kv", num_key_value_heads=2)
+    refused(directory, tmp_path, "kimi_linear with num_key_value_heads=2", "set num_key_value_heads to 4")
+
+
 def test_a_sharded_save_loads_and_a_missing_shard_is_named(trained, tmp_path):
     """Sharded safetensors (an index naming the shards) load through every check; a shard the index
     names but the directory lacks is refused by name."""
@@ -119,3 +127,20 @@ def test_the_default_verify_lengths_fit_the_configs_positions(arch):
     assert limit is not None and limit.maximum == 100
     assert limit.fit(DEFAULT_SEQ_LENS) == (1, 7, 32, 100)
     assert lengths(model.lm_head) is None
+
+
+@pytest.mark.slow  # a fresh interpreter importing torch, transformers and flash-linear-attention: ~30 s here
+def test_a_loaded_model_runs_hf_torch_path_in_a_fresh_process(saved_dir):
+    """With flash-linear-attention installed, transformers binds its GPU kernels in place of HF's torch
+    delta rule at import; ``--from hf:DIR`` loads a model whose own forward (the parity reference) runs
+    on a CPU anyway (a fresh process: the tests' own process already uses the torch path)."""
+    pytest.importorskip("fla")
+    script = (
+        "import sys, torch; from attnx.adapters.hf.load import load\n"
+        "model, example, _, _ = load(__import__('pathlib').Path(sys.argv[1]))\n"
+        "with torch.no_grad(): print(tuple(model(**example).logits.shape))"
+    )
+    command = [sys.executable, "-c", script, str(saved_dir("kimi_linear"))]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().endswith("512)")

@@ -1,8 +1,9 @@
 """The hf_hybrid adapter's modules against Hugging Face's own forward, in torch, on the trained models.
 
-Layers alone (Gated DeltaNet / lightning, full attention, MoE experts) and whole models, at lengths inside one
-chunk of the linear layers (64) and across one and two chunks, batches left-padded as generate pads
-(position ids cumsum(mask) - 1); stepping (prefill, then one token at a time) against the full forward.
+Layers alone (Gated DeltaNet / Kimi Delta Attention / lightning, full / latent attention, MoE experts) and
+whole models, at lengths inside one chunk of the linear layers (64) and across one and two chunks, batches
+left-padded as generate pads (position ids cumsum(mask) - 1); stepping (prefill, then one token at a time)
+against the full forward.
 """
 
 from __future__ import annotations
@@ -12,9 +13,13 @@ import copy
 import pytest
 import torch
 from transformers.masking_utils import create_causal_mask
+from transformers.models.kimi_linear import modeling_kimi_linear as kimi
 
 from attnx.adapters.hf_hybrid import qwen
+from attnx.adapters.hf_hybrid.attention import FullAttention
 from attnx.adapters.hf_hybrid.convert import convert
+from attnx.adapters.hf_hybrid.kimi import KimiDeltaAttention
+from attnx.adapters.hf_hybrid.latent import LatentAttention
 from attnx.adapters.hf_hybrid.lightning import LightningAttention
 from attnx.adapters.hf_hybrid.linear import GatedDeltaNet
 from attnx.adapters.hf_hybrid.moe import DenseExperts
@@ -84,21 +89,46 @@ def test_attention_layers_match_hf(trained, arch, n):
     model = trained(arch)
     mask, positions = padded(n)
     x = torch.randn(2, n, model.config.hidden_size)
-    rotary = model.model.rotary_emb(x, positions)
+    attention_layers_match_hf(model, layers_of(model, "full_attention"), x, mask, positions)
+
+
+def attention_layers_match_hf(model, layers, x: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor):
+    """Each of ``layers`` (full attention of ``model``) converted equals HF's on ``x``; HF given its own 4D
+    mask, attnx the 2D one; cos/sin from the model's rotary module where it has one (Kimi's MLA has none)."""
+    rotary = {}
+    if hasattr(model.model, "rotary_emb"):
+        rotary["position_embeddings"] = model.model.rotary_emb(x, positions)
     full = create_causal_mask(
         config=model.config, inputs_embeds=x, attention_mask=mask, cache=None, position_ids=positions
     )
-    for layer in layers_of(model, "full_attention"):
+    for layer in layers:
         with torch.no_grad():
-            expected, _ = layer(x, position_embeddings=rotary, attention_mask=full)
-            actual, _ = convert(layer)(x, position_embeddings=rotary, attention_mask=mask.bool())
+            expected, _ = layer(x, attention_mask=full, **rotary)
+            actual, _ = convert(layer)(x, attention_mask=mask.bool(), **rotary)
         assert_close(actual, expected)
 
 
+@pytest.mark.parametrize("n", (7, 65))
+def test_kimi_latent_attention_with_a_low_rank_query_matches_hf(n):
+    """Kimi's MLA with ``q_lora_rank`` set (q_a_proj -> RMSNorm -> q_b_proj; the trained recipe has the
+    released plain q_proj) equals HF's, random weights, left-padded."""
+    import transformers
+
+    options = {**hf_hybrid.RECIPES["kimi_linear"]["options"], "q_lora_rank": 24, "attention_bias": True}
+    torch.manual_seed(n)
+    model = transformers.KimiLinearForCausalLM(transformers.KimiLinearConfig(**options)).eval()
+    layers = layers_of(model, "full_attention")
+    assert all(layer.q_proj is None and layer.q_a_proj is not None for layer in layers)
+    mask, positions = padded(n)
+    attention_layers_match_hf(model, layers, torch.randn(2, n, model.config.hidden_size), mask, positions)
+
+
+@pytest.mark.parametrize("arch", ["qwen3_next", "kimi_linear"])
 @pytest.mark.parametrize("implementation", ["eager", "grouped_mm"])
-def test_dense_experts_match_hf_experts(trained, implementation):
-    """DenseExperts computes HF's sparse sum over each token's chosen experts (both HF paths)."""
-    model = copy.deepcopy(trained("qwen3_next"))
+def test_dense_experts_match_hf_experts(trained, arch, implementation):
+    """DenseExperts computes HF's sparse sum over each token's chosen experts (both HF paths), for Qwen's
+    softmax router and Kimi's DeepSeek-V3 one (grouped top-k, scaled weights)."""
+    model = copy.deepcopy(trained(arch))
     model.set_experts_implementation(implementation)
     for layer in model.model.layers:
         if not hasattr(layer.mlp, "experts"):
@@ -143,6 +173,41 @@ def test_a_wrong_projection_split_is_caught(trained):
     x = torch.randn(1, 65, layer.hidden_size)
     with torch.no_grad(), pytest.raises(AssertionError):
         assert_close(wrong(x), layer(x))
+
+
+def test_a_kimi_decay_per_head_instead_of_per_key_is_caught(trained):
+    """Seeded defect: Kimi's per-key-channel decay averaged to one decay per head (Gated DeltaNet's form)
+    fails the parity the layer test above checks."""
+
+    class PerHead(KimiDeltaAttention):
+        def decay(self, a):
+            return super().decay(a).mean(-1, keepdim=True)
+
+    layer = layers_of(trained("kimi_linear"), "linear_attention")[0]
+    x = torch.randn(1, 65, layer.hidden_size)
+    with torch.no_grad():
+        assert_close(KimiDeltaAttention(layer)(x), layer(x))
+        with pytest.raises(AssertionError):
+            assert_close(PerHead(layer)(x), layer(x))
+
+
+def test_a_kimi_key_with_its_shared_part_first_is_caught(trained):
+    """Seeded defect: Kimi's MLA keys assembled as [shared, own] instead of HF's [own, shared] (the same
+    numbers, another order against the queries) fail the attention layer parity."""
+
+    class SharedFirst(LatentAttention):
+        def project(self, x, position_embeddings):
+            query, key, value, gate = super().project(x, position_embeddings)
+            return query, key.roll(self.shared_dim, dims=-1), value, gate
+
+    model = trained("kimi_linear")
+    (layer,) = layers_of(model, "full_attention")
+    x = torch.randn(1, 33, model.config.hidden_size)
+    with torch.no_grad():
+        expected, _ = layer(x, attention_mask=None)
+        assert_close(LatentAttention(layer, kimi.repeat_kv)(x)[0], expected)
+        with pytest.raises(AssertionError):
+            assert_close(SharedFirst(layer, kimi.repeat_kv)(x)[0], expected)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -203,15 +268,15 @@ def test_greedy_steps_equal_hf_generate_for_200_tokens(trained, saved_dir, arch)
 @pytest.mark.parametrize("arch", ARCHS)
 def test_each_layer_steps_on_its_own(trained, arch):
     """``step(x, state, position)`` of every converted layer (the layer's own decode protocol: the
-    attention layers take cos/sin from the model's rotary module): a prompt of 9, then one token at a
-    time, equals the layer's full forward on the whole sequence."""
+    attention layers take cos/sin from the model's rotary module, where it has one): a prompt of 9, then one
+    token at a time, equals the layer's full forward on the whole sequence."""
     adapted = convert(copy.deepcopy(trained(arch)))
     torch.manual_seed(0)
     for layer in [m for m in adapted.modules() if hasattr(m, "step")]:
         x = torch.randn(2, 12, trained(arch).config.hidden_size)
         with torch.no_grad():
-            if hasattr(layer, "rotary"):
-                expected = layer(x, layer.rotary(x, torch.arange(12)[None]))[0]
+            if isinstance(layer, FullAttention):
+                expected = layer(x, layer.embeddings_at(x, torch.tensor([0])))[0]
             else:
                 expected = call_linear(layer, x, None)
             out, state = layer.step(x[:, :9], None, torch.tensor([0]))

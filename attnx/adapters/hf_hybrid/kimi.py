@@ -1,0 +1,103 @@
+"""Kimi Linear (``kimi_linear``), as transformers 5.24 writes it.
+
+Its Kimi Delta Attention layers (``KimiLinearDeltaAttention``) are Gated DeltaNet
+(:class:`~attnx.adapters.hf_hybrid.linear.GatedDeltaNet`: the same padding mask, short conv + activation
+over the concatenated q, k, v channels, float32 delta rule, decode state) with, per ``forward``:
+
+* separate ``q_proj``, ``k_proj``, ``v_proj`` (as many q/k heads as value heads, ``linear_head_dim`` each);
+* a decay per head *and key channel* (``KimiLinearForgetGate``): g = -exp(A_log[h]) * softplus(
+  ``f_b_proj``(``f_a_proj``(x)) + dt_bias), HF's softplus log(1 + exp(.)) taken as the identity above 20;
+  beta = sigmoid(``b_proj``(x)): ``attnx::GatedDeltaRule`` with g (batch, H, n, d_k);
+* q and k L2-normalised in float32 as x / sqrt(sum(x^2) + 1e-6) (Qwen's multiplies by the rsqrt);
+* the output through ``o_norm`` (RMSNorm per head in float32 times sigmoid of the gate
+  ``g_b_proj``(``g_a_proj``(x))) and ``o_proj``.
+
+The MLA layers become :class:`~attnx.adapters.hf_hybrid.latent.LatentAttention`; the experts of the
+DeepSeek-V3-style MoE :class:`~attnx.adapters.hf_hybrid.moe.DenseExperts`, behind HF's own router (sigmoid
+scores, ``e_score_correction_bias``, grouped top-k, ``routed_scaling_factor``), shared experts and dense
+MLP layers (``mlp_layer_types``), which run as they are.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+from torch import nn
+from transformers.activations import ACT2FN
+from transformers.models.kimi_linear import modeling_kimi_linear as kimi
+
+from attnx.adapters.hf_hybrid.architecture import Architecture
+from attnx.adapters.hf_hybrid.latent import LatentAttention
+from attnx.adapters.hf_hybrid.linear import L2_EPS, GatedDeltaNet
+from attnx.adapters.hf_hybrid.moe import DenseExperts
+from attnx.errors import AttnxError
+
+SOFTPLUS_LINEAR_ABOVE = 20.0  # KimiLinearForgetGate's softplus bound
+
+
+def _project(layer: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """(q, k, v channels, output gate per head, beta logits, the forget gate's projection)."""
+    batch, n, _ = x.shape
+    qkv = torch.cat([layer.q_proj(x), layer.k_proj(x), layer.v_proj(x)], dim=-1)
+    gate = layer.g_b_proj(layer.g_a_proj(x)).view(batch, n, -1, layer.head_k_dim)
+    forget = layer.forget_gate.f_b_proj(layer.forget_gate.f_a_proj(x))
+    return qkv, gate, layer.b_proj(x), forget
+
+
+class KimiDeltaAttention(GatedDeltaNet):
+    """An HF ``KimiLinearDeltaAttention`` layer (same parameters, same names) on ``attnx::GatedDeltaRule``
+    with a decay per key channel (decode: ``attnx::GatedDeltaRuleStep``, conv + recurrent state)."""
+
+    def __init__(self, layer: nn.Module):
+        super().__init__(layer, _project, ACT2FN[layer.activation])
+
+    def read_heads(self, layer: nn.Module) -> None:
+        self.num_k_heads = self.num_v_heads = layer.num_heads
+        self.head_k_dim = self.head_v_dim = layer.head_dim
+
+    def l2norm(self, x: torch.Tensor) -> torch.Tensor:
+        return x / torch.sqrt((x * x).sum(dim=-1, keepdim=True) + L2_EPS)
+
+    def decay(self, a: torch.Tensor) -> torch.Tensor:
+        """g = -exp(A_log[h]) softplus(a + dt_bias), (batch, n, H, d_k)."""
+        gate = self.forget_gate
+        a = (a.float() + gate.dt_bias.float()).view(*a.shape[:2], -1, self.head_k_dim)
+        softplus = torch.where(a > SOFTPLUS_LINEAR_ABOVE, a, torch.log(1.0 + torch.exp(a)))
+        return -gate.A_log.float().exp() * softplus
+
+    def output(self, out: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        return self.o_proj(self.o_norm(out, z).reshape(*out.shape[:2], -1))
+
+
+def check(config: Any) -> None:
+    """Refuse the Kimi Linear options the adapter does not reproduce.
+
+    Raises:
+        AttnxError: ``num_key_value_heads`` other than ``num_attention_heads`` (HF's MLA expands every
+            head from the latent and then repeats them again, which its own attention cannot run).
+    """
+    if config.num_key_value_heads != config.num_attention_heads:
+        raise AttnxError(
+            f"kimi_linear with num_key_value_heads={config.num_key_value_heads} and num_attention_heads="
+            f"{config.num_attention_heads}: its MLA layers make a key and value per attention head, so "
+            "Hugging Face's own forward runs only with them equal; set num_key_value_heads to "
+            f"{config.num_attention_heads}"
+        )
+
+
+KIMI_LINEAR = Architecture(
+    model_type="kimi_linear",
+    config_class="KimiLinearConfig",
+    classes=("KimiLinearForCausalLM", "KimiLinearModel"),
+    models=(kimi.KimiLinearForCausalLM, kimi.KimiLinearModel),
+    layers={
+        kimi.KimiLinearDeltaAttention: KimiDeltaAttention,
+        kimi.KimiLinearAttention: functools.partial(LatentAttention, repeat=kimi.repeat_kv),
+        kimi.KimiLinearExperts: DenseExperts,
+    },
+    untraceable=(kimi.KimiLinearDeltaAttention, kimi.KimiLinearExperts),
+    rotary=None,
+    check=check,
+)

@@ -1,0 +1,58 @@
+"""Kimi Linear's multi-head latent attention (MLA) layers on attnx's softmax attention.
+
+What HF computes (``KimiLinearAttention.forward``, transformers 5.24), for hidden states x (batch, n,
+width), H heads:
+
+1. queries: ``q_proj``(x), or with ``q_lora_rank`` set the low-rank ``q_b_proj``(RMSNorm(``q_a_proj``(x)))
+   (``q_a_layernorm``), viewed as H heads of ``qk_nope_head_dim + qk_rope_head_dim``;
+2. ``kv_a_proj_with_mqa``(x) splits into the latent (``kv_lora_rank``), which passes an RMSNorm
+   (``kv_a_layernorm``), and one shared key part of ``qk_rope_head_dim``; ``kv_b_proj``(latent) gives per
+   head the non-shared key part and the value (``v_head_dim``); each head's key is [its part, the shared
+   part]. Nothing is rotated: Kimi Linear's MLA has no positional encoding (the shared part keeps its
+   DeepSeek name only);
+3. causal softmax attention with scale (``qk_nope_head_dim + qk_rope_head_dim``)^-1/2 over the keys the 2D
+   padding mask keeps (a query that sees no key gets zeros, as HF's SDPA path returns), then ``o_proj``.
+
+HF caches the normalised latent and the shared key part and re-expands them every step; attnx's decode
+keeps the per-head keys and values instead (the KV cache onnxruntime-genai holds: ``past_key_values.{i}``),
+which is the same function: the expansion is linear per token. The values (``v_head_dim``, narrower than
+the keys in the released model) are cached padded with zeros to the keys' size, since genai sizes both
+caches by one head size (:class:`~attnx.adapters.hf_hybrid.attention.FullAttention`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from attnx.adapters.hf_hybrid.attention import FullAttention
+
+
+class LatentAttention(FullAttention):
+    """An HF ``KimiLinearAttention`` layer (same parameters, same names) on ``attnx::SoftmaxAttention``,
+    stepping with a KV cache of its per-head keys and values (no positions: nothing rotates)."""
+
+    def __init__(self, layer: nn.Module, repeat: Any):
+        super().__init__()
+        for name, child in layer.named_children():
+            self.add_module(name, child)
+        self.low_rank_q = layer.q_lora_rank is not None
+        self.kv_lora_rank, self.nope_dim = layer.kv_lora_rank, layer.qk_nope_head_dim
+        self.shared_dim = layer.qk_rope_head_dim
+        self.kv_heads, self.head_dim, self.value_dim = layer.num_heads, layer.qk_head_dim, layer.v_head_dim
+        self.groups, self.scaling, self.repeat = layer.num_key_value_groups, float(layer.scaling), repeat
+        self.layer_idx = layer.layer_idx
+
+    def project(
+        self, x: torch.Tensor, position_embeddings: Any
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, None]:
+        batch, n = x.shape[:2]
+        query = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x))) if self.low_rank_q else self.q_proj(x)
+        query = query.view(batch, n, -1, self.head_dim).transpose(1, 2)
+        latent, shared = torch.split(self.kv_a_proj_with_mqa(x), [self.kv_lora_rank, self.shared_dim], dim=-1)
+        kv = self.kv_b_proj(self.kv_a_layernorm(latent)).view(batch, n, -1, self.nope_dim + self.value_dim)
+        own, value = torch.split(kv.transpose(1, 2), [self.nope_dim, self.value_dim], dim=-1)
+        key = torch.cat([own, shared[:, None].expand(-1, own.shape[1], -1, -1)], dim=-1)
+        return query, key, value, None
