@@ -149,9 +149,11 @@ RECIPES: dict[str, dict[str, Any]] = {
 }
 
 
-def recipe_hash(arch: str) -> str:
-    """12 hex digits of the SHA-256 of the recipe, the training settings and the fixture version."""
-    text = json.dumps([FIXTURE_VERSION, VOCAB_SIZE, TRAINING, RECIPES[arch]], sort_keys=True)
+def recipe_hash(arch: str, steps: int) -> str:
+    """12 hex digits of the SHA-256 of the recipe, the training settings (``steps`` of them) and the
+    fixture version."""
+    training = {**TRAINING, "steps": steps}
+    text = json.dumps([FIXTURE_VERSION, VOCAB_SIZE, training, RECIPES[arch]], sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
@@ -216,8 +218,9 @@ def build(arch: str, **config_changes: Any) -> Any:
     return getattr(transformers, recipe["class"])(config)
 
 
-def train(model: Any, ids: Any, log: Any = None) -> list[float]:
-    """Next-token training of ``model`` on random windows of ``ids`` (AdamW); returns the losses.
+def train(model: Any, ids: Any, steps: int, log: Any = None) -> list[float]:
+    """``steps`` of next-token training of ``model`` on random windows of ``ids`` (AdamW); returns the
+    losses.
 
     One intra-op thread: these matrices are tiny, and on a shared 2-core machine several threads
     spinning on them made a step 18 times slower (measured)."""
@@ -226,17 +229,17 @@ def train(model: Any, ids: Any, log: Any = None) -> list[float]:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return _train(model, ids, log)
+        return _train(model, ids, steps, log)
     finally:
         torch.set_num_threads(threads)
 
 
-def _train(model: Any, ids: Any, log: Any) -> list[float]:
+def _train(model: Any, ids: Any, steps: int, log: Any) -> list[float]:
     import torch
 
     generator = torch.Generator().manual_seed(TRAINING["seed"])
     optimizer = torch.optim.AdamW(model.parameters(), lr=TRAINING["lr"], weight_decay=0.0)
-    steps, batch, length = TRAINING["steps"], TRAINING["batch"], TRAINING["length"]
+    batch, length = TRAINING["batch"], TRAINING["length"]
     schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, TRAINING["lr"], total_steps=steps)
     model.train()
     losses = []
@@ -255,8 +258,9 @@ def _train(model: Any, ids: Any, log: Any) -> list[float]:
     return losses
 
 
-def make(arch: str, root: Path | None = None, log: Any = None) -> Path:
-    """The ``save_pretrained`` directory of ``arch``'s trained model (made on first use, then reused).
+def make(arch: str, root: Path | None = None, log: Any = None, steps: int = TRAINING["steps"]) -> Path:
+    """The ``save_pretrained`` directory of ``arch``'s model trained for ``steps`` (0: as initialised,
+    seeded; the quick tests' model), with its tokenizer (made on first use, then reused).
 
     Written into a temporary folder and renamed into place, so a killed run leaves no half model.
     """
@@ -265,7 +269,7 @@ def make(arch: str, root: Path | None = None, log: Any = None) -> Path:
 
     transformers.logging.disable_progress_bar()
     pure_torch_gated_delta()  # training runs HF's forward
-    final = (root or cache_root()) / f"{arch}-{recipe_hash(arch)}"
+    final = (root or cache_root()) / f"{arch}-{recipe_hash(arch, steps)}"
     if (final / "config.json").is_file():
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
@@ -274,11 +278,14 @@ def make(arch: str, root: Path | None = None, log: Any = None) -> Path:
         tokenizer = train_tokenizer()
         ids = torch.tensor(tokenizer(corpus())["input_ids"], dtype=torch.long)
         model = build(arch)
-        losses = train(model, ids, log)
+        losses = train(model, ids, steps, log) if steps else []
         model.eval().save_pretrained(staging)
         tokenizer.save_pretrained(staging)
         (staging / "training.json").write_text(
-            json.dumps({"recipe": RECIPES[arch], "training": TRAINING, "losses": losses[::10]}, indent=1)
+            json.dumps(
+                {"recipe": RECIPES[arch], "training": {**TRAINING, "steps": steps}, "losses": losses[::10]},
+                indent=1,
+            )
         )
         with contextlib.suppress(OSError):  # another process made it first: keep theirs
             staging.rename(final)

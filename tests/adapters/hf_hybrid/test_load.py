@@ -38,9 +38,9 @@ def test_an_architecture_attnx_does_not_adapt_is_named_with_the_supported_ones(t
     refused(other, tmp_path, "'llama' model", *supported)
 
 
-def test_a_class_attnx_does_not_export_is_named(saved_dir, tmp_path):
+def test_a_class_attnx_does_not_export_is_named(initial_dir, tmp_path):
     directory = copy_of(
-        saved_dir("qwen3_next"), tmp_path / "cls", architectures=["Qwen3NextForTokenClassification"]
+        initial_dir("qwen3_next"), tmp_path / "cls", architectures=["Qwen3NextForTokenClassification"]
     )
     refused(directory, tmp_path, "Qwen3NextForTokenClassification", "Qwen3NextForCausalLM")
 
@@ -54,8 +54,8 @@ def test_a_class_attnx_does_not_export_is_named(saved_dir, tmp_path):
         ("truncated", "file not fully covered"),
     ],
 )
-def test_weights_that_are_pickled_missing_or_corrupt_are_refused(saved_dir, tmp_path, damage, fragment):
-    directory = copy_of(saved_dir("qwen3_5"), tmp_path / damage)
+def test_weights_that_are_pickled_missing_or_corrupt_are_refused(initial_dir, tmp_path, damage, fragment):
+    directory = copy_of(initial_dir("qwen3_5"), tmp_path / damage)
     weights = directory / "model.safetensors"
     data = weights.read_bytes()
     if damage == "pickled":
@@ -69,8 +69,8 @@ def test_weights_that_are_pickled_missing_or_corrupt_are_refused(saved_dir, tmp_
     refused(directory, tmp_path, fragment)
 
 
-def test_weights_that_do_not_match_the_config_are_refused(saved_dir, tmp_path):
-    source = saved_dir("qwen3_next")
+def test_weights_that_do_not_match_the_config_are_refused(initial_dir, tmp_path):
+    source = initial_dir("qwen3_next")
     layer_types = json.loads((source / "config.json").read_text())["layer_types"]
     directory = copy_of(
         source, tmp_path / "more", num_hidden_layers=5, layer_types=[*layer_types, "full_attention"]
@@ -78,35 +78,35 @@ def test_weights_that_do_not_match_the_config_are_refused(saved_dir, tmp_path):
     refused(directory, tmp_path, "do not match its config.json", "missing keys: model.layers.4")
 
 
-def test_a_tokenizer_that_does_not_load_is_refused(saved_dir, tmp_path):
-    directory = copy_of(saved_dir("qwen3_5"), tmp_path / "tok")
+def test_a_tokenizer_that_does_not_load_is_refused(initial_dir, tmp_path):
+    directory = copy_of(initial_dir("qwen3_5"), tmp_path / "tok")
     (directory / "tokenizer.json").write_text("{not json")
     refused(directory, tmp_path, "its tokenizer does not load")
 
 
-def test_a_rotary_that_rescales_per_forward_is_refused_by_name(saved_dir, tmp_path):
+def test_a_rotary_that_rescales_per_forward_is_refused_by_name(initial_dir, tmp_path):
     rope = {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0, "partial_rotary_factor": 0.25}
-    directory = copy_of(saved_dir("qwen3_next"), tmp_path / "rope", rope_parameters=rope)
+    directory = copy_of(initial_dir("qwen3_next"), tmp_path / "rope", rope_parameters=rope)
     refused(directory, tmp_path, "rope_type='dynamic'")
 
 
-def test_a_minimax_sliding_window_is_refused_by_name(saved_dir, tmp_path):
-    directory = copy_of(saved_dir("minimax"), tmp_path / "window", sliding_window=32)
+def test_a_minimax_sliding_window_is_refused_by_name(initial_dir, tmp_path):
+    directory = copy_of(initial_dir("minimax"), tmp_path / "window", sliding_window=32)
     refused(directory, tmp_path, "sliding_window=32")
 
 
-def test_kimi_key_value_heads_other_than_attention_heads_are_refused_by_name(saved_dir, tmp_path):
-    directory = copy_of(saved_dir("kimi_linear"), tmp_path / "kv", num_key_value_heads=2)
+def test_kimi_key_value_heads_other_than_attention_heads_are_refused_by_name(initial_dir, tmp_path):
+    directory = copy_of(initial_dir("kimi_linear"), tmp_path / "kv", num_key_value_heads=2)
     refused(directory, tmp_path, "kimi_linear with num_key_value_heads=2", "set num_key_value_heads to 4")
 
 
-def test_a_sharded_save_loads_and_a_missing_shard_is_named(trained, tmp_path):
+def test_a_sharded_save_loads_and_a_missing_shard_is_named(initialised, tmp_path):
     """Sharded safetensors (an index naming the shards) load through every check; a shard the index
     names but the directory lacks is refused by name."""
     from attnx.adapters.hf.load import load
 
     directory = tmp_path / "sharded"
-    trained("qwen3_5").save_pretrained(directory, max_shard_size="200KB")
+    initialised("qwen3_5").save_pretrained(directory, max_shard_size="200KB")
     shards = sorted(directory.glob("model-*.safetensors"))
     assert len(shards) > 1
     model, example, _, _ = load(directory)

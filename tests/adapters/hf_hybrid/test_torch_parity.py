@@ -1,4 +1,5 @@
-"""The hf_hybrid adapter's modules against Hugging Face's own forward, in torch, on the trained models.
+"""The hf_hybrid adapter's modules against Hugging Face's own forward, in torch: each test on the models
+as HF initialises them (seeded) in the default run and on the trained models in the slow set (``hybrid``).
 
 Layers alone (Gated DeltaNet / Kimi Delta Attention / lightning, full / latent attention, MoE experts) and
 whole models, at lengths inside one chunk of the linear layers (64) and across one and two chunks, batches
@@ -29,6 +30,8 @@ from attnx.testing import hf_hybrid
 from tests.adapters.hf_hybrid.conftest import ARCHS
 
 LENGTHS = (1, 7, 65, 130)
+# a test per length: inside one chunk of 64 and across it; the slow set adds one token and two chunks
+LENGTH_CASES = [n if n in (7, 65) else pytest.param(n, marks=pytest.mark.slow) for n in LENGTHS]
 TOLERANCE = get_registry().variant("softmax").tolerance
 
 
@@ -63,13 +66,13 @@ def call_linear(layer, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tens
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("n", LENGTHS)
-def test_linear_layers_match_hf(trained, arch, n):
+@pytest.mark.parametrize("n", LENGTH_CASES)
+def test_linear_layers_match_hf(hybrid, arch, n):
     """Every linear layer (Gated DeltaNet, MiniMax's lightning attention), padded or not, equals HF's (its
     chunked / blocked fallback) at every position."""
     torch.manual_seed(n)
     mask, _ = padded(n)
-    model = trained(arch)
+    model = hybrid(arch)
     for layer in layers_of(model, "linear_attention"):
         adapted = convert(layer)
         assert isinstance(adapted, (GatedDeltaNet, LightningAttention))
@@ -80,13 +83,13 @@ def test_linear_layers_match_hf(trained, arch, n):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("n", LENGTHS)
-def test_attention_layers_match_hf(trained, arch, n):
+@pytest.mark.parametrize("n", LENGTH_CASES)
+def test_attention_layers_match_hf(hybrid, arch, n):
     """Every full attention layer (Qwen's output gate, partial rotary and q/k norms; grouped KV heads)
     equals HF's (default SDPA path) on a left-padded batch, padded positions included (HF given its own
     4D mask, attnx the 2D one)."""
     torch.manual_seed(n)
-    model = trained(arch)
+    model = hybrid(arch)
     mask, positions = padded(n)
     x = torch.randn(2, n, model.config.hidden_size)
     attention_layers_match_hf(model, layers_of(model, "full_attention"), x, mask, positions)
@@ -125,10 +128,10 @@ def test_kimi_latent_attention_with_a_low_rank_query_matches_hf(n):
 
 @pytest.mark.parametrize("arch", ["qwen3_next", "kimi_linear"])
 @pytest.mark.parametrize("implementation", ["eager", "grouped_mm"])
-def test_dense_experts_match_hf_experts(trained, arch, implementation):
+def test_dense_experts_match_hf_experts(hybrid, arch, implementation):
     """DenseExperts computes HF's sparse sum over each token's chosen experts (both HF paths), for Qwen's
     softmax router and Kimi's DeepSeek-V3 one (grouped top-k, scaled weights)."""
-    model = copy.deepcopy(trained(arch))
+    model = copy.deepcopy(hybrid(arch))
     model.set_experts_implementation(implementation)
     for layer in model.model.layers:
         if not hasattr(layer.mlp, "experts"):
@@ -143,24 +146,22 @@ def test_dense_experts_match_hf_experts(trained, arch, implementation):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_whole_models_match_hf_forward(trained, arch):
+@pytest.mark.parametrize("n", LENGTH_CASES)
+def test_whole_models_match_hf_forward(hybrid, arch, n):
     """The adapted model's logits equal HF's forward on generate-style (left-padded) batches, padded
     positions included."""
-    model = trained(arch)
+    model = hybrid(arch)
     adapted = convert(copy.deepcopy(model))
-    for n in LENGTHS:
-        torch.manual_seed(n)
-        ids = torch.randint(0, model.config.vocab_size, (2, n))
-        mask, positions = padded(n)
-        with torch.no_grad():
-            expected = model(
-                input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False
-            ).logits
-            actual = adapted(input_ids=ids, attention_mask=mask.bool(), position_ids=positions).logits
-        assert_close(actual, expected)
+    torch.manual_seed(n)
+    ids = torch.randint(0, model.config.vocab_size, (2, n))
+    mask, positions = padded(n)
+    with torch.no_grad():
+        expected = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False).logits
+        actual = adapted(input_ids=ids, attention_mask=mask.bool(), position_ids=positions).logits
+    assert_close(actual, expected)
 
 
-def test_a_wrong_projection_split_is_caught(trained):
+def test_a_wrong_projection_split_is_caught(hybrid):
     """Seeded defect: Qwen3.5's b and a projections swapped (decay from b, beta from a) fail the parity
     the layer test above checks."""
 
@@ -168,14 +169,14 @@ def test_a_wrong_projection_split_is_caught(trained):
         qkv, z, b, a = qwen._project_35(layer, x)
         return qkv, z, a, b
 
-    layer = layers_of(trained("qwen3_5"), "linear_attention")[0]
+    layer = layers_of(hybrid("qwen3_5"), "linear_attention")[0]
     wrong = GatedDeltaNet(layer, swapped, convert(layer).activation)
     x = torch.randn(1, 65, layer.hidden_size)
     with torch.no_grad(), pytest.raises(AssertionError):
         assert_close(wrong(x), layer(x))
 
 
-def test_a_kimi_decay_per_head_instead_of_per_key_is_caught(trained):
+def test_a_kimi_decay_per_head_instead_of_per_key_is_caught(hybrid):
     """Seeded defect: Kimi's per-key-channel decay averaged to one decay per head (Gated DeltaNet's form)
     fails the parity the layer test above checks."""
 
@@ -183,7 +184,7 @@ def test_a_kimi_decay_per_head_instead_of_per_key_is_caught(trained):
         def decay(self, a):
             return super().decay(a).mean(-1, keepdim=True)
 
-    layer = layers_of(trained("kimi_linear"), "linear_attention")[0]
+    layer = layers_of(hybrid("kimi_linear"), "linear_attention")[0]
     x = torch.randn(1, 65, layer.hidden_size)
     with torch.no_grad():
         assert_close(KimiDeltaAttention(layer)(x), layer(x))
@@ -191,7 +192,7 @@ def test_a_kimi_decay_per_head_instead_of_per_key_is_caught(trained):
             assert_close(PerHead(layer)(x), layer(x))
 
 
-def test_a_kimi_key_with_its_shared_part_first_is_caught(trained):
+def test_a_kimi_key_with_its_shared_part_first_is_caught(hybrid):
     """Seeded defect: Kimi's MLA keys assembled as [shared, own] instead of HF's [own, shared] (the same
     numbers, another order against the queries) fail the attention layer parity."""
 
@@ -200,7 +201,7 @@ def test_a_kimi_key_with_its_shared_part_first_is_caught(trained):
             query, key, value, gate = super().project(x, position_embeddings)
             return query, key.roll(self.shared_dim, dims=-1), value, gate
 
-    model = trained("kimi_linear")
+    model = hybrid("kimi_linear")
     (layer,) = layers_of(model, "full_attention")
     x = torch.randn(1, 33, model.config.hidden_size)
     with torch.no_grad():
@@ -211,11 +212,11 @@ def test_a_kimi_key_with_its_shared_part_first_is_caught(trained):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("prompt", [1, 9, 66])
-def test_prefill_then_steps_equal_the_full_forward(trained, arch, prompt):
+@pytest.mark.parametrize("prompt", [pytest.param(p, marks=pytest.mark.slow) for p in (1, 9)] + [66])
+def test_prefill_then_steps_equal_the_full_forward(hybrid, arch, prompt):
     """Stepping every layer (the conv and recurrent state of the linear layers, the KV cache of the
     attention layers): prefill ``prompt`` tokens, then one token at a time, equals the full forward."""
-    model = trained(arch)
+    model = hybrid(arch)
     adapted = convert(copy.deepcopy(model))
     layers = [m for m in adapted.modules() if hasattr(m, "stepping")]
     steps = 4
@@ -266,14 +267,14 @@ def test_greedy_steps_equal_hf_generate_for_200_tokens(trained, saved_dir, arch)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_each_layer_steps_on_its_own(trained, arch):
+def test_each_layer_steps_on_its_own(hybrid, arch):
     """``step(x, state, position)`` of every converted layer (the layer's own decode protocol: the
     attention layers take cos/sin from the model's rotary module, where it has one): a prompt of 9, then one
     token at a time, equals the layer's full forward on the whole sequence."""
-    adapted = convert(copy.deepcopy(trained(arch)))
+    adapted = convert(copy.deepcopy(hybrid(arch)))
     torch.manual_seed(0)
     for layer in [m for m in adapted.modules() if hasattr(m, "step")]:
-        x = torch.randn(2, 12, trained(arch).config.hidden_size)
+        x = torch.randn(2, 12, hybrid(arch).config.hidden_size)
         with torch.no_grad():
             if isinstance(layer, FullAttention):
                 expected = layer(x, layer.embeddings_at(x, torch.tensor([0])))[0]
