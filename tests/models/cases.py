@@ -67,3 +67,19 @@ def one_per_kind(variants: Sequence[str]) -> list[Any]:
         params.append(pytest.param(variant, marks=[] if kind not in seen else [pytest.mark.slow]))
         seen.add(kind)
     return params
+
+
+def covering(cases: Sequence[tuple[str, str]]) -> list[Any]:
+    """``(variant, model)`` cases as pytest params (id ``variant-model``): in the default run, each case
+    that brings a variant or a model kind not seen before (every variant and every kind run at least
+    once); the others marked slow (``-m slow`` runs the whole table)."""
+    variants: set[str] = set()
+    models: set[str] = set()
+    params = []
+    for variant, model in cases:
+        new = variant not in variants or model not in models
+        marks = [] if new else [pytest.mark.slow]
+        params.append(pytest.param(variant, model, id=f"{variant}-{model}", marks=marks))
+        variants.add(variant)
+        models.add(model)
+    return params

@@ -23,7 +23,7 @@ from attnx.registry import get_registry
 from attnx.variant import FP16_TOLERANCE
 from tests.conftest import TINY
 from tests.helpers import assert_one_line_error, run_cli
-from tests.models.cases import CASES, capabilities, decoders, one_per_kind
+from tests.models.cases import CASES, capabilities, covering, decoders, one_per_kind
 from tests.models.exports import tiny_export
 from tests.plugins.op_harness import run_natively
 
@@ -59,7 +59,7 @@ def assert_close_to_float32(actual, expected, tolerance=FP16_TOLERANCE):
     assert not bad.any(), f"{bad.sum()} elements off, max abs {diff.max():.3g}"
 
 
-@pytest.mark.parametrize(("variant", "model"), HALF_CASES, ids=[f"{v}-{m}" for v, m in HALF_CASES])
+@pytest.mark.parametrize(("variant", "model"), covering(HALF_CASES))
 def test_fp16_export_matches_torch_fp16_and_the_float32_model(variant, model):
     result = tiny_export(variant, model, **FP16)
     assert result.parity.passed, [c for b in result.parity.ran for c in b.comparisons if not c.passed]

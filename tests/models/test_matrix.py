@@ -13,7 +13,7 @@ from attnx.api import verify
 from attnx.errors import AttnxError
 from attnx.exporter.assemble import assemble
 from attnx.registry import get_registry
-from tests.models.cases import CASES, MODELS, REGISTERED, SUPPORTED, VARIANT_OPTIONS, cross_for
+from tests.models.cases import CASES, MODELS, REGISTERED, SUPPORTED, VARIANT_OPTIONS, covering, cross_for
 from tests.models.exports import tiny_export
 
 TINY = {"d_model": 32, "n_heads": 2, "n_layers": 1, "d_ff": 64, "vocab_size": 50}
@@ -50,7 +50,7 @@ def called_ops(variant: str) -> set[str]:
     return {f"attnx::{op.name}" for op in impl.ops if op.name not in impl.conditional_ops}
 
 
-@pytest.mark.parametrize(("variant", "model"), CASES, ids=[f"{v}-{m}" for v, m in CASES])
+@pytest.mark.parametrize(("variant", "model"), covering(CASES))
 def test_exports_and_verifies(variant, model):
     result = tiny_export(variant, model)
     worst = max(c.max_abs for b in result.parity.ran for c in b.comparisons)
