@@ -5,9 +5,9 @@ The library's forward runs its own Triton kernels: in Triton's interpreter witho
 picks its ``fused_recurrent_*`` kernel up to 64 tokens and the layer's ``mode`` above, so the lengths
 here sit on both sides of its chunk of 64 (odd ones included).
 
-* the default run: a user's module holding a GLA layer (``attnx export --module``), and decode plus greedy
-  generation of an RWKV-6 model built here (``--from fla:DIR``), at short lengths;
-* the slow set: every model type of the library's causal LMs, trained here (tests/adapters/fla_models.py,
+* the default run: a user's module holding a GLA layer (``attnx export --module``);
+* the slow set: decode plus greedy generation of an RWKV-6 model as the library initialises it
+  (``--from fla:DIR``) at short lengths, and every model type of the library's causal LMs, trained here (tests/adapters/fla_models.py,
   cached in pytest's cache), exported with ``--decode``: ONNX Runtime at several lengths, a 2000-step
   decode against the full forward, and ``attnx generate`` against the library's greedy decoding.
 """
@@ -136,12 +136,14 @@ def rwkv6_untrained(tmp_path_factory) -> tuple[Path, Path]:
     return saved, out
 
 
+@pytest.mark.slow  # the fixture's --decode export of an RWKV-6 model: ~2 min on 2 cores
 @pytest.mark.parametrize("route", [f"rwkv6-{ROUTE}"])
 def test_decode_continues_the_librarys_forward(route, rwkv6_untrained):
     saved, out = rwkv6_untrained
     check_decode(saved, out, prompt=3, steps=12)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("route", [f"rwkv6-{ROUTE}"])
 def test_generate_equals_the_librarys_greedy_decoding(route, rwkv6_untrained):
     check_generate(*rwkv6_untrained, new=6)

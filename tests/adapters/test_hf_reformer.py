@@ -156,6 +156,7 @@ def test_causal_lm_exports_with_one_command_and_matches_hf(tmp_path):
     print("LM max abs error vs HF", errors)
 
 
+@pytest.mark.slow  # a classifier export plus a verify in a fresh process: ~45 s on 2 cores
 def test_classifier_without_hash_seed_exports_and_says_so(tmp_path):
     config = reformer_config(hash_seed=None, lsh_num_chunks_after=1, local_num_chunks_after=1)
     directory = saved(tmp_path / "cls", transformers.ReformerForSequenceClassification, config)
@@ -231,7 +232,9 @@ def parity_lengths(out: Path) -> list[int]:
         # axial positions of 8 x 8: inputs padded to multiples of 32 (the chunks' lcm) up to 64
         ({"max_position_embeddings": 64, "axial_pos_shape": (8, 8)}, [1, 7, 32, 64]),
         # a position table of 48 rows: 33..48 tokens would be padded to 64, past the table
-        ({"max_position_embeddings": 48, "axial_pos_embds": False}, [1, 7, 32]),
+        pytest.param(
+            {"max_position_embeddings": 48, "axial_pos_embds": False}, [1, 7, 32], marks=pytest.mark.slow
+        ),
     ],
     ids=["axial-64", "table-48"],
 )
