@@ -7,9 +7,10 @@ here sit on both sides of its chunk of 64 (odd ones included).
 
 * the default run: a user's module holding a GLA layer (``attnx export --module``);
 * the slow set: decode plus greedy generation of an RWKV-6 model as the library initialises it
-  (``--from fla:DIR``) at short lengths, and every model type of the library's causal LMs, trained here (tests/adapters/fla_models.py,
-  cached in pytest's cache), exported with ``--decode``: ONNX Runtime at several lengths, a 2000-step
-  decode against the full forward, and ``attnx generate`` against the library's greedy decoding.
+  (``--from fla:DIR``) at short lengths, and every model type of the library's causal LMs, trained
+  here (tests/adapters/fla_models.py, cached in pytest's cache), exported with ``--decode``: ONNX
+  Runtime at several lengths, a 2000-step decode against the full forward, and ``attnx generate``
+  against the library's greedy decoding.
 """
 
 from __future__ import annotations

@@ -232,7 +232,7 @@ print(before, distutils.core.__file__)
 """
 
 
-@pytest.mark.skipif(sys.version_info >= (3, 12), reason="Python 3.12 has no distutils of its own to fall back to")
+@pytest.mark.skipif(sys.version_info >= (3, 12), reason="Python 3.12 has no distutils of its own to fall to")
 def test_the_pip_check_leaves_setuptools_distutils_shim_alone(tmp_path):
     """Why the check reads pip's metadata: finding pip's module switches setuptools' shim off for the
     process, and torch.compile (inductor imports distutils) then fails in it."""
