@@ -20,7 +20,7 @@ Activation = Literal["none", "silu"]
 OutputGate = Literal["none", "silu", "sigmoid"]
 OutputNorm = Literal["head", "full", "none"]
 
-# The ONNX bodies' inverse takes ceil(log2 C) - 1 squarings from a table of powers up to 2^14, exact for
+# The ONNX bodies' inverse doubles its blocks ceil(log2 C) times, counted from a table of powers up to 2^14:
 # chunks of up to 2^15 tokens (a chunk that long would cost far more than it saves anyway).
 MAX_CHUNK_SIZE = 32768
 

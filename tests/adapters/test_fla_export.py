@@ -11,6 +11,14 @@ here sit on both sides of its chunk of 64 (odd ones included).
   here (tests/adapters/fla_models.py, cached in pytest's cache), exported with ``--decode``: ONNX
   Runtime at several lengths, a 2000-step decode against the full forward, and ``attnx generate``
   against the library's greedy decoding.
+
+What the slow set costs, and how it is kept affordable without proving less: the library's forward in
+the interpreter takes about 0.05 s per token and sequence (hidden 32, 2 layers, a shared 2-core CPU), so
+its 2001-token reference for the 2000-step decode is the largest single cost (run once per model, at
+batch 1: every step of one sequence is compared, a second sequence would only double it); the export's
+own parity check runs at 1 and 65 tokens (both library kernels; plus its 4 decode steps after each), since
+the test itself checks ONNX Runtime at 7, 64, 129 and 200; training is :data:`fla_models.STEPS` steps
+(why: that module's docstring).
 """
 
 from __future__ import annotations
@@ -82,8 +90,11 @@ def ort_run(out: Path, **inputs: torch.Tensor) -> np.ndarray:
     return session.run(None, {name: t.numpy() for name, t in inputs.items()})[0]
 
 
-def close(actual: np.ndarray, expected: torch.Tensor, what: str) -> None:
-    torch.testing.assert_close(torch.from_numpy(np.asarray(actual)), expected, atol=ATOL, rtol=RTOL, msg=what)
+def close(actual: np.ndarray, expected: torch.Tensor, what: str) -> float:
+    """Asserted within the gated variants' tolerance; the max abs difference (printed by the slow tests)."""
+    actual = torch.from_numpy(np.asarray(actual))
+    torch.testing.assert_close(actual, expected, atol=ATOL, rtol=RTOL, msg=what)
+    return float((actual - expected).abs().max())
 
 
 def library_logits(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
@@ -153,18 +164,19 @@ def test_generate_equals_the_librarys_greedy_decoding(route, rwkv6_untrained):
 # --- shared checks --------------------------------------------------------------------------------
 
 
-def check_decode(saved: Path, out: Path, prompt: int, steps: int) -> None:
+def check_decode(saved: Path, out: Path, prompt: int, steps: int, batch: int = 2) -> float:
     """Prefill ``prompt`` tokens, then ``steps`` single-token decode steps in ONNX Runtime (teacher-forced):
-    every step's logits equal the library's full forward over the whole sequence (batch 2)."""
+    every step's logits equal the library's full forward over the whole sequence; the max abs difference."""
     model = load(saved)[0]
-    ids = ids_of(prompt + steps, seed=7)
+    ids = ids_of(prompt + steps, seed=7, batch=batch)
     expected = library_logits(model, ids)
     with open_stepper(ExportDir.open(out)) as stepper:
         logits, state = stepper.prefill(ids[:, :prompt].numpy())
-        close(logits, expected[:, :prompt], "prefill")
+        worst = close(logits, expected[:, :prompt], "prefill")
         for t in range(prompt, prompt + steps):
             logits, state = stepper.decode(ids[:, t : t + 1].numpy(), state)
-            close(logits[:, -1], expected[:, t], f"decode step {t - prompt + 1}")
+            worst = max(worst, close(logits[:, -1], expected[:, t], f"decode step {t - prompt + 1}"))
+    return worst
 
 
 def library_greedy(model: torch.nn.Module, prompt: list[int], new: int) -> list[int]:
@@ -219,14 +231,14 @@ OWN_GENERATE_DIFFERS = {"linear_attn"}
 
 @pytest.fixture(scope="module")
 def trained_export(model_cache, tmp_path_factory):
-    """model type -> (saved model, its ``--decode`` export checked at 1, 63, 65, 130 tokens), made once."""
+    """model type -> (saved model, its ``--decode`` export checked at 1 and 65 tokens), made once."""
     made: dict[str, tuple[Path, Path]] = {}
 
     def get(model_type: str) -> tuple[Path, Path]:
         if model_type not in made:
             saved = fla_models.trained(model_type, model_cache)
             out = tmp_path_factory.mktemp(model_type) / "out"
-            export(["--from", f"fla:{saved}"], out, "--decode", "--seq-lens", "1,63,65,130")
+            export(["--from", f"fla:{saved}"], out, "--decode", "--seq-lens", "1,65")
             made[model_type] = saved, out
         return made[model_type]
 
@@ -241,13 +253,16 @@ def test_trained_model_exports_with_the_librarys_numbers(model_type, trained_exp
     model = load(saved)[0]
     for length in (7, 64, 129, 200):
         ids = ids_of(length, seed=length)
-        close(ort_run(out, input_ids=ids), library_logits(model, ids), f"{model_type} at {length} tokens")
+        expected = library_logits(model, ids)
+        worst = close(ort_run(out, input_ids=ids), expected, f"{model_type} at {length} tokens")
+        print(f"{model_type}: {length} tokens, max abs logit difference {worst:.2e}")
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("model_type", list(fla_models.MODELS), ids=MODEL_IDS)
 def test_trained_model_decodes_2000_steps_as_the_full_forward(model_type, trained_export):
-    check_decode(*trained_export(model_type), prompt=1, steps=2000)
+    worst = check_decode(*trained_export(model_type), prompt=1, steps=2000, batch=1)
+    print(f"{model_type}: 2000 decode steps, max abs logit difference {worst:.2e}")
 
 
 @pytest.mark.slow

@@ -120,6 +120,21 @@ def test_strong_decay(delta, per_key):
 
 
 @pytest.mark.parametrize("per_key", [False, True], ids=["scalar", "per-key"])
+def test_keys_aligned_within_a_chunk(per_key):
+    """Keys pointing almost the same way, beta near 1, little decay (as in trained models): (I + A)^-1 is
+    small but the powers of A are not (binom(C, C/2) at C = 32), so the body's inverse must not use them."""
+    shape = Shape(1, 1, 2, 70, 8, 4, per_key, True, 32, state=True)
+    q, k, v, g, beta, state = draw(shape, seed=70, decay=0.01)
+    noise = torch.randn(k.shape, generator=torch.Generator().manual_seed(71))
+    k = torch.nn.functional.normalize(1 + 0.3 * noise, dim=-1)
+    beta = torch.full_like(beta, 0.95)
+    expected_out, expected_state = naive_gated_delta_rule(q, k, v, g, beta, state, True, SCALE)
+    out, grown = onnx_step(shape, (q, k, v, g, beta, state), "function")
+    torch.testing.assert_close(out.double(), expected_out, **TOLERANCE)
+    torch.testing.assert_close(grown.double(), expected_state, **TOLERANCE)
+
+
+@pytest.mark.parametrize("per_key", [False, True], ids=["scalar", "per-key"])
 @pytest.mark.parametrize("delta", [False, True], ids=["additive", "delta"])
 def test_fp16_inputs(delta, per_key):
     """fp16 q, k, v, g, beta: the output is fp16, the state float32, both within fp16 rounding of the
