@@ -133,14 +133,15 @@ def triton_tokens(out, repo, cache, log, prompt: list[int], new_tokens: int) -> 
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)  # the first run fetches the server wheel and builds the backend's environment
-def test_a_real_triton_server_serves_the_hybrid_token_by_token(decode_export, request, tmp_path):
-    """``attnx triton --backend python`` of the Qwen3-Next decode export, served by a real tritonserver
-    with the state kept per sequence: a prompt then one token per request gives ``attnx generate``'s
-    greedy tokens."""
+@pytest.mark.parametrize("arch", ARCHS)
+def test_a_real_triton_server_serves_the_hybrid_token_by_token(decode_export, request, tmp_path, arch):
+    """``attnx triton --backend python`` of each architecture's decode export, served by a real
+    tritonserver with the state kept per sequence: a prompt then one token per request gives ``attnx
+    generate``'s greedy tokens."""
     pytest.importorskip("tritonclient.http")
     from tests.serve.tritonserver import Unavailable
 
-    out = decode_export("qwen3_next")
+    out = decode_export(arch)
     cache = request.config.cache.mkdir("attnx-triton")
     prompt = [5, 17, 230, 41, 9, 88, 3]
     try:
