@@ -40,7 +40,8 @@ class LightningAttention(Stepping, nn.Module):
         super().__init__()
         for name, child in layer.named_children():
             self.add_module(name, child)
-        self.register_buffer("slope_rate", layer.slope_rate)
+        for name, buffer in layer.named_buffers(recurse=False):  # slope_rate, and HF's decay tables, unused
+            self.register_buffer(name, buffer)  # here but in its state dict: the export's stored weights
         self.heads, self.head_dim, self.layer_idx = layer.num_attention_heads, layer.head_dim, layer.layer_idx
 
     def decode_state(self) -> list[StateTensor]:
