@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from attnx.adapters.fla import cpu
+from attnx.adapters.hf.load import check_loading_info
 from attnx.errors import AttnxError, first_line
 
 # model_type -> the layer the library's causal LM of that type is built of (checked by the walk).
@@ -71,16 +72,7 @@ def load(path: Path) -> tuple[Any, dict[str, Any], None, list[str]]:
     except (OSError, ValueError, RuntimeError) as exc:
         why = first_line(exc, limit=300)
         raise AttnxError(f"--from fla:{path}: cannot load its weights: {why}") from None
-    problems = ("missing_keys", "unexpected_keys", "mismatched_keys")
-    wrong = {k: v for k, v in info.items() if k in problems and v}
-    if wrong:
-        found = "; ".join(
-            f"{k.replace('_', ' ')}: {', '.join(map(str, sorted(v)[:3]))}" for k, v in wrong.items()
-        )
-        raise AttnxError(
-            f"--from fla:{path}: its weights do not match its config.json ({found}); save model and config "
-            "together with save_pretrained"
-        )
+    check_loading_info(path, info, scheme="fla")
     model.config.use_cache = False
     example = {"input_ids": torch.randint(0, raw["vocab_size"], (2, EXAMPLE_LENGTH)), "use_cache": False}
     return model.eval(), example, None, []

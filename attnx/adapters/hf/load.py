@@ -97,8 +97,9 @@ def weight_files(path: Path) -> list[Path]:
     return files
 
 
-def check_loading_info(path: Path, info: dict[str, Any]) -> None:
-    """Refuse weights that do not match the config (``from_pretrained``'s ``output_loading_info``).
+def check_loading_info(path: Path, info: dict[str, Any], scheme: str = "hf") -> None:
+    """Refuse weights that do not match the config (``from_pretrained``'s ``output_loading_info``) of the
+    directory ``--from SCHEME:PATH`` named.
 
     Raises:
         AttnxError: naming the missing, unexpected or differently shaped tensors (three of each).
@@ -111,8 +112,8 @@ def check_loading_info(path: Path, info: dict[str, Any]) -> None:
             f"{k.replace('_', ' ')}: {', '.join(map(str, sorted(v)[:3]))}" for k, v in wrong.items()
         )
         raise AttnxError(
-            f"--from hf:{path}: its weights do not match its config.json ({found}); save model and config "
-            "together with save_pretrained"
+            f"--from {scheme}:{path}: its weights do not match its config.json ({found}); save model and "
+            "config together with save_pretrained"
         )
 
 
