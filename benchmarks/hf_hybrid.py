@@ -335,6 +335,8 @@ def main() -> None:
     torch.set_num_threads(2)
     import transformers
 
+    hf_hybrid.pure_torch_gated_delta()  # HF's CPU path, also where flash-linear-attention is installed
+
     rows = []
     with tempfile.TemporaryDirectory() as folder:
         work = Path(folder)

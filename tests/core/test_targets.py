@@ -90,8 +90,8 @@ def test_the_kernels_a_body_needs_are_read_off_its_function():
         (["--variant", "target_running", "--target", "ort", "--lowering", "plugin"],
          ["plugin lowering has none"]),
         (
-            ["--variant", "softmax", "--target", "ort"],
-            ["no op of this export declares a body for target 'ort'", "attnx::SoftmaxAttention"],
+            ["--variant", "cosformer", "--target", "ort"],
+            ["no op of this export declares a body for target 'ort'", "attnx::CosformerAttention"],
         ),
         (["--variant", "target_running", "--target", "gpu"], ["target='gpu' must be one of portable, ort"]),
     ],

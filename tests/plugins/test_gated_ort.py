@@ -1,13 +1,17 @@
-"""The bodies on ONNX Runtime's kernels (com.microsoft GatedDeltaNet / LinearAttention) against the torch ops.
+"""The bodies on ONNX Runtime's kernels (com.microsoft GatedDeltaNet / LinearAttention / GroupQueryAttention)
+against the torch ops.
 
-attnx/plugins/_gated_ort.py maps attnx::GatedDeltaRule(Step) onto both kernels, attnx/plugins/linear/ort.py
-the ``linear`` variant's causal attention onto LinearAttention's "linear" rule. Each runs as a one-node model
-whose node is served by that body (function and decomposed), against the torch op on the same inputs.
+attnx/plugins/_gated_ort.py maps attnx::GatedDeltaRule(Step) onto the first two, attnx/plugins/linear/ort.py
+the ``linear`` variant's causal attention onto LinearAttention's "linear" rule, attnx/plugins/softmax/ort.py
+softmax attention onto GroupQueryAttention. Each runs as a one-node model whose node is served by that body
+(function and decomposed), against the torch op on the same inputs.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
+from pathlib import Path
 
 import onnx
 import onnxruntime
@@ -21,6 +25,7 @@ from attnx.plugins._gated_core import GATED_DELTA_RULE_OP, GATED_DELTA_RULE_STEP
 from attnx.plugins._gated_ort import ORT_BODIES, ORT_GATED_DELTA_NET_BODIES, ORT_LINEAR_ATTENTION_BODIES
 from attnx.plugins.linear.kernel import LINEAR_OP, LINEAR_STEP_OP, linear_attention, linear_attention_step
 from attnx.plugins.linear.ort import LINEAR_ORT_BODIES
+from attnx.plugins.softmax.kernel import SOFTMAX_OP, softmax_attention
 from attnx.testing.onnx_op import node_model
 from tests.plugins import op_harness as harness
 from tests.plugins.gated_cases import SCALE, Shape, draw
@@ -33,8 +38,9 @@ def with_bodies(op: AttentionOp, bodies: dict) -> AttentionOp:
     return dataclasses.replace(op, bodies=bodies[op.name])
 
 
-def run(op: AttentionOp, lowering: str, *args) -> list[torch.Tensor]:
-    """``op(*args)`` as a one-node model lowered with ``op``'s bodies; the model imports com.microsoft."""
+def run(op: AttentionOp, lowering: str, *args, ran: set[str] | None = None) -> list[torch.Tensor]:
+    """``op(*args)`` as a one-node model lowered with ``op``'s bodies; the model imports com.microsoft.
+    ``ran``: filled with the op types of the kernels ONNX Runtime ran (from its profile)."""
     call = harness.op_call(op, *args)
     model = node_model(op, call)
     node, taken = model.graph.node[0], {value.name for value in model.graph.input}
@@ -47,11 +53,18 @@ def run(op: AttentionOp, lowering: str, *args) -> list[torch.Tensor]:
     onnx.checker.check_model(model)  # the kernels have no onnx schema: no full (shape-inferring) check
     options = onnxruntime.SessionOptions()
     options.log_severity_level = 3
+    options.enable_profiling = ran is not None
     session = onnxruntime.InferenceSession(
         model.SerializeToString(), options, providers=["CPUExecutionProvider"]
     )
     feed = {i.name: call.bound()[i.name].numpy() for i in session.get_inputs()}
-    return [torch.from_numpy(t) for t in session.run(None, feed)]
+    outputs = [torch.from_numpy(t) for t in session.run(None, feed)]
+    if ran is not None:
+        profile = Path(session.end_profiling())
+        events = json.loads(profile.read_text())
+        profile.unlink()
+        ran.update(e["args"]["op_name"] for e in events if e.get("cat") == "Node" and "op_name" in e["args"])
+    return outputs
 
 
 CASES = [
@@ -139,3 +152,49 @@ def test_linear_variant_step_on_the_kernel(with_state):
     found = run(with_bodies(LINEAR_STEP_OP, LINEAR_ORT_BODIES), "function", q, k, v, *state, 1e-6, 8)
     for out, want in zip(found, expected, strict=True):
         torch.testing.assert_close(out, want, **TOLERANCE)
+
+
+# -- softmax attention on GroupQueryAttention ------------------------------------------------------------
+
+SOFTMAX_ORT = dataclasses.replace(SOFTMAX_OP, bodies=SOFTMAX_OP.targets["ort"].bodies)
+
+
+@pytest.mark.parametrize("lowering", ["function", "decomposed"])
+@pytest.mark.parametrize(
+    ("n", "m", "dv", "causal", "scale", "kernel"),
+    [
+        (37, 37, 8, True, 0.3, True),  # a prefill: odd length
+        (64, 64, 8, True, 0.125, True),
+        (19, 19, 8, False, 0.3, True),  # an encoder
+        (5, 23, 8, True, 0.3, False),  # after cached keys (bottom-right aligned): the portable body
+        (17, 17, 6, True, 0.3, False),  # values narrower than keys
+        (9, 9, 8, True, 0.0, False),  # scale 0: the kernel would read it as 1/sqrt(d)
+    ],
+)
+def test_softmax_on_group_query_attention(n, m, dv, causal, scale, kernel, lowering):
+    q, k, v, gen = harness.random_qkv(2, 3, n, m, 8, seed=n + m)
+    v = torch.randn(2, 3, m, dv, generator=gen)
+    expected = softmax_attention(q, k, v, None, causal, scale)
+    ran: set[str] = set()
+    (out,) = run(SOFTMAX_ORT, lowering, q, k, v, None, causal, scale, ran=ran)
+    torch.testing.assert_close(out, expected, **TOLERANCE)
+    assert ("GroupQueryAttention" in ran) is kernel, sorted(ran)
+
+
+def test_softmax_on_the_kernel_in_fp16():
+    q, k, v, _ = harness.random_qkv(1, 2, 40, 40, 16, seed=40, dtype=torch.float16)
+    expected = softmax_attention(q.float(), k.float(), v.float(), None, True, 0.25)
+    ran: set[str] = set()
+    (out,) = run(SOFTMAX_ORT, "function", q, k, v, None, True, 0.25, ran=ran)
+    assert out.dtype == torch.float16 and "GroupQueryAttention" in ran
+    torch.testing.assert_close(out.float(), expected, atol=2e-3, rtol=2e-3)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_softmax_with_key_padding_keeps_the_portable_body(causal):
+    q, k, v, gen = harness.random_qkv(2, 3, 13, 13, 8, seed=13)
+    mask = harness.padding_mask("scattered", 2, 13, gen)
+    ran: set[str] = set()
+    (out,) = run(SOFTMAX_ORT, "function", q, k, v, mask, causal, 0.3, ran=ran)
+    torch.testing.assert_close(out, softmax_attention(q, k, v, mask, causal, 0.3), **TOLERANCE)
+    assert "GroupQueryAttention" not in ran

@@ -11,8 +11,10 @@ from onnxscript import opset18 as op
 from onnxscript import opset23 as op23
 
 from attnx.attention import MASKED_SCORE, MultiHeadAttention
-from attnx.ops import LIBRARY, OPSET, AttentionOp, AttnxWiden, VariantImpl, trainable_op
+from attnx.ops import LIBRARY, OPSET, AttentionOp, AttnxWiden, TargetBodies, VariantImpl, trainable_op
+from attnx.plugins._gated_ort import ORT_SINCE
 from attnx.plugins.softmax.config import SoftmaxConfig
+from attnx.plugins.softmax.ort import SoftmaxOrtFits, SoftmaxOrtKernel
 from attnx.state import StateTensor, kv_cache
 from attnx.variant import AttentionSpec
 
@@ -161,6 +163,19 @@ def SoftmaxAttentionStandardNoMask(q: FLOAT, k: FLOAT, v: FLOAT, causal: int, sc
     return SoftmaxStandardUnmasked(q, k, v, causal=causal, scale=scale)
 
 
+@onnxscript.script(OPSET, default_opset=op)
+def SoftmaxAttentionOrtNoMask(q: FLOAT, k: FLOAT, v: FLOAT, causal: int, scale: float) -> FLOAT:
+    """The ``ort`` target's body without key padding: ONNX Runtime's GroupQueryAttention kernel for the
+    calls it computes (:func:`attnx.plugins.softmax.ort.SoftmaxOrtFits`, an ``If``), the portable body
+    for the others. The kernel runs in float32, as the portable softmax does."""
+    if SoftmaxOrtFits(q, k, v, scale=scale):
+        wide = SoftmaxOrtKernel(AttnxWiden(q), AttnxWiden(k), AttnxWiden(v), causal=causal, scale=scale)
+        out = op.CastLike(wide, v)
+    else:
+        out = SoftmaxUnmasked(q, k, v, causal=causal, scale=scale)
+    return out
+
+
 SOFTMAX_OP = AttentionOp(
     name="SoftmaxAttention",
     torch_op=softmax_attention,
@@ -173,6 +188,12 @@ SOFTMAX_OP = AttentionOp(
     input_types={"key_padding_mask": "tensor(bool)"},
     doc="softmax(q k^T * scale + mask) v per head; q,k,v (batch, heads, seq, dim).",
     kernel="attnx.plugins.softmax.triton_kernel:SOFTMAX_KERNEL",
+    # key padding keeps the portable bodies: the kernel masks only a right-padded tail
+    targets={
+        "ort": TargetBodies(
+            (SoftmaxAttention, SoftmaxAttentionStandard, SoftmaxAttentionOrtNoMask), since=ORT_SINCE
+        )
+    },
 )
 
 
