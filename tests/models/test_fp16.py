@@ -28,12 +28,6 @@ from tests.models.exports import tiny_export
 from tests.plugins.op_harness import run_natively
 
 FP16 = {"export.dtype": "fp16"}
-# Variants whose fp16 graph onnx.reference evaluates differently from ONNX Runtime, with what was measured
-NATIVE_GAPS = {
-    "gated_delta": "onnx.reference's run of the delta rule's block-doubling (I + A)^-1 body is 0.15 off the "
-    "float32 model where ONNX Runtime's fp16 run is 0.002 off (kit's tiny lm); the product form it replaced "
-    "passed here but lost float32 precision on trained models (docs/variants/gated.md); not yet explained",
-}
 HALF_CASES = [(v, m) for v, m in CASES if capabilities(v).fp16]
 FP32_ONLY = sorted({v for v, _ in CASES if not capabilities(v).fp16})
 
@@ -85,8 +79,6 @@ def test_fp16_export_matches_torch_fp16_and_the_float32_model(variant, model):
     expected = float32_outputs(result.out, feed)
     assert verify(result.out, seq_lens=[4], write=False).passed  # rebuilt in fp16 from the manifest
     for run in (run_onnx, run_native_fp16):
-        if run is run_native_fp16 and variant in NATIVE_GAPS:
-            pytest.xfail(NATIVE_GAPS[variant])  # ONNX Runtime's run above passed
         for actual, reference in zip(run(str(result.out / "model.onnx"), feed), expected, strict=True):
             assert actual.dtype == np.float16 and np.isfinite(actual).all()
             assert_close_to_float32(actual, reference, tolerance)

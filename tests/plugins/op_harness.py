@@ -17,6 +17,7 @@ import numpy as np
 import onnx
 import torch
 from onnx.reference import ReferenceEvaluator
+from onnx.reference.ops.op_loop import Loop as ReferenceLoop
 from torch import nn
 
 from attnx.ops import AttentionOp
@@ -132,10 +133,21 @@ def run_reference(op: AttentionOp, *args: Any) -> torch.Tensor:
     return torch.from_numpy(run_natively(session.model, feed)[0])
 
 
+class Loop(ReferenceLoop):
+    """onnx.reference's ``Loop`` with the standard's meaning of an omitted ``cond`` input: true, so the loop
+    runs its trip count M (a for loop, as onnxscript writes ``for _ in range(m)``). onnx 1.23.2's loop is
+    ``while cond and it < M``, which runs no iteration when ``cond`` is omitted (None)."""
+
+    def _run(self, trips: Any, cond: Any, *args: Any, **kwargs: Any) -> Any:
+        return super()._run(trips, np.array(True) if cond is None else cond, *args, **kwargs)
+
+
 def run_natively(model: onnx.ModelProto, feed: Mapping[str, np.ndarray]) -> list[np.ndarray]:
-    """``model`` (functions inlined) in onnx's reference evaluator: every op in numpy in its inputs' dtype."""
+    """``model`` (functions inlined) in onnx's reference evaluator: every op in numpy in its inputs' dtype
+    (``Loop`` as the standard defines it, see :class:`Loop`)."""
+    evaluator = ReferenceEvaluator(onnx.inliner.inline_local_functions(model), new_ops=[Loop])
     with np.errstate(over="ignore", invalid="ignore"):  # fp16 overflows: the checks see what comes out
-        return ReferenceEvaluator(onnx.inliner.inline_local_functions(model)).run(None, dict(feed))
+        return evaluator.run(None, dict(feed))
 
 
 def op_results(op: AttentionOp, *args: Any, lowerings: Sequence[str] = LOWERINGS) -> dict[str, torch.Tensor]:

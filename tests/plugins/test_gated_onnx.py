@@ -151,6 +151,18 @@ def test_fp16_inputs(delta, per_key):
         torch.testing.assert_close(grown.double(), expected_state, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("per_key", [False, True], ids=["scalar", "per-key"])
+def test_fp16_body_in_the_reference_evaluator(per_key):
+    """The body op by op in onnx's reference evaluator (fp16 inputs; it widens them) as in ONNX Runtime: the
+    inverse's Loop, whose cond input is omitted, runs its levels (onnx 1.23.2's own Loop ran none, 0.25 off;
+    tests/plugins/op_harness.py's Loop)."""
+    shape = Shape(1, 2, 4, 45, 16, 8, per_key, True, 16)
+    q, k, v, g, beta, _ = draw(shape, seed=45, dtype=torch.float16)
+    expected, _ = naive_gated_delta_rule(q, k, v, g, beta, None, True, SCALE)
+    results = harness.fp16_results(GATED_DELTA_RULE_OP, q, k, v, g, beta, True, SCALE, 16)
+    harness.assert_fp16_close(results, expected)
+
+
 @pytest.mark.filterwarnings("ignore:the float32 number -inf will be truncated")  # to -1e4: exp gives 0 still
 @pytest.mark.parametrize("lowering", ["function", "decomposed"])
 @pytest.mark.parametrize("per_key", [False, True], ids=["scalar", "per-key"])
