@@ -15,7 +15,8 @@ On the small trained models of ``attnx.testing.hf_hybrid`` (``examples/train_hf_
   layer, random weights: speed does not depend on training): prefill of 4096 tokens and decode
   ms/token after 4096 tokens of context, HF eager torch (its cache) against the genai builder's model
   and attnx's export (``--decode``, ``--target ort`` and portable) in onnxruntime-genai and in
-  ``attnx generate``, all on 2 threads.
+  ``attnx generate``, all on 2 threads; and the floor of any float32 prefill of these weights: every
+  ``nn.Linear`` of the model on the same number of tokens in torch.
 
     python benchmarks/hf_hybrid.py [--archs qwen3_5,qwen3_next] [--lengths 7,37,65,130] [--new-tokens 200]
     python benchmarks/hf_hybrid.py --speed [--context 4096] [--steps 32]
@@ -250,6 +251,18 @@ def hf_speed(model: Any, context: int, steps: int) -> dict[str, float]:
     return {"prefill_s": prefill, "decode_ms_per_token": 1000 * decode}
 
 
+def dense_floor(model: Any, context: int) -> dict[str, float]:
+    """Every ``nn.Linear`` of ``model`` (projections, MLPs, the head) on ``context`` tokens in torch: the
+    float32 matrix products any prefill of these weights computes, HF's and the exports' alike (s)."""
+    layers = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    inputs = {n: torch.randn(1, context, n) for n in {layer.in_features for layer in layers}}
+    with torch.no_grad():
+        start = time.perf_counter()
+        for layer in layers:
+            layer(inputs[layer.in_features])
+    return {"prefill_s": time.perf_counter() - start}
+
+
 def genai_speed(model_dir: Path, context: int, steps: int) -> dict[str, float]:
     """onnxruntime-genai: prefill of ``context`` tokens (s) and ms per decoded token after it."""
     import onnxruntime_genai as og
@@ -305,6 +318,7 @@ def speed(args: Any, work: Path) -> Iterator[dict[str, Any]]:
     """The speed rows, each as soon as it is measured."""
     model, checkpoint = speed_model(work)
     yield {"tool": "hf-eager", "context": args.context, **hf_speed(model, args.context, args.steps)}
+    yield {"tool": "dense-floor (torch)", "context": args.context, **dense_floor(model, args.context)}
     build_with_genai(checkpoint, work / "speed-builder")
     builder = genai_speed(work / "speed-builder", args.context, args.steps)
     yield {"tool": "genai-builder", "context": args.context, **builder}

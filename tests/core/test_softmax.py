@@ -10,7 +10,7 @@ import torch
 from attnx.exporter.assemble import assemble
 from attnx.exporter.lowering import lower
 from attnx.plugins.softmax.kernel import SOFTMAX_OP, softmax_attention
-from attnx.testing.onnx_op import node_model
+from attnx.testing.onnx_op import OpSession, node_model
 from attnx.trt.graph import attention_nodes
 from tests.plugins import op_harness as harness
 
@@ -18,9 +18,10 @@ MASKED = -65504.0
 
 
 def naive_softmax_attention(q, k, v, key_padding_mask=None, causal=False, scale=None):
-    """Explicit loops: score_ij = q_i . k_j * scale, masked, softmax over j, sum_j p_ij v_j."""
+    """Explicit loops: score_ij = q_i . k_j * scale, masked, softmax over j, sum_j p_ij v_j; with fewer key
+    and value heads (grouped-query), query head i reads key/value head i // (h / kv heads)."""
     b, h, n, d = q.shape
-    m = k.shape[2]
+    m, group = k.shape[2], h // k.shape[1]
     scale = 1 / math.sqrt(d) if scale is None else scale
     out = torch.zeros(b, h, n, v.shape[-1], dtype=torch.float64)
     for bi in range(b):
@@ -28,7 +29,7 @@ def naive_softmax_attention(q, k, v, key_padding_mask=None, causal=False, scale=
             for i in range(n):
                 scores = []
                 for j in range(m):
-                    s = float(q[bi, hi, i].double() @ k[bi, hi, j].double()) * scale
+                    s = float(q[bi, hi, i].double() @ k[bi, hi // group, j].double()) * scale
                     if key_padding_mask is not None and not key_padding_mask[bi, j]:
                         s += MASKED
                     if causal and j > i + (m - n):
@@ -38,7 +39,7 @@ def naive_softmax_attention(q, k, v, key_padding_mask=None, causal=False, scale=
                 weights = [math.exp(s - top) for s in scores]
                 total = sum(weights)
                 for j in range(m):
-                    out[bi, hi, i] += weights[j] / total * v[bi, hi, j].double()
+                    out[bi, hi, i] += weights[j] / total * v[bi, hi // group, j].double()
     return out
 
 
@@ -74,6 +75,42 @@ def test_op_matches_naive_reference(batch, heads, n, m, d, causal, mask_kind):
     # a fully padded row's scores sit near -65504, where float32 keeps ~3 decimal digits (ulp 0.004)
     loose = mask_kind == "empty-row"
     harness.assert_all_close(results, expected, atol=5e-3 if loose else 1e-5, rtol=5e-3 if loose else 1e-5)
+
+
+GROUPED_CASES = [
+    # batch, query heads, key/value heads, n_queries, n_keys, causal, mask
+    (2, 6, 2, 9, 9, True, "none"),  # a prefill
+    (1, 4, 1, 1, 13, True, "none"),  # a decode step after cached keys, one key/value head
+    (2, 6, 3, 7, 7, False, "prefix"),
+    (2, 4, 2, 5, 11, True, "empty-row"),
+]
+
+
+@pytest.mark.parametrize(
+    ("batch", "heads", "kv_heads", "n", "m", "causal", "mask_kind"), GROUPED_CASES, ids=str
+)
+def test_grouped_query_heads_read_their_key_value_head(batch, heads, kv_heads, n, m, causal, mask_kind):
+    """Keys and values of fewer heads (grouped-query attention, HF's repeat_kv layout) in torch, every
+    lowering, the Attention-op body and the ort target's, against the loops; and the same as the op on
+    keys and values repeated to the query heads."""
+    q, _, _, g = harness.random_qkv(batch, heads, n, m, 8, seed=heads * 100 + kv_heads * 10 + n)
+    k, v = torch.randn(batch, kv_heads, m, 8, generator=g), torch.randn(batch, kv_heads, m, 8, generator=g)
+    mask = harness.padding_mask(mask_kind, batch, m, g)
+    args = (q, k, v, mask, causal, 0.3)
+    results = harness.op_results(SOFTMAX_OP, *args)
+    results["attention-op"] = harness.run_onnx(SOFTMAX_OP, *args, opset=STANDARD_OPSET)
+    call = harness.op_call(SOFTMAX_OP, *args)
+    results["ort"] = torch.from_numpy(OpSession(SOFTMAX_OP, call, target="ort").run(call.bound())[0])
+    repeated = [t.repeat_interleave(heads // kv_heads, dim=1) for t in (k, v)]
+    results["repeated"] = softmax_attention(q, *repeated, mask, causal, 0.3)
+    expected = naive_softmax_attention(q, k, v, mask, causal, 0.3)
+    loose = mask_kind == "empty-row"  # see test_op_matches_naive_reference
+    harness.assert_all_close(
+        {name: result.double() for name, result in results.items()},
+        expected,
+        atol=5e-3 if loose else 1e-5,
+        rtol=5e-3 if loose else 1e-5,
+    )
 
 
 @pytest.mark.parametrize("opset", [18, 22, 23, 25])

@@ -104,6 +104,17 @@ def test_softmax_kernel(batch, heads, n, m, d, causal, mask_kind, dtype, tactic)
     check(SOFTMAX_OP, rest, expected[~empty], tactic)
 
 
+@pytest.mark.parametrize(
+    ("kv_heads", "n", "m", "causal"), [(1, 19, 19, True), (2, 5, 21, True), (2, 7, 7, False)]
+)
+def test_softmax_kernel_reads_grouped_key_value_heads(kv_heads, n, m, causal):
+    """Keys and values of fewer heads than the queries (grouped-query attention): query head i reads
+    key/value head i // (4 / kv_heads)."""
+    q, _, _, g = harness.random_qkv(2, 4, n, m, 8, seed=n + m)
+    k, v = torch.randn(2, kv_heads, m, 8, generator=g), torch.randn(2, kv_heads, m, 8, generator=g)
+    check(SOFTMAX_OP, (q, k, v, None, causal, 0.3), naive_softmax_attention(q, k, v, None, causal, 0.3), 1)
+
+
 def test_softmax_reference_catches_top_left_causal_alignment():
     """The comparison can fail: a top-left causal mask (query i sees keys j <= i) is far from the kernel."""
     q, k, v, _ = qkv(1, 1, 5, 9, 8, "none", torch.float32, seed=1)
@@ -232,6 +243,7 @@ def test_reformer_kernel_fp16(tactic):
 
 
 # -- larger shapes ---------------------------------------------------------------------------------------
+
 
 def large_softmax():
     q, k, v, mask = qkv(2, 2, 300, 333, 64, "prefix", torch.float32, seed=3)

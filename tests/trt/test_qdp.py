@@ -192,7 +192,8 @@ def test_aot_impl_returns_the_kernel_its_launch_and_the_shape_scalars(mask, tact
         f"((n_q + {block_m - 1}) // {block_m})", "(batch * 4)", 1
     )
     assert params.block_x == chosen.num_warps * 32 and params.shared_mem == 1024
-    assert [repr(s.value) for s in extra] == ["4", "n_q", "n_k"]  # H, N_Q, N_K: after the input pointers
+    # H, N_Q, N_K, GROUP (query heads per key/value head): after the input pointers
+    assert [repr(s.value) for s in extra] == ["4", "n_q", "n_k", "1"]
     assert isinstance(extra, stub.SymIntExprs) and all(isinstance(s, stub.SymInt32) for s in extra)
 
 

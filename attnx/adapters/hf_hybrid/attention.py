@@ -4,7 +4,8 @@ What HF computes (``Qwen3NextAttention.forward``, ``Qwen3_5Attention.forward``):
 queries and a per-channel output gate (interleaved per head: [q_h, gate_h]); q and k pass a per-head
 zero-centred RMSNorm (``q_norm``/``k_norm``), then the rotary embedding on the first
 ``partial_rotary_factor`` of each head (``apply_rotary_pos_emb`` with the model's cos/sin); the
-``num_key_value_heads`` key/value heads are repeated to the query heads (``repeat_kv``); causal
+``num_key_value_heads`` key/value heads are repeated to the query heads (``repeat_kv``: query head i reads
+key/value head i // groups, which ``attnx::SoftmaxAttention`` takes as it is, without the copy); causal
 softmax attention with scale head_dim^-1/2 over the keys the 2D padding mask keeps; the output is
 multiplied by sigmoid(gate) and projected by ``o_proj``. A query that sees no key at all (a
 left-padded position) gets a zero attention output, which is what HF's default SDPA path returns.
@@ -28,7 +29,7 @@ from attnx.attention import Stepping
 from attnx.errors import AttnxError
 from attnx.state import StateTensor, kv_cache
 
-# rotate(q, k, cos, sin) -> (q, k): the architecture's apply_rotary_pos_emb; repeat(x, n_rep): its repeat_kv
+# rotate(q, k, cos, sin) -> (q, k): the architecture's apply_rotary_pos_emb
 Rotary = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 
@@ -38,18 +39,15 @@ class FullAttention(Stepping, nn.Module):
 
     A :class:`attnx.state.DecodableLayer`: ``step(x, state, position)`` continues a KV cache of the
     key/value heads; while ``stepping`` holds a Step (:class:`attnx.attention.Stepping`), HF's call of the
-    layer is that step. Subclasses set ``kv_heads``, ``head_dim`` (of the keys), ``groups`` (query heads
-    per key/value head), ``repeat`` (the architecture's ``repeat_kv``) and ``scaling``.
+    layer is that step. Subclasses set ``kv_heads``, ``head_dim`` (of the keys) and ``scaling``.
 
     Values narrower than the keys (Kimi's MLA) are cached padded with zeros to the keys' head size:
     onnxruntime-genai sizes the key and the value cache by one ``head_size``. That is exact, since
     softmax(s) [v, 0] = [softmax(s) v, 0], and the padding is sliced off the output.
     """
 
-    repeat: Callable[[torch.Tensor, int], torch.Tensor]
     kv_heads: int
     head_dim: int
-    groups: int
     scaling: float
 
     def decode_state(self) -> list[StateTensor]:
@@ -110,9 +108,7 @@ class FullAttention(Stepping, nn.Module):
             if past:
                 key, value = torch.cat([past[0], key], dim=-2), torch.cat([past[1], value], dim=-2)
             present = (key, value)
-        out = torch.ops.attnx.softmax_attention(
-            query, self.repeat(key, self.groups), self.repeat(value, self.groups), padding, True, self.scaling
-        )
+        out = torch.ops.attnx.softmax_attention(query, key, value, padding, True, self.scaling)
         if padding is not None:  # a query that sees no key (left padding) gets zeros, as HF's SDPA gives it
             out = out * (padding.cumsum(-1) > 0)[:, None, :, None].to(out.dtype)
         if out.shape[-1] != width:
@@ -134,17 +130,15 @@ class GatedAttention(FullAttention):
         self,
         layer: nn.Module,
         rotate: Rotary,
-        repeat: Callable[[torch.Tensor, int], torch.Tensor],
         gated: bool = True,
     ):
         super().__init__()
         self.gated = gated
         for name, child in layer.named_children():
             self.add_module(name, child)
-        self.rotate, self.repeat = rotate, repeat
+        self.rotate = rotate
         self.head_dim = layer.head_dim
         self.scaling = float(layer.scaling)
-        self.groups = layer.num_key_value_groups
         self.kv_heads = layer.config.num_key_value_heads
         self.layer_idx = layer.layer_idx
         self.rotary: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None  # set with the model's

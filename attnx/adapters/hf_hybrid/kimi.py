@@ -20,7 +20,6 @@ MLP layers (``mlp_layer_types``), which run as they are.
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import torch
@@ -94,7 +93,7 @@ KIMI_LINEAR = Architecture(
     models=(kimi.KimiLinearForCausalLM, kimi.KimiLinearModel),
     layers={
         kimi.KimiLinearDeltaAttention: KimiDeltaAttention,
-        kimi.KimiLinearAttention: functools.partial(LatentAttention, repeat=kimi.repeat_kv),
+        kimi.KimiLinearAttention: LatentAttention,
         kimi.KimiLinearExperts: DenseExperts,
     },
     untraceable=(kimi.KimiLinearDeltaAttention, kimi.KimiLinearExperts),

@@ -34,7 +34,7 @@ class LatentAttention(FullAttention):
     """An HF ``KimiLinearAttention`` layer (same parameters, same names) on ``attnx::SoftmaxAttention``,
     stepping with a KV cache of its per-head keys and values (no positions: nothing rotates)."""
 
-    def __init__(self, layer: nn.Module, repeat: Any):
+    def __init__(self, layer: nn.Module):
         super().__init__()
         for name, child in layer.named_children():
             self.add_module(name, child)
@@ -42,7 +42,7 @@ class LatentAttention(FullAttention):
         self.kv_lora_rank, self.nope_dim = layer.kv_lora_rank, layer.qk_nope_head_dim
         self.shared_dim = layer.qk_rope_head_dim
         self.kv_heads, self.head_dim, self.value_dim = layer.num_heads, layer.qk_head_dim, layer.v_head_dim
-        self.groups, self.scaling, self.repeat = layer.num_key_value_groups, float(layer.scaling), repeat
+        self.scaling = float(layer.scaling)
         self.layer_idx = layer.layer_idx
 
     def project(

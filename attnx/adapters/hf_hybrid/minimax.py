@@ -19,7 +19,7 @@ from attnx.adapters.hf_hybrid.moe import DenseExperts
 
 
 def _attention(layer: nn.Module) -> GatedAttention:
-    return GatedAttention(layer, mm.apply_rotary_pos_emb, mm.repeat_kv, gated=False)
+    return GatedAttention(layer, mm.apply_rotary_pos_emb, gated=False)
 
 
 MINIMAX = Architecture(

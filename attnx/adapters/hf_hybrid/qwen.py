@@ -47,7 +47,7 @@ def _linear(project: Any, layer: nn.Module) -> GatedDeltaNet:
 
 
 def _attention(module: Any, layer: nn.Module) -> GatedAttention:
-    return GatedAttention(layer, module.apply_rotary_pos_emb, module.repeat_kv)
+    return GatedAttention(layer, module.apply_rotary_pos_emb)
 
 
 QWEN3_NEXT = Architecture(

@@ -3,7 +3,9 @@
 softmax(Q K^T * scale + mask) V with scale = 1/sqrt(d_head) unless set. Padded keys
 get -65504 added to their score (finite and fp16-exact, so a row whose keys are all
 padded stays finite: it degrades to unmasked attention); causal masking is bottom-right aligned, so query
-i of n attends keys j <= i + (n_keys - n), which also serves cached decoding.
+i of n attends keys j <= i + (n_keys - n), which also serves cached decoding. Keys and values may have
+fewer heads than the queries (grouped-query attention: query head i reads key/value head
+i // (heads / kv heads)), in every lowering and the kernel, so a KV cache is read once per group.
 """
 
 from __future__ import annotations

@@ -36,14 +36,22 @@ def softmax_attention(
     causal: bool,
     scale: float,
 ) -> torch.Tensor:
-    """softmax(q k^T * scale + bias) v; bias: MASKED_SCORE on padded keys, -inf on future keys."""
+    """softmax(q k^T * scale + bias) v; bias: MASKED_SCORE on padded keys, -inf on future keys.
+
+    k and v may have fewer heads than q, a divisor of its heads (grouped-query attention): query head i
+    reads key/value head i // (q heads / kv heads), as ``repeat_kv`` lays them out, without the repeat.
+    """
     bias = torch.zeros(q.shape[-2], k.shape[-2], dtype=q.dtype, device=q.device)
     if key_padding_mask is not None:
         bias = bias.masked_fill(~key_padding_mask[:, None, None, :], MASKED_SCORE)
     if causal:
         bias = bias.masked_fill(~causal_keep(q.shape[-2], k.shape[-2], q.device), float("-inf"))
     # contiguous, as the fake kernel promises (torch.compile checks the strides)
-    return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale).contiguous()
+    grouped = k.shape[-3] != q.shape[-3]
+    out = torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, attn_mask=bias, scale=scale, enable_gqa=grouped
+    )
+    return out.contiguous()
 
 
 @softmax_attention.register_fake
@@ -53,11 +61,19 @@ def _(q, k, v, key_padding_mask, causal, scale):
 
 @onnxscript.script(LIBRARY, default_opset=op)
 def SoftmaxScores(q: FLOAT, k: FLOAT, scale: float) -> FLOAT:
-    """q k^T * scale, widened to float32: in fp16, MASKED_SCORE plus a score below -16 overflows to -inf,
-    and a fully padded row becomes NaN. The torch op leaves this to SDPA; the body computes the
-    softmax in float32 for every input dtype."""
+    """q k^T * scale (b, h, n, m), widened to float32: in fp16, MASKED_SCORE plus a score below -16
+    overflows to -inf, and a fully padded row becomes NaN. The torch op leaves this to SDPA; the body
+    computes the softmax in float32 for every input dtype. With fewer key heads (grouped-query) the
+    queries of one key head are one matrix (b, kv heads, group * n, d): each key is read once."""
     scaled = op.Mul(q, op.CastLike(op.Constant(value_float=scale), q))
-    return AttnxWiden(op.MatMul(scaled, op.Transpose(k, perm=[0, 1, 3, 2])))
+    grouped = op.Reshape(
+        scaled,
+        op.Concat(op.Shape(k, start=0, end=2), op.Constant(value_ints=[-1]), op.Shape(q, start=3), axis=0),
+    )
+    scores = op.MatMul(grouped, op.Transpose(k, perm=[0, 1, 3, 2]))
+    return AttnxWiden(
+        op.Reshape(scores, op.Concat(op.Shape(q, start=0, end=3), op.Shape(k, start=2, end=3), axis=0))
+    )
 
 
 @onnxscript.script(LIBRARY, default_opset=op)
@@ -72,8 +88,18 @@ def SoftmaxCausalBias(lengths: INT64, pad: FLOAT) -> FLOAT:
 
 @onnxscript.script(LIBRARY, default_opset=op)
 def SoftmaxMix(scores: FLOAT, v: FLOAT) -> FLOAT:
-    """softmax(scores) v: the softmax in the scores' type (float32), the product in v's."""
-    return op.MatMul(op.CastLike(op.Softmax(scores, axis=-1), v), v)
+    """softmax(scores) v: the softmax in the scores' type (float32), the product in v's; grouped by value
+    head as :func:`SoftmaxScores` groups the queries."""
+    weights = op.CastLike(op.Softmax(scores, axis=-1), v)
+    grouped = op.Reshape(
+        weights,
+        op.Concat(
+            op.Shape(v, start=0, end=2), op.Constant(value_ints=[-1]), op.Shape(weights, start=3), axis=0
+        ),
+    )
+    return op.Reshape(
+        op.MatMul(grouped, v), op.Concat(op.Shape(weights, start=0, end=3), op.Shape(v, start=3), axis=0)
+    )
 
 
 @onnxscript.script(OPSET, default_opset=op)

@@ -16,19 +16,20 @@ from onnxscript import BOOL, FLOAT, INT32
 from onnxscript import opset18 as op
 
 from attnx.ops import LIBRARY
-from attnx.plugins._gated_ort import MICROSOFT, OrtHeadsToBatch
+from attnx.plugins._gated_ort import MICROSOFT, OrtHeadsToBatch, OrtRepeatHeads
 
 
 @onnxscript.script(LIBRARY, default_opset=op)
 def SoftmaxOrtKernel(q: FLOAT, k: FLOAT, v: FLOAT, causal: int, scale: float) -> FLOAT:
-    """(b, h, n, d) queries, keys and values through the kernel, with no cache: (b, h, n, d)."""
+    """(b, h, n, d) queries, keys and values through the kernel, with no cache: (b, h, n, d); keys and
+    values of fewer heads (grouped-query) are repeated to the query heads first."""
     rows = OrtHeadsToBatch(q)
     lengths = op.Shape(q, start=2, end=3)
     last = op.Cast(op.Sub(lengths, op.Constant(value_ints=[1])), to=INT32.dtype)
     out, _, _ = MICROSOFT.GroupQueryAttention(
         rows,
-        OrtHeadsToBatch(k),
-        OrtHeadsToBatch(v),
+        OrtHeadsToBatch(OrtRepeatHeads(k, q)),
+        OrtHeadsToBatch(OrtRepeatHeads(v, q)),
         None,
         None,
         op.Expand(last, op.Shape(rows, start=0, end=1)),  # seqlens_k: the last key's index, per row

@@ -1,6 +1,7 @@
 """``attnx::SoftmaxAttention`` as one Triton kernel: flash attention (online softmax over key blocks).
 
-A program owns BLOCK_M queries of one (batch, head) and streams the keys in blocks of BLOCK_N,
+A program owns BLOCK_M queries of one (batch, head) and streams the keys in blocks of BLOCK_N (of key
+head head // GROUP: keys and values may have fewer heads than the queries, grouped-query attention),
 keeping the running row max m, the sum l of exp(s - m) and the weighted sum of values, all in
 float32. Scores are q·k * scale plus the op's bias: ``MASKED_SCORE`` (-65504) added for padded
 keys, -inf for keys after the query's bottom-right causal position (key j <= i + n_keys - n_q).
@@ -10,6 +11,8 @@ Causal programs stop streaming at their last query's position.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import triton
 import triton.language as tl
@@ -24,13 +27,14 @@ _MASKED = tl.constexpr(MASKED_SCORE)
 @triton.jit
 def softmax_attention_kernel(
     q, k, v, key_padding_mask,
-    H, N_Q, N_K,
+    H, N_Q, N_K, GROUP,
     out,
     CAUSAL: tl.constexpr, SCALE: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     bh = tl.program_id(1).to(tl.int64)
     batch = bh // H
+    kv = bh // GROUP  # (batch * H + head) // GROUP = batch * kv heads + head // GROUP
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     vdims = tl.arange(0, BLOCK_DV)
     q_tile = load_rows(q, bh * N_Q * D, rows, N_Q, D, BLOCK_D)
@@ -44,7 +48,7 @@ def softmax_attention_kernel(
     for start in range(0, end, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
         col_ok = cols < N_K
-        k_tile = load_rows(k, bh * N_K * D, cols, N_K, D, BLOCK_D)
+        k_tile = load_rows(k, kv * N_K * D, cols, N_K, D, BLOCK_D)
         scores = tl.dot(q_tile, tl.trans(k_tile), input_precision="ieee").to(tl.float32) * SCALE
         if key_padding_mask is not None:
             real = tl.load(key_padding_mask + batch * N_K + cols, mask=col_ok, other=1) != 0
@@ -57,7 +61,7 @@ def softmax_attention_kernel(
         shift = tl.where(new_top == float("-inf"), 0.0, new_top)  # a row that has seen nothing yet
         weights = tl.exp(scores - shift[:, None])
         rescale = tl.exp(top - shift)
-        v_tile = load_rows(v, bh * N_K * DV, cols, N_K, DV, BLOCK_DV)
+        v_tile = load_rows(v, kv * N_K * DV, cols, N_K, DV, BLOCK_DV)
         total = total * rescale + tl.sum(weights, 1)
         acc = acc * rescale[:, None] + tl.dot(weights.to(v_tile.dtype), v_tile, input_precision="ieee")
         top = new_top
@@ -67,6 +71,11 @@ def softmax_attention_kernel(
         result.to(out.dtype.element_ty),
         mask=(rows < N_Q)[:, None] & (vdims[None, :] < DV),
     )
+
+
+def _scalars(shapes: Shapes) -> dict[str, Any]:
+    """H, N_Q, N_K and GROUP: query heads per key/value head."""
+    return {**query_key_scalars(shapes), "GROUP": shapes["q"][1] // shapes["k"][1]}
 
 
 def _constants(shapes: Shapes, attributes: dict) -> dict[str, object]:
@@ -84,7 +93,7 @@ def _constants(shapes: Shapes, attributes: dict) -> dict[str, object]:
 SOFTMAX_KERNEL = TritonKernel(
     fn=softmax_attention_kernel,
     inputs=("q", "k", "v", "key_padding_mask"),
-    scalars=query_key_scalars,
+    scalars=_scalars,
     constants=_constants,
     grid=row_block_grid("q"),
     tactics=(
