@@ -16,10 +16,12 @@ On the small trained models of ``attnx.testing.hf_hybrid`` (``examples/train_hf_
   ms/token after 4096 tokens of context, HF eager torch (its cache) against the genai builder's model
   and attnx's export (``--decode``, ``--target ort`` and portable) in onnxruntime-genai and in
   ``attnx generate``, all on 2 threads; and the floor of any float32 prefill of these weights: every
-  ``nn.Linear`` of the model on the same number of tokens in torch.
+  ``nn.Linear`` of the model on the same number of tokens in torch. Then decode ms/token in ``attnx
+  generate`` after 256, 1024 and 4096 tokens (``--positions``), of the hybrid and of the same model
+  with linear layers only.
 
     python benchmarks/hf_hybrid.py [--archs qwen3_5,qwen3_next] [--lengths 7,37,65,130] [--new-tokens 200]
-    python benchmarks/hf_hybrid.py --speed [--context 4096] [--steps 32]
+    python benchmarks/hf_hybrid.py --speed [--context 4096] [--steps 32] [--positions 256,1024,4096]
 
 Prints one JSON object per measurement and a summary table.
 """
@@ -28,13 +30,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import subprocess
 import sys
 import tempfile
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -224,15 +225,23 @@ SPEED_TEXT = {
 }
 
 
-def speed_model(out: Path) -> tuple[Any, Path]:
-    """The width-512 Qwen3.5 text model (seeded random weights) and its conditional-generation save."""
+def speed_text_model(out: Path, **changes: Any) -> Any:
+    """The width-512 Qwen3.5 text model (seeded random weights; ``changes`` to its config), saved to ``out``
+    with the trained tokenizer."""
     import transformers
 
     torch.manual_seed(0)
-    model = transformers.Qwen3_5ForCausalLM(transformers.Qwen3_5TextConfig(**SPEED_TEXT)).eval()
-    model.save_pretrained(out / "text")
-    hf_hybrid.train_tokenizer().save_pretrained(out / "text")
-    return model, conditional_checkpoint(out / "text", out / "conditional")
+    model = transformers.Qwen3_5ForCausalLM(transformers.Qwen3_5TextConfig(**SPEED_TEXT | changes)).eval()
+    model.save_pretrained(out)
+    hf_hybrid.train_tokenizer().save_pretrained(out)
+    return model
+
+
+def best_of(repeats: int, measure: Callable[..., dict[str, float]], *arguments: Any) -> dict[str, float]:
+    """Each figure's smallest over ``repeats`` calls of ``measure(*arguments)``: what the runtime does when
+    the shared machine lets it (torch's and ORT's thread pools slow down several-fold under other load)."""
+    runs = [measure(*arguments) for _ in range(repeats)]
+    return {key: min(run[key] for run in runs) for key in runs[0]}
 
 
 def hf_speed(model: Any, context: int, steps: int) -> dict[str, float]:
@@ -292,18 +301,6 @@ def export_with_attnx(text_dir: Path, out: Path, target: str) -> float:
     return time.perf_counter() - start
 
 
-def genai_copy(out: Path, context: int) -> Path:
-    """A copy of the export for onnxruntime-genai with ``context`` tokens of context: a module export's
-    genai_config.json says 4096 (attnx does not read a module's position limit yet); the export itself
-    stays as written (attnx checks its files against the manifest)."""
-    copy = out.with_name(out.name + "-genai")
-    shutil.copytree(out, copy)
-    config = json.loads((copy / "genai_config.json").read_text())
-    config["model"]["context_length"] = config["search"]["max_length"] = context
-    (copy / "genai_config.json").write_text(json.dumps(config, indent=2))
-    return copy
-
-
 def attnx_generate_speed(out: Path, context: int, steps: int) -> dict[str, float]:
     """``attnx generate`` (ONNX Runtime, 2 threads): prefill of ``context`` tokens (s) and ms per decoded
     token after it."""
@@ -316,21 +313,36 @@ def attnx_generate_speed(out: Path, context: int, steps: int) -> dict[str, float
 
 def speed(args: Any, work: Path) -> Iterator[dict[str, Any]]:
     """The speed rows, each as soon as it is measured."""
-    model, checkpoint = speed_model(work)
-    yield {"tool": "hf-eager", "context": args.context, **hf_speed(model, args.context, args.steps)}
-    yield {"tool": "dense-floor (torch)", "context": args.context, **dense_floor(model, args.context)}
+    model = speed_text_model(work / "text")
+    checkpoint = conditional_checkpoint(work / "text", work / "conditional")
+
+    def row(tool: str, measure: Callable[..., dict[str, float]], *arguments: Any) -> dict[str, Any]:
+        return {"tool": tool, "context": args.context, **best_of(args.repeats, measure, *arguments)}
+
+    yield row("hf-eager", hf_speed, model, args.context, args.steps)
+    yield row("dense-floor (torch)", dense_floor, model, args.context)
     build_with_genai(checkpoint, work / "speed-builder")
-    builder = genai_speed(work / "speed-builder", args.context, args.steps)
-    yield {"tool": "genai-builder", "context": args.context, **builder}
+    yield row("genai-builder", genai_speed, work / "speed-builder", args.context, args.steps)
     for target in args.targets.split(","):
         out = work / f"speed-attnx-{target}"
         seconds = export_with_attnx(work / "text", out, target)
-        runs = {
-            "genai": genai_speed(genai_copy(out, args.context + args.steps), args.context, args.steps),
-            "attnx-generate": attnx_generate_speed(out, args.context, args.steps),
-        }
-        for tool, measured in runs.items():
-            yield {"tool": f"attnx-{target} {tool}", "context": args.context, "export_s": seconds, **measured}
+        yield {"tool": f"attnx-{target} export", "context": args.context, "export_s": seconds}
+        yield row(f"attnx-{target} genai", genai_speed, out, args.context, args.steps)
+        yield row(f"attnx-{target} attnx-generate", attnx_generate_speed, out, args.context, args.steps)
+    yield from position_rows(args, work)
+
+
+def position_rows(args: Any, work: Path) -> Iterator[dict[str, Any]]:
+    """Decode ms/token in ``attnx generate`` after each of ``args.positions`` prompt tokens: the hybrid
+    (its attention layer reads a longer KV cache each token) and the same model with linear layers only
+    (a fixed-size state: flat in position)."""
+    linear_only = work / "linear-only"
+    speed_text_model(linear_only / "text", layer_types=["linear_attention"] * SPEED_TEXT["num_hidden_layers"])
+    export_with_attnx(linear_only / "text", linear_only / "attnx", "ort")
+    for name, out in (("hybrid", work / "speed-attnx-ort"), ("linear layers only", linear_only / "attnx")):
+        for position in args.positions:
+            measured = best_of(args.repeats, attnx_generate_speed, out, position, args.steps)
+            yield {"tool": f"attnx-ort attnx-generate ({name})", "context": position, **measured}
 
 
 def main() -> None:
@@ -343,8 +355,11 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=4096)
     parser.add_argument("--steps", type=int, default=32)
     parser.add_argument("--targets", default="ort,portable", help="attnx export targets of the speed run")
+    parser.add_argument("--repeats", type=int, default=3, help="each speed figure: the best of this many")
+    parser.add_argument("--positions", default="256,1024,4096", help="contexts of the per-position rows")
     args = parser.parse_args()
     args.lengths = [int(n) for n in args.lengths.split(",")]
+    args.positions = [int(n) for n in args.positions.split(",")]
     skip = set(args.skip.split(","))
     torch.set_num_threads(2)
     import transformers
