@@ -237,13 +237,6 @@ def speed_text_model(out: Path, **changes: Any) -> Any:
     return model
 
 
-def best_of(repeats: int, measure: Callable[..., dict[str, float]], *arguments: Any) -> dict[str, float]:
-    """Each figure's smallest over ``repeats`` calls of ``measure(*arguments)``: what the runtime does when
-    the shared machine lets it (torch's and ORT's thread pools slow down several-fold under other load)."""
-    runs = [measure(*arguments) for _ in range(repeats)]
-    return {key: min(run[key] for run in runs) for key in runs[0]}
-
-
 def hf_speed(model: Any, context: int, steps: int) -> dict[str, float]:
     """HF eager: prefill of ``context`` tokens (s) and ms per decoded token after it (its own cache)."""
     ids = torch.randint(0, model.config.vocab_size, (1, context))
@@ -311,38 +304,49 @@ def attnx_generate_speed(out: Path, context: int, steps: int) -> dict[str, float
     return {"prefill_s": run.prefill_seconds, "decode_ms_per_token": 1000 * run.decode_seconds / steps}
 
 
+# (tool, context, measure, arguments): one speed row
+Measurement = tuple[str, int, Callable[..., dict[str, float]], tuple[Any, ...]]
+
+
 def speed(args: Any, work: Path) -> Iterator[dict[str, Any]]:
-    """The speed rows, each as soon as it is measured."""
+    """The speed rows: every model built and exported first, then ``args.repeats`` rounds that measure
+    each runtime once in turn, and each figure's best round. Interleaved, the rows share the shared
+    machine's load phases (its other jobs moved HF's prefill from 10 to 18 s between runs); the best
+    round is what a runtime does when the machine lets it."""
     model = speed_text_model(work / "text")
-    checkpoint = conditional_checkpoint(work / "text", work / "conditional")
-
-    def row(tool: str, measure: Callable[..., dict[str, float]], *arguments: Any) -> dict[str, Any]:
-        return {"tool": tool, "context": args.context, **best_of(args.repeats, measure, *arguments)}
-
-    yield row("hf-eager", hf_speed, model, args.context, args.steps)
-    yield row("dense-floor (torch)", dense_floor, model, args.context)
-    build_with_genai(checkpoint, work / "speed-builder")
-    yield row("genai-builder", genai_speed, work / "speed-builder", args.context, args.steps)
+    build_with_genai(conditional_checkpoint(work / "text", work / "conditional"), work / "speed-builder")
+    context, steps = args.context, args.steps
+    measurements: list[Measurement] = [
+        ("hf-eager", context, hf_speed, (model, context, steps)),
+        ("dense-floor (torch)", context, dense_floor, (model, context)),
+        ("genai-builder", context, genai_speed, (work / "speed-builder", context, steps)),
+    ]
     for target in args.targets.split(","):
         out = work / f"speed-attnx-{target}"
-        seconds = export_with_attnx(work / "text", out, target)
-        yield {"tool": f"attnx-{target} export", "context": args.context, "export_s": seconds}
-        yield row(f"attnx-{target} genai", genai_speed, out, args.context, args.steps)
-        yield row(f"attnx-{target} attnx-generate", attnx_generate_speed, out, args.context, args.steps)
-    yield from position_rows(args, work)
+        yield {"tool": f"attnx-{target} export", "export_s": export_with_attnx(work / "text", out, target)}
+        measurements += [
+            (f"attnx-{target} genai", context, genai_speed, (out, context, steps)),
+            (f"attnx-{target} attnx-generate", context, attnx_generate_speed, (out, context, steps)),
+        ]
+    measurements += position_measurements(args, work)
+    rounds = [[measure(*arguments) for _, _, measure, arguments in measurements] for _ in range(args.repeats)]
+    for index, (tool, at, _, _) in enumerate(measurements):
+        figures = [found[index] for found in rounds]
+        yield {"tool": tool, "context": at, **{key: min(f[key] for f in figures) for key in figures[0]}}
 
 
-def position_rows(args: Any, work: Path) -> Iterator[dict[str, Any]]:
+def position_measurements(args: Any, work: Path) -> list[Measurement]:
     """Decode ms/token in ``attnx generate`` after each of ``args.positions`` prompt tokens: the hybrid
     (its attention layer reads a longer KV cache each token) and the same model with linear layers only
     (a fixed-size state: flat in position)."""
     linear_only = work / "linear-only"
     speed_text_model(linear_only / "text", layer_types=["linear_attention"] * SPEED_TEXT["num_hidden_layers"])
     export_with_attnx(linear_only / "text", linear_only / "attnx", "ort")
-    for name, out in (("hybrid", work / "speed-attnx-ort"), ("linear layers only", linear_only / "attnx")):
-        for position in args.positions:
-            measured = best_of(args.repeats, attnx_generate_speed, out, position, args.steps)
-            yield {"tool": f"attnx-ort attnx-generate ({name})", "context": position, **measured}
+    return [
+        (f"attnx-ort attnx-generate ({name})", position, attnx_generate_speed, (out, position, args.steps))
+        for name, out in (("hybrid", work / "speed-attnx-ort"), ("linear layers only", linear_only / "attnx"))
+        for position in args.positions
+    ]
 
 
 def main() -> None:
@@ -355,7 +359,7 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=4096)
     parser.add_argument("--steps", type=int, default=32)
     parser.add_argument("--targets", default="ort,portable", help="attnx export targets of the speed run")
-    parser.add_argument("--repeats", type=int, default=3, help="each speed figure: the best of this many")
+    parser.add_argument("--repeats", type=int, default=3, help="rounds of speed measurements")
     parser.add_argument("--positions", default="256,1024,4096", help="contexts of the per-position rows")
     args = parser.parse_args()
     args.lengths = [int(n) for n in args.lengths.split(",")]

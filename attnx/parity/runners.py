@@ -150,15 +150,22 @@ def torch_runner(name: str, compile: bool = False) -> Callable[[Graph, int | Non
 CPU, CUDA, TENSORRT = "CPUExecutionProvider", "CUDAExecutionProvider", "TensorrtExecutionProvider"
 
 
-def ort_session_options(threads: int | None, plugin_kernels: bool = False) -> Any:
+def ort_session_options(threads: int | None, plugin_kernels: bool = False, spin: bool = True) -> Any:
     """All graph optimisations, ``threads`` intra-op threads (None: ORT's default), sequential
-    execution; with ``plugin_kernels`` also attnx's CPU kernels for a plugin-lowered model's nodes."""
+    execution; with ``plugin_kernels`` also attnx's CPU kernels for a plugin-lowered model's nodes.
+
+    ``spin`` False: the intra-op threads sleep between ops instead of spinning (ORT's
+    ``session.intra_op.allow_spinning``), for graphs of many small ops such as a decode step: on a 2-core
+    machine shared with other work, spinning made a one-token step 2.4x slower (docs/benchmarks.md).
+    """
     import onnxruntime
 
     options = session_options() if plugin_kernels else onnxruntime.SessionOptions()
     options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
     if threads:
         options.intra_op_num_threads = threads
+    if not spin:
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     options.inter_op_num_threads = 1
     options.execution_mode = onnxruntime.ExecutionMode.ORT_SEQUENTIAL
     options.log_severity_level = 3
@@ -230,7 +237,9 @@ def ort_runner(provider: str) -> Callable[[Graph, int | None], BaseRunner]:
 
         source = onnx_for_ort(graph, provider)
         providers = {CPU: [CPU], CUDA: [CUDA, CPU], TENSORRT: [TENSORRT, CUDA, CPU]}[provider]
-        options = ort_session_options(threads, plugin_kernels=graph.lowering == "plugin" and provider == CPU)
+        options = ort_session_options(
+            threads, plugin_kernels=graph.lowering == "plugin" and provider == CPU, spin=graph.key != "decode"
+        )
 
         def session() -> onnxruntime.InferenceSession:
             made = onnxruntime.InferenceSession(source, options, providers=providers)

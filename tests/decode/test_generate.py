@@ -11,6 +11,7 @@ import torch
 
 import attnx
 from attnx.decode.generate import Sampler, generate
+from attnx.decode.runtime import open_stepper
 from attnx.exporter.directory import ExportDir
 from tests.decode.conftest import DECODERS
 from tests.helpers import assert_one_line_error, run_cli
@@ -31,6 +32,17 @@ def test_greedy_ids_are_the_same_on_torch_and_ort_and_follow_the_full_forward(de
     with torch.inference_mode():
         logits = module(torch.tensor([ids]))[0][0]
     assert logits[len(ort_run.prompt) - 1 : -1].argmax(-1).tolist() == ort_run.tokens
+
+
+def test_decode_steps_run_in_a_session_that_does_not_spin(decode_export):
+    """A decode step is many small ops: its ONNX Runtime threads sleep between them (the prefill's spin)."""
+    key = "session.intra_op.allow_spinning"
+    out, _ = decode_export("linear")
+    with open_stepper(ExportDir.open(out), threads=2) as stepper:
+        options = {graph: runner.sess.get_session_options() for graph, runner in stepper.runners.items()}
+    assert options["decode"].get_session_config_entry(key) == "0"
+    with pytest.raises(Exception, match="does not have configuration"):  # ORT's default: spin
+        options["prefill"].get_session_config_entry(key)
 
 
 def test_sampling_is_reproducible_with_a_seed(decode_export):
