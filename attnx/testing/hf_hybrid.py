@@ -262,10 +262,11 @@ def make(arch: str, root: Path | None = None, log: Any = None, steps: int = TRAI
     """The ``save_pretrained`` directory of ``arch``'s model trained for ``steps`` (0: as initialised,
     seeded; the quick tests' model), with its tokenizer (made on first use, then reused).
 
-    Written into a temporary folder and renamed into place, so a killed run leaves no half model.
+    Written into a temporary folder and renamed into place, so a killed run leaves no half model; one
+    process makes it (a lock on ``<final>.lock``), those asking at the same time wait for it and reuse it.
     """
-    import torch
     import transformers
+    from filelock import FileLock
 
     transformers.logging.disable_progress_bar()
     pure_torch_gated_delta()  # training runs HF's forward
@@ -273,6 +274,16 @@ def make(arch: str, root: Path | None = None, log: Any = None, steps: int = TRAI
     if (final / "config.json").is_file():
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(final.with_name(final.name + ".lock")):
+        if not (final / "config.json").is_file():
+            _make(arch, final, log, steps)
+    return final
+
+
+def _make(arch: str, final: Path, log: Any, steps: int) -> None:
+    """Train and save into ``final`` (see :func:`make`)."""
+    import torch
+
     staging = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
     try:
         tokenizer = train_tokenizer()
@@ -287,11 +298,10 @@ def make(arch: str, root: Path | None = None, log: Any = None, steps: int = TRAI
                 indent=1,
             )
         )
-        with contextlib.suppress(OSError):  # another process made it first: keep theirs
+        with contextlib.suppress(OSError):  # a process that takes no lock made it first: keep theirs
             staging.rename(final)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return final
 
 
 def hf_greedy(model: Any, prompt: Any, new_tokens: int) -> tuple[list[int], Any]:

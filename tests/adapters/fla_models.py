@@ -132,15 +132,23 @@ def key(model_type: str) -> str:
 
 def trained(model_type: str, cache: Path) -> Path:
     """The ``save_pretrained`` directory of the trained ``model_type`` model (trained on first use, written
-    to a scratch folder and renamed, so an interrupted run leaves nothing half-saved)."""
+    to a scratch folder and renamed, so an interrupted run leaves nothing half-saved; one process trains
+    it, under a lock on ``<path>.lock``, while those asking at the same time wait and reuse it)."""
+    from filelock import FileLock
+
     path = cache / f"{model_type}-{key(model_type)}"
-    if not (path / "config.json").is_file():
-        model = build(model_type)
-        losses = train(model)
-        learned(losses)
-        scratch = Path(tempfile.mkdtemp(prefix=f".{model_type}-", dir=cache))
-        model.eval().save_pretrained(scratch)
-        (scratch / "losses.json").write_text(json.dumps(losses))
-        shutil.rmtree(path, ignore_errors=True)
-        scratch.rename(path)
+    with FileLock(path.with_name(path.name + ".lock")):
+        if not (path / "config.json").is_file():
+            _train_and_save(model_type, path)
     return path
+
+
+def _train_and_save(model_type: str, path: Path) -> None:
+    model = build(model_type)
+    losses = train(model)
+    learned(losses)
+    scratch = Path(tempfile.mkdtemp(prefix=f".{model_type}-", dir=path.parent))
+    model.eval().save_pretrained(scratch)
+    (scratch / "losses.json").write_text(json.dumps(losses))
+    shutil.rmtree(path, ignore_errors=True)
+    scratch.rename(path)

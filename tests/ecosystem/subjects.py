@@ -43,6 +43,11 @@ class Subject:
         return f"{kind}{self.variant}-{self.model}{lowering}-{self.graph}"
 
     @property
+    def export_id(self) -> str:
+        """The export that holds this graph (an optimized graph: the export it was optimized from)."""
+        return f"{self.variant}-{self.model}-{self.lowering}"
+
+    @property
     def decodes(self) -> bool:
         return self.model == "lm" and capabilities(self.variant).decode is not None
 
@@ -51,6 +56,23 @@ class Subject:
         options = {"export.decode": True} if self.decodes else {}
         made = tiny_export(self.variant, self.model, lowering=self.lowering, **options).out
         return ExportDir.open(optimized(made) if self.optimized else made)
+
+
+def in_default_run(subject: Subject) -> bool:
+    """Whether the default run gives every tool this graph (``-m slow``: every graph). One export per
+    variant: its function-lowered encoder, or a causal-only variant's decomposed lm; the lm graphs (model,
+    prefill, decode) of the first variant of each kind of decode state; the optimized graphs. So every
+    variant, both lowerings, every graph kind and every kind of state meet every tool; the exports, not
+    the tools, are what the matrix spends its time on."""
+    caps = capabilities(subject.variant)
+    if subject.optimized:
+        return True
+    if subject.model == "encoder":
+        return subject.lowering == "function"
+    if subject.lowering == "decomposed":
+        return not caps.bidirectional
+    first = next(v for v in REGISTERED if capabilities(v).decode == caps.decode)
+    return caps.decode is not None and subject.variant == first
 
 
 def subjects() -> list[Subject]:

@@ -15,7 +15,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from tests.ecosystem.subjects import Subject, feed, subjects
+from tests.ecosystem.subjects import Subject, feed, in_default_run, subjects
 from tests.ecosystem.tools import TOOLS, Tool
 
 # onnx.version_converter rebuilds the graph without the model-local functions (onnx/onnx#4370, open), so
@@ -25,7 +25,8 @@ VERSION_CONVERTER_DROPS_FUNCTIONS = (
     "export at the opset you need (attnx export --opset N), or convert a --lowering decomposed export"
 )
 SUBJECTS = subjects()
-# the default run gives each expensive tool one graph (the first variant's lm prefill, or encoder)
+# the default run gives each expensive tool one graph (the first variant's lm prefill, or encoder), the
+# others the graphs of in_default_run
 SAMPLE = next((s for s in SUBJECTS if s.graph == "prefill"), SUBJECTS[0])
 
 
@@ -53,8 +54,9 @@ def cells() -> list[Any]:
     params = []
     for subject in SUBJECTS:
         for tool in TOOLS:
-            marks = []
-            if tool.expensive and subject != SAMPLE:
+            # the cells of one export run on one pytest-xdist worker, which makes the export once
+            marks = [pytest.mark.xdist_group(f"ecosystem-{subject.export_id}")]
+            if subject != SAMPLE and (tool.expensive or not in_default_run(subject)):
                 marks.append(pytest.mark.slow)
             reason = known_bug(subject, tool)
             if reason:
