@@ -128,7 +128,10 @@ def OrtRepeatHeads(x: FLOAT, like: FLOAT) -> FLOAT:
 def OrtNetCore(
     q: FLOAT, k: FLOAT, v: FLOAT, g: FLOAT, beta: FLOAT, state: FLOAT, delta: int, scale: float
 ) -> tuple[FLOAT, FLOAT]:
-    """Widened (b, h, n, d) inputs and state (b, hv, dk, dv) through ``GatedDeltaNet``: (out, state')."""
+    """(b, h, n, d) inputs and state (b, hv, dk, dv), widened to float32, through ``GatedDeltaNet``: (out,
+    state') in float32."""
+    q, k, v, g = AttnxWiden(q), AttnxWiden(k), AttnxWiden(v), AttnxWiden(g)
+    beta, state = AttnxWiden(beta), AttnxWiden(state)
     decay = op.Transpose(g, perm=[0, 2, 1, 3])  # (b, n, hv, dg), or (b, n, hv) for a scalar decay:
     per_key = op.Cast(op.Greater(op.Shape(g, start=3), op.Constant(value_ints=[1])), to=INT64.dtype)
     rank = op.Add(op.Constant(value_ints=[3]), per_key)
@@ -161,7 +164,10 @@ def OrtLinearCore(
     scale: float,
     chunk_size: int,
 ) -> tuple[FLOAT, FLOAT]:
-    """Widened (b, h, n, d) inputs and state (b, hv, dk, dv) through ``LinearAttention``: (out, state')."""
+    """(b, h, n, d) inputs and state (b, hv, dk, dv), widened to float32, through ``LinearAttention``: (out,
+    state') in float32."""
+    q, k, v, g = AttnxWiden(q), AttnxWiden(k), AttnxWiden(v), AttnxWiden(g)
+    beta, state = AttnxWiden(beta), AttnxWiden(state)
     queries, keys = OrtHeadsToBatch(OrtRepeatHeads(q, v)), OrtHeadsToBatch(OrtRepeatHeads(k, v))
     decay = OrtHeadsToBatch(g)
     rows = op.Reshape(state, op.Concat(op.Constant(value_ints=[-1, 1]), op.Shape(state, start=2), axis=0))
@@ -197,17 +203,7 @@ def OrtEmptyState(q: FLOAT, v: FLOAT) -> FLOAT:
 def OrtNetRule(
     q: FLOAT, k: FLOAT, v: FLOAT, g: FLOAT, beta: FLOAT, delta: int, scale: float, chunk_size: int
 ) -> FLOAT:
-    wide = AttnxWiden(q)
-    out, _ = OrtNetCore(
-        wide,
-        AttnxWiden(k),
-        AttnxWiden(v),
-        AttnxWiden(g),
-        AttnxWiden(beta),
-        OrtEmptyState(wide, v),
-        delta=delta,
-        scale=scale,
-    )
+    out, _ = OrtNetCore(q, k, v, g, beta, OrtEmptyState(q, v), delta=delta, scale=scale)
     return op.CastLike(out, v)
 
 
@@ -223,17 +219,7 @@ def OrtNetStep(
     scale: float,
     chunk_size: int,
 ) -> tuple[FLOAT, FLOAT]:
-    wide = AttnxWiden(q)
-    out, final = OrtNetCore(
-        wide,
-        AttnxWiden(k),
-        AttnxWiden(v),
-        AttnxWiden(g),
-        AttnxWiden(beta),
-        op.CastLike(state, wide),
-        delta=delta,
-        scale=scale,
-    )
+    out, final = OrtNetCore(q, k, v, g, beta, state, delta=delta, scale=scale)
     return op.CastLike(out, v), op.CastLike(final, state)
 
 
@@ -241,17 +227,7 @@ def OrtNetStep(
 def OrtNetStepFirst(
     q: FLOAT, k: FLOAT, v: FLOAT, g: FLOAT, beta: FLOAT, delta: int, scale: float, chunk_size: int
 ) -> tuple[FLOAT, FLOAT]:
-    wide = AttnxWiden(q)
-    out, final = OrtNetCore(
-        wide,
-        AttnxWiden(k),
-        AttnxWiden(v),
-        AttnxWiden(g),
-        AttnxWiden(beta),
-        OrtEmptyState(wide, v),
-        delta=delta,
-        scale=scale,
-    )
+    out, final = OrtNetCore(q, k, v, g, beta, OrtEmptyState(q, v), delta=delta, scale=scale)
     return op.CastLike(out, v), final
 
 
@@ -259,18 +235,8 @@ def OrtNetStepFirst(
 def OrtLinearRule(
     q: FLOAT, k: FLOAT, v: FLOAT, g: FLOAT, beta: FLOAT, delta: int, scale: float, chunk_size: int
 ) -> FLOAT:
-    wide = AttnxWiden(q)
-    out, _ = OrtLinearCore(
-        wide,
-        AttnxWiden(k),
-        AttnxWiden(v),
-        AttnxWiden(g),
-        AttnxWiden(beta),
-        OrtEmptyState(wide, v),
-        delta=delta,
-        scale=scale,
-        chunk_size=chunk_size,
-    )
+    empty = OrtEmptyState(q, v)
+    out, _ = OrtLinearCore(q, k, v, g, beta, empty, delta=delta, scale=scale, chunk_size=chunk_size)
     return op.CastLike(out, v)
 
 
@@ -286,18 +252,7 @@ def OrtLinearStep(
     scale: float,
     chunk_size: int,
 ) -> tuple[FLOAT, FLOAT]:
-    wide = AttnxWiden(q)
-    out, final = OrtLinearCore(
-        wide,
-        AttnxWiden(k),
-        AttnxWiden(v),
-        AttnxWiden(g),
-        AttnxWiden(beta),
-        op.CastLike(state, wide),
-        delta=delta,
-        scale=scale,
-        chunk_size=chunk_size,
-    )
+    out, final = OrtLinearCore(q, k, v, g, beta, state, delta=delta, scale=scale, chunk_size=chunk_size)
     return op.CastLike(out, v), op.CastLike(final, state)
 
 
@@ -305,18 +260,8 @@ def OrtLinearStep(
 def OrtLinearStepFirst(
     q: FLOAT, k: FLOAT, v: FLOAT, g: FLOAT, beta: FLOAT, delta: int, scale: float, chunk_size: int
 ) -> tuple[FLOAT, FLOAT]:
-    wide = AttnxWiden(q)
-    out, final = OrtLinearCore(
-        wide,
-        AttnxWiden(k),
-        AttnxWiden(v),
-        AttnxWiden(g),
-        AttnxWiden(beta),
-        OrtEmptyState(wide, v),
-        delta=delta,
-        scale=scale,
-        chunk_size=chunk_size,
-    )
+    empty = OrtEmptyState(q, v)
+    out, final = OrtLinearCore(q, k, v, g, beta, empty, delta=delta, scale=scale, chunk_size=chunk_size)
     return op.CastLike(out, v), final
 
 
