@@ -24,7 +24,7 @@ from pathlib import Path
 import onnx
 
 from attnx.domains import DOMAIN
-from attnx.errors import AttnxError
+from attnx.errors import AttnxError, first_line
 from attnx.exporter.trace import save_onnx
 
 STEPS = ("slim", "int8", "fp16")  # in the order they are applied
@@ -79,6 +79,29 @@ def transform(source: Path, target: Path, steps: Sequence[str], float32_ops: Col
         model = onnx.load(str(target))
     model.ir_version = ir_version
     save_onnx(model, target)
+    check_loads(target, steps)
+
+
+def check_loads(path: Path, steps: Sequence[str]) -> None:
+    """Refuse, in one line, a transformed graph that ONNX Runtime (CPU) does not load: a tool's defect,
+    named with the options that ran it, rather than a traceback from the accuracy check.
+
+    Raises:
+        AttnxError: the graph does not load.
+    """
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    options.log_severity_level = 3
+    try:
+        onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    except Exception as exc:  # ORT raises its own Fail/InvalidGraph/... types
+        tools = ", ".join(sorted({TOOLS[step] for step in steps}))
+        flags = " ".join(f"--{step}" for step in steps)
+        raise AttnxError(
+            f"{path.name} after {flags} ({tools}) does not load in ONNX Runtime ({first_line(exc)}); "
+            "optimize without the step that broke it"
+        ) from None
 
 
 def to_fp16(model: onnx.ModelProto, float32_ops: Collection[str]) -> onnx.ModelProto:

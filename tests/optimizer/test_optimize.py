@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from attnx.api import export, verify
+from attnx.errors import AttnxError
 from attnx.exporter.directory import ExportDir
 from attnx.optimizer.accuracy import AccuracyReport, OutputError
 from attnx.optimizer.optimize import ERROR_BOUNDS, optimize
@@ -108,6 +109,32 @@ def test_slim_keeps_float32_accuracy_and_bench_runs_the_result(source, tmp_path)
     )
     assert code == 0, stderr
     assert "ort-cpu" in stdout
+
+
+def test_slim_keeps_an_ort_target_export_on_its_kernels(tmp_path):
+    """onnxslim's folding once retyped a float Constant of softmax's GroupQueryAttention body (its
+    ``scale == 0`` test) to double, which ONNX Runtime refused to load."""
+    options = {**TINY, "export.decode": True, "export.target": "ort", "verify.seq_lens": [1, 6]}
+    export("softmax", tmp_path / "src", model="lm", options=options)
+    result = optimize(tmp_path / "src", tmp_path / "slim", slim=True, seed=1)
+    assert result.passed and result.report.rel_error <= ERROR_BOUNDS["slim"]
+    assert "GroupQueryAttention" in (tmp_path / "slim" / "model.onnx").read_bytes().decode("latin-1")
+
+
+def test_a_step_whose_graph_does_not_load_is_one_line_and_writes_nothing(source, tmp_path, monkeypatch):
+    import onnxslim
+
+    def broken(model):
+        model.graph.node[0].op_type = "NoSuchOp"
+        return model
+
+    monkeypatch.setattr(onnxslim, "slim", broken)
+    out = tmp_path / "slim"
+    with pytest.raises(
+        AttnxError, match=r"model.onnx after --slim \(onnxslim\) does not load in ONNX Runtime"
+    ):
+        optimize(source("softmax"), out, slim=True, seed=1)
+    assert not out.exists() and not list(tmp_path.iterdir())
 
 
 def test_cli_prints_the_report_and_a_missed_limit_exits_1(source, tmp_path):

@@ -48,5 +48,6 @@ def SoftmaxOrtFits(q: FLOAT, k: FLOAT, v: FLOAT, scale: float) -> BOOL:
     wide as values and a non-zero scale (the kernel's 0 means 1/sqrt(d))."""
     same_length = op.Equal(op.Shape(q, start=2, end=3), op.Shape(k, start=2, end=3))
     same_width = op.Equal(op.Shape(k, start=3), op.Shape(v, start=3))
-    scaled = op.Not(op.Equal(op.Constant(value_float=scale), op.Constant(value_float=0.0)))
+    factor = op.CastLike(op.Constant(value_float=scale), q)
+    scaled = op.Not(op.Equal(factor, op.CastLike(op.Constant(value_float=0.0), q)))
     return op.Squeeze(op.And(op.And(same_length, same_width), op.Unsqueeze(scaled, [0])))
