@@ -237,9 +237,14 @@ def speed_text_model(out: Path, **changes: Any) -> Any:
     return model
 
 
+def speed_prompt(context: int) -> list[int]:
+    """The ``context`` prompt ids every speed row runs (seeded: each runtime sees the same tokens)."""
+    return np.random.default_rng(0).integers(1, hf_hybrid.VOCAB_SIZE, context).tolist()
+
+
 def hf_speed(model: Any, context: int, steps: int) -> dict[str, float]:
     """HF eager: prefill of ``context`` tokens (s) and ms per decoded token after it (its own cache)."""
-    ids = torch.randint(0, model.config.vocab_size, (1, context))
+    ids = torch.tensor([speed_prompt(context)])
     with torch.no_grad():
         start = time.perf_counter()
         out = model(input_ids=ids, use_cache=True)
@@ -274,7 +279,7 @@ def genai_speed(model_dir: Path, context: int, steps: int) -> dict[str, float]:
     total = context + steps
     params.set_search_options(do_sample=False, max_length=total, min_length=total)
     generator = og.Generator(model, params)
-    prompt = np.random.default_rng(0).integers(1, hf_hybrid.VOCAB_SIZE, context).tolist()
+    prompt = speed_prompt(context)
     start = time.perf_counter()
     generator.append_tokens(prompt)
     prefill = time.perf_counter() - start
@@ -299,7 +304,7 @@ def attnx_generate_speed(out: Path, context: int, steps: int) -> dict[str, float
     token after it."""
     import attnx
 
-    prompt = np.random.default_rng(0).integers(1, hf_hybrid.VOCAB_SIZE, context).tolist()
+    prompt = speed_prompt(context)
     run = attnx.generate(out, prompt, steps + 1, threads=2)  # the first new token comes from prefill
     return {"prefill_s": run.prefill_seconds, "decode_ms_per_token": 1000 * run.decode_seconds / steps}
 
@@ -311,7 +316,7 @@ Measurement = tuple[str, int, Callable[..., dict[str, float]], tuple[Any, ...]]
 def speed(args: Any, work: Path) -> Iterator[dict[str, Any]]:
     """The speed rows: every model built and exported first, then ``args.repeats`` rounds that measure
     each runtime once in turn, and each figure's best round. Interleaved, the rows share the shared
-    machine's load phases (its other jobs moved HF's prefill from 10 to 18 s between runs); the best
+    machine's load phases (its other jobs moved HF's prefill from 5 to 21 s between runs); the best
     round is what a runtime does when the machine lets it."""
     model = speed_text_model(work / "text")
     build_with_genai(conditional_checkpoint(work / "text", work / "conditional"), work / "speed-builder")
@@ -328,23 +333,26 @@ def speed(args: Any, work: Path) -> Iterator[dict[str, Any]]:
             (f"attnx-{target} genai", context, genai_speed, (out, context, steps)),
             (f"attnx-{target} attnx-generate", context, attnx_generate_speed, (out, context, steps)),
         ]
-    measurements += position_measurements(args, work)
+    measurements += position_measurements(args, work, hybrid=work / "speed-attnx-ort")
     rounds = [[measure(*arguments) for _, _, measure, arguments in measurements] for _ in range(args.repeats)]
     for index, (tool, at, _, _) in enumerate(measurements):
         figures = [found[index] for found in rounds]
         yield {"tool": tool, "context": at, **{key: min(f[key] for f in figures) for key in figures[0]}}
 
 
-def position_measurements(args: Any, work: Path) -> list[Measurement]:
-    """Decode ms/token in ``attnx generate`` after each of ``args.positions`` prompt tokens: the hybrid
-    (its attention layer reads a longer KV cache each token) and the same model with linear layers only
-    (a fixed-size state: flat in position)."""
+def position_measurements(args: Any, work: Path, hybrid: Path) -> list[Measurement]:
+    """Decode ms/token in ``attnx generate`` after each of ``args.positions`` prompt tokens: the hybrid's
+    ``--target ort`` export ``hybrid`` (its attention layer reads a longer KV cache each token; exported
+    here when ``args.targets`` has no ort) and the same model with linear layers only (a fixed-size state:
+    flat in position)."""
+    if not hybrid.exists():
+        export_with_attnx(work / "text", hybrid, "ort")
     linear_only = work / "linear-only"
     speed_text_model(linear_only / "text", layer_types=["linear_attention"] * SPEED_TEXT["num_hidden_layers"])
     export_with_attnx(linear_only / "text", linear_only / "attnx", "ort")
     return [
         (f"attnx-ort attnx-generate ({name})", position, attnx_generate_speed, (out, position, args.steps))
-        for name, out in (("hybrid", work / "speed-attnx-ort"), ("linear layers only", linear_only / "attnx"))
+        for name, out in (("hybrid", hybrid), ("linear layers only", linear_only / "attnx"))
         for position in args.positions
     ]
 
