@@ -135,6 +135,11 @@ def test_a_step_whose_graph_does_not_load_is_one_line_and_writes_nothing(source,
     ):
         optimize(source("softmax"), out, slim=True, seed=1)
     assert not out.exists() and not list(tmp_path.iterdir())
+    code, _, stderr = run_cli(["optimize", str(source("softmax")), "-o", str(out), "--slim"])
+    assert_one_line_error(
+        code, stderr, "model.onnx after --slim (onnxslim) does not load", "optimize without"
+    )
+    assert not list(tmp_path.iterdir())
 
 
 def test_cli_prints_the_report_and_a_missed_limit_exits_1(source, tmp_path):
