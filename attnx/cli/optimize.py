@@ -1,4 +1,4 @@
-"""``attnx optimize``: int8 / fp16 / slimmed copies of an export, with an accuracy report."""
+"""``attnx optimize``: int8 / fp16 / slimmed / fused copies of an export, with an accuracy report."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ EPILOG = """\b
 Examples:
   attnx optimize out -o out-int8 --int8
   attnx optimize out -o out-fp16 --fp16 --slim
+  attnx optimize qwen -o qwen-fused --fuse
   attnx optimize out -o out-int8 --int8 --max-rel-error 0.02 --min-top1 0.95
   attnx verify out-int8 && attnx bench out-int8
 """
@@ -24,6 +25,12 @@ Examples:
 @click.option("--int8", is_flag=True, help="ONNX Runtime dynamic int8 quantisation of the weights.")
 @click.option("--fp16", is_flag=True, help="fp16 inside the graphs (inputs and outputs stay float32).")
 @click.option("--slim", is_flag=True, help="onnxslim: constant folding, dead code, fusions.")
+@click.option(
+    "--fuse",
+    is_flag=True,
+    help="ONNX Runtime's kernels for RMSNorm, residual + RMSNorm and rotary embeddings (onnxscript's "
+    "ort_fusions); the graphs then run in ONNX Runtime only.",
+)
 @click.option("--force", is_flag=True, help="Replace the output directory if it is an attnx export.")
 @click.option(
     "--max-rel-error",
@@ -51,6 +58,7 @@ def command(
     int8: bool,
     fp16: bool,
     slim: bool,
+    fuse: bool,
     force: bool,
     max_rel_error: float | None,
     min_top1: float | None,
@@ -58,14 +66,14 @@ def command(
     quiet: bool,
     as_json: bool,
 ) -> None:
-    """Write a new export from OUT with int8-quantised (--int8), fp16 (--fp16) and/or slimmed (--slim)
-    graphs (model.onnx and any decode graphs), then compare it with the float32 torch model rebuilt from
-    OUT: the largest output error relative to the largest output magnitude and, for language models,
-    the next-token top-1 agreement over random prompts.
+    """Write a new export from OUT with int8-quantised (--int8), fp16 (--fp16), slimmed (--slim) and/or
+    fused (--fuse) graphs (model.onnx and any decode graphs), then compare it with the float32 torch model
+    rebuilt from OUT: the largest output error relative to the largest output magnitude and, for language
+    models, the next-token top-1 agreement over random prompts.
 
     The new manifest records the steps and holds the export to the transformation's error bound (int8
-    10%, fp16 1%, slim 0.01% of the output scale), so `attnx verify` and `attnx bench` work on it like on
-    any export. The report is also in accuracy.json. Exit code 0: within every bound and limit (the
+    10%, fp16 1%, slim and fuse 0.01% of the output scale), so `attnx verify` and `attnx bench` work on
+    it like on any export. The report is also in accuracy.json. Exit code 0: within every bound and limit (the
     limits here only tighten it); 1: a bound or limit missed (the export is written anyway); 2: bad
     input.
     """
@@ -77,6 +85,7 @@ def command(
         int8=int8,
         fp16=fp16,
         slim=slim,
+        fuse=fuse,
         force=force,
         max_rel_error=max_rel_error,
         min_top1=min_top1,

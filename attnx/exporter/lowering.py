@@ -64,12 +64,50 @@ def lower(
 def check(model: onnx.ModelProto) -> None:
     """onnx's checker on a lowered model, with shape inference (``full_check``) unless the model or its
     functions import a lowering target's kernel domain (e.g. com.microsoft): onnx has no schemas for those
-    kernels, so it cannot type their outputs and its inference would reject graphs the runtime runs."""
+    kernels, so it cannot type their outputs and its inference would reject graphs the runtime runs.
+
+    A target runtime's own kernels in the default domain (ONNX Runtime's ``SimplifiedLayerNormalization``,
+    which ``attnx optimize --fuse`` makes) are checked as such a domain's: the checker sees them under a
+    domain of their own for the call."""
     imported = {o.domain for o in model.opset_import} | {
         o.domain for f in model.functions for o in f.opset_import
     }
     kernels = {domain for target in TARGETS.values() for domain in target.domains}
-    onnx.checker.check_model(model, full_check=not imported & kernels)
+    moved = _runtime_kernel_nodes(model)
+    stated = [node.HasField("domain") for node in moved]  # "" written out, or absent
+    for node in moved:
+        node.domain = RUNTIME_KERNELS_DOMAIN
+    if moved:
+        model.opset_import.add(domain=RUNTIME_KERNELS_DOMAIN, version=1)
+    try:
+        onnx.checker.check_model(model, full_check=not (imported & kernels or moved))
+    finally:  # the model as it was, byte for byte
+        for node, written in zip(moved, stated, strict=True):
+            node.domain = ""
+            if not written:
+                node.ClearField("domain")
+        if moved:
+            del model.opset_import[-1]
+
+
+RUNTIME_KERNELS_DOMAIN = "attnx.check.runtime-kernels"  # only while check() runs
+
+
+def _runtime_kernel_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
+    """The graph's default-domain nodes whose op onnx does not define (at any opset) and a target's
+    runtime does."""
+    runtime_ops = {
+        op
+        for target in TARGETS.values()
+        if target.installed is not None
+        for domain, op in target.installed()
+        if not domain
+    }
+    return [
+        node
+        for node in model.graph.node
+        if not node.domain and node.op_type in runtime_ops and not onnx.defs.has(node.op_type)
+    ]
 
 
 def _mark_plugins(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -193,13 +231,18 @@ def function_protos(body: onnxscript.OnnxFunction) -> list[onnx.FunctionProto]:
     """``body`` and every library function it calls, transitively, as FunctionProtos.
 
     Each proto imports the domain of every function it calls, also from inside an ``If``
-    branch (onnxscript imports only the domains of its top-level nodes).
+    branch (onnxscript imports only the domains of its top-level nodes), and declares its values'
+    types without a shape: onnxscript writes a bare ``FLOAT`` annotation as a rank-0 shape, which a tool
+    that inlines the functions (onnx_ir's inliner) would then hold every input and output to.
     """
     seen: dict[tuple[str, str], onnx.FunctionProto] = {}
 
     def visit(fn: onnxscript.OnnxFunction) -> None:
         proto = fn.to_function_proto()
         order_if_outputs(proto)
+        for value in proto.value_info:
+            if value.type.HasField("tensor_type"):
+                value.type.tensor_type.ClearField("shape")
         key = (proto.domain, proto.name)
         if key in seen:
             return

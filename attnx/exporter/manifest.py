@@ -300,12 +300,13 @@ class OptimizedSection:
     """What ``attnx optimize`` did to the export it read (``source``: its path then; ``source_model``:
     the SHA-256 of its model.onnx).
 
-    ``steps``: in the order applied, of "slim" (onnxslim), "int8" (ONNX Runtime's dynamic int8
-    quantisation of the weights), "fp16" (ONNX Runtime's float16 converter, graph inputs and outputs
-    kept float32); ``graphs``: the manifest file keys of the graphs transformed; ``error_bound``: the
-    largest output error, relative to the largest output magnitude of the float32 torch model, that
-    the transformation is held to (the manifest's ``tolerance`` states it for ``attnx verify``);
-    ``tools``: versions of the packages that transformed the graphs.
+    ``steps``: in the order applied, of "slim" (onnxslim), "fuse" (onnxscript's fusions for ONNX
+    Runtime, which inline the op bodies: the manifest's lowering is then ``decomposed``), "int8" (ONNX
+    Runtime's dynamic int8 quantisation of the weights), "fp16" (ONNX Runtime's float16 converter, graph
+    inputs and outputs kept float32); ``graphs``: the manifest file keys of the graphs transformed;
+    ``error_bound``: the largest output error, relative to the largest output magnitude of the float32
+    torch model, that the transformation is held to (the manifest's ``tolerance`` states it for
+    ``attnx verify``); ``tools``: versions of the packages that transformed the graphs.
     """
 
     source: str

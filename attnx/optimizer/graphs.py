@@ -1,6 +1,11 @@
 """The graph transformations of ``attnx optimize``, applied to one ONNX file at a time.
 
 * ``slim``: onnxslim (constant folding, dead code, fusions); exact up to rounding.
+* ``fuse``: onnxscript's fusions for ONNX Runtime (``onnxscript.rewriter.ort_fusions``): the model's
+  RMSNorms, residual adds with their RMSNorm and rotary embeddings become single ONNX Runtime kernels
+  (``SimplifiedLayerNormalization``, ``com.microsoft::SkipSimplifiedLayerNormalization``,
+  ``com.microsoft::RotaryEmbedding``), after constant folding and with every function inlined (the graph
+  is then a decomposed one that only ONNX Runtime runs); exact up to rounding.
 * ``fp16``: ONNX Runtime's float16 converter with the graph's inputs and outputs kept float32 (the
   export's interface does not change). It does not visit model-local functions; attnx's bodies are
   dtype-generic, so a function-lowered body computes in the dtype it is given. Ops whose schema fixes
@@ -27,8 +32,9 @@ from attnx.domains import DOMAIN
 from attnx.errors import AttnxError, first_line
 from attnx.exporter.trace import save_onnx
 
-STEPS = ("slim", "int8", "fp16")  # in the order they are applied
-TOOLS = {"slim": "onnxslim", "int8": "onnxruntime", "fp16": "onnxruntime"}
+STEPS = ("slim", "fuse", "int8", "fp16")  # in the order they are applied
+TOOLS = {"slim": "onnxslim", "fuse": "onnxscript", "int8": "onnxruntime", "fp16": "onnxruntime"}
+Fused = dict[str, int]  # fusion name -> how many it made (``fuse``)
 
 
 def check_steps(steps: Sequence[str]) -> list[str]:
@@ -41,7 +47,7 @@ def check_steps(steps: Sequence[str]) -> list[str]:
     if unknown:
         raise AttnxError(f"unknown optimisation {unknown[0]!r}; choose from {', '.join(STEPS)}")
     if not steps:
-        raise AttnxError("nothing to do: choose at least one of --int8, --fp16, --slim")
+        raise AttnxError("nothing to do: choose at least one of --int8, --fp16, --slim, --fuse")
     if "int8" in steps and "fp16" in steps:
         raise AttnxError("choose --int8 or --fp16, not both (int8 quantisation keeps float32 activations)")
     if "slim" in steps:
@@ -57,15 +63,18 @@ def tool_versions(steps: Sequence[str]) -> dict[str, str | None]:
     return {TOOLS[s]: _version(TOOLS[s]) for s in steps}
 
 
-def transform(source: Path, target: Path, steps: Sequence[str], float32_ops: Collection[str]) -> None:
+def transform(source: Path, target: Path, steps: Sequence[str], float32_ops: Collection[str]) -> Fused:
     """Write ``source`` with ``steps`` (checked, in order) applied to ``target``; ``float32_ops``: attnx
-    op types that keep float32 under ``fp16``."""
+    op types that keep float32 under ``fp16``. Returns what ``fuse`` fused (empty without it)."""
     model = onnx.load(str(source))
     ir_version = model.ir_version
+    fused: Fused = {}
     if "slim" in steps:
         import onnxslim
 
         model = onnxslim.slim(model)
+    if "fuse" in steps:
+        model, fused = fuse_for_ort(model)
     if "fp16" in steps:
         model = to_fp16(model, float32_ops)
     if "int8" in steps:
@@ -80,6 +89,17 @@ def transform(source: Path, target: Path, steps: Sequence[str], float32_ops: Col
     model.ir_version = ir_version
     save_onnx(model, target)
     check_loads(target, steps)
+    return fused
+
+
+def fuse_for_ort(model: onnx.ModelProto) -> tuple[onnx.ModelProto, Fused]:
+    """``model`` through onnxscript's ONNX Runtime fusions, and the fusions that matched."""
+    import onnx_ir
+    from onnxscript.rewriter.ort_fusions import optimize_for_ort
+
+    with _quiet_root_logger():  # its shape inference logs a traceback for each body it cannot type
+        fused, counts = optimize_for_ort(onnx_ir.from_proto(model))
+    return onnx_ir.to_proto(fused), {name: count for name, count in counts.items() if count}
 
 
 def check_loads(path: Path, steps: Sequence[str]) -> None:

@@ -1,4 +1,4 @@
-"""``attnx.optimize``: a new export with slimmed, int8 or fp16 graphs, verified against float32 torch.
+"""``attnx.optimize``: a new export with slimmed, fused, int8 or fp16 graphs, verified against float32 torch.
 
 The source export is read through :class:`attnx.exporter.directory.ExportDir`; every graph it lists
 (model.onnx, and prefill/decode graphs when present) is transformed (:mod:`attnx.optimizer.graphs`;
@@ -38,10 +38,10 @@ from attnx.serve.genai import GENAI, genai_layout
 from attnx.variant import Tolerance
 
 # The largest output error each step is held to, relative to the float32 model's largest output magnitude:
-# onnxslim only reorders float32 arithmetic; fp16 keeps ~3 decimal digits per operation; dynamic int8
-# quantisation measured 0.9% on a 2-layer d512 encoder with random weights, but 3.6% (model.onnx) and 6.2%
-# (prefill.onnx, which quantises the same weights in another graph) on the trained digits-lm recipe.
-ERROR_BOUNDS = {"slim": 1e-4, "fp16": 1e-2, "int8": 1e-1}
+# onnxslim and the fusions only reorder float32 arithmetic; fp16 keeps ~3 decimal digits per operation;
+# dynamic int8 quantisation measured 0.9% on a 2-layer d512 encoder with random weights, but 3.6% (model.onnx)
+# and 6.2% (prefill.onnx, which quantises the same weights in another graph) on the trained digits-lm recipe.
+ERROR_BOUNDS = {"slim": 1e-4, "fuse": 1e-4, "fp16": 1e-2, "int8": 1e-1}
 Progress = Callable[[str], None]
 
 
@@ -68,15 +68,17 @@ def optimize(
     int8: bool = False,
     fp16: bool = False,
     slim: bool = False,
+    fuse: bool = False,
     force: bool = False,
     max_rel_error: float | None = None,
     min_top1: float | None = None,
     seed: int | None = None,
     progress: Progress | None = None,
 ) -> OptimizeResult:
-    """Write ``out``: the export ``source`` with its graphs slimmed (onnxslim), int8-quantised (ONNX
-    Runtime's dynamic quantisation of the weights) and/or converted to fp16 (inputs and outputs stay
-    float32), then check it against the float32 torch model rebuilt from ``source``.
+    """Write ``out``: the export ``source`` with its graphs slimmed (onnxslim), fused for ONNX Runtime
+    (onnxscript's ort_fusions; the graphs are then decomposed: :mod:`attnx.optimizer.graphs`),
+    int8-quantised (ONNX Runtime's dynamic quantisation of the weights) and/or converted to fp16 (inputs
+    and outputs stay float32), then check it against the float32 torch model rebuilt from ``source``.
 
     ``out`` is written even when a check fails (as ``attnx export`` does); ``result.passed`` says whether
     the outputs stay within the transformation's error bound (:data:`ERROR_BOUNDS`) and the limits given:
@@ -89,7 +91,8 @@ def optimize(
             replaces only an attnx export), a limit out of range.
     """
     report_progress = progress or (lambda message: None)
-    steps = check_steps([name for name, wanted in (("int8", int8), ("fp16", fp16), ("slim", slim)) if wanted])
+    wanted = {"int8": int8, "fp16": fp16, "slim": slim, "fuse": fuse}
+    steps = check_steps([name for name, chosen in wanted.items() if chosen])
     _check_limits(max_rel_error, min_top1)
     export = _open_source(source, out)
     check_output_dir(out, force, MANIFEST)  # before the model is rebuilt; checked again when published
@@ -109,14 +112,22 @@ def optimize(
                 save_onnx(genai_layout(decode, export.manifest.decode), staging / record.path)
             elif key in graphs:
                 report_progress(f"{' + '.join(steps)}: {record.path}")
-                transform(export.file(key), staging / record.path, steps, kept)
+                fused = transform(export.file(key), staging / record.path, steps, kept)
+                if "fuse" in steps:
+                    made = ", ".join(f"{count} {name}" for name, count in sorted(fused.items()))
+                    report_progress(f"{record.path}: fused {made or 'nothing (no pattern matched)'}")
             else:
                 shutil.copyfile(export.file(key), staging / record.path)
             files[key] = record_file(staging, record.path)
         source_model = export.manifest.files["model"].sha256
         section = OptimizedSection(str(export.path), source_model, steps, graphs, bound, tool_versions(steps))
         manifest = dataclasses.replace(
-            export.manifest, files=files, engine=None, optimized=section, versions=package_versions()
+            export.manifest,
+            files=files,
+            engine=None,
+            optimized=section,
+            versions=package_versions(),
+            lowering="decomposed" if "fuse" in steps else export.manifest.lowering,  # fuse inlines the bodies
         )
         write_atomic(staging / MANIFEST, manifest.to_json())
         written = ExportDir.open(staging)

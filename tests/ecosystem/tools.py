@@ -106,6 +106,16 @@ def transformers_optimizer(model: onnx.ModelProto, path: Path) -> onnx.ModelProt
     return optimize_model(str(path), model_type="bert", num_heads=0, hidden_size=0).model
 
 
+def onnxscript_ort_fusions(model: onnx.ModelProto, path: Path) -> onnx.ModelProto:
+    """onnxscript's fusions for ONNX Runtime (``optimize_for_ort``), which inline the model-local functions
+    with onnx_ir's inliner first (what ``attnx optimize --fuse`` runs)."""
+    import onnx_ir
+    from onnxscript.rewriter.ort_fusions import optimize_for_ort
+
+    fused, _ = optimize_for_ort(onnx_ir.from_proto(model))
+    return onnx_ir.to_proto(fused)
+
+
 def version_converter(model: onnx.ModelProto, path: Path) -> onnx.ModelProto:
     """``onnx.version_converter`` three opsets up (18 -> 21 for a default export)."""
     from onnx import version_converter as converter
@@ -125,4 +135,5 @@ TOOLS = [
     Tool("onnx.version_converter", version_converter),
     Tool("onnxslim", onnxslim, expensive=True),
     Tool("transformers-optimizer", transformers_optimizer, expensive=True),
+    Tool("onnxscript-ort-fusions", onnxscript_ort_fusions, expensive=True),
 ]

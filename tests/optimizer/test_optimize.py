@@ -111,6 +111,21 @@ def test_slim_keeps_float32_accuracy_and_bench_runs_the_result(source, tmp_path)
     assert "ort-cpu" in stdout
 
 
+def test_fuse_inlines_the_bodies_and_keeps_float32_accuracy(source, tmp_path):
+    """``--fuse`` (onnxscript's fusions for ONNX Runtime) on every graph of a decode export: the bodies
+    inlined (a decomposed export), within the exact bound, the decode and genai graphs checked too
+    (tests/optimizer/test_fuse.py fuses a Hugging Face hybrid's norms)."""
+    out = tmp_path / "fused"
+    result = optimize(source("softmax"), out, fuse=True, seed=1)
+    assert result.passed and result.report.rel_error <= ERROR_BOUNDS["fuse"]
+    assert {b.backend for b in result.parity.ran} >= {"ort-cpu", "ort-cpu decode", "ort-cpu genai"}
+    opened = ExportDir.open(out)
+    assert opened.manifest.lowering == "decomposed" and opened.manifest.optimized.steps == ["fuse"]
+    for key in opened.manifest.optimized.graphs:
+        ops, model = graph_ops(opened.file(key))
+        assert not model.functions and "SoftmaxAttention" not in ops, key
+
+
 def test_slim_keeps_an_ort_target_export_on_its_kernels(tmp_path):
     """onnxslim's folding once retyped a float Constant of softmax's GroupQueryAttention body (its
     ``scale == 0`` test) to double, which ONNX Runtime refused to load."""
@@ -167,7 +182,7 @@ def test_top1_limit():
 
 
 BAD = [
-    ([], "nothing to do: choose at least one of --int8, --fp16, --slim"),
+    ([], "nothing to do: choose at least one of --int8, --fp16, --slim, --fuse"),
     (["--int8", "--fp16"], "choose --int8 or --fp16, not both"),
     (["--int8", "--min-top1", "1.5"], "--min-top1 is a fraction in 0..1 (got 1.5)"),
     (["--int8", "--max-rel-error", "-1"], "--max-rel-error must be >= 0"),
