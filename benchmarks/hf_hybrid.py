@@ -14,14 +14,16 @@ On the small trained models of ``attnx.testing.hf_hybrid`` (``examples/train_hf_
 * **speed** (``--speed``): a Qwen3.5 text model of width 512 (3 Gated DeltaNet + 1 gated attention
   layer, random weights: speed does not depend on training): prefill of 4096 tokens and decode
   ms/token after 4096 tokens of context, HF eager torch (its cache) against the genai builder's model
-  and attnx's export (``--decode``, ``--target ort`` and portable) in onnxruntime-genai and in
-  ``attnx generate``, all on 2 threads; and the floor of any float32 prefill of these weights: every
-  ``nn.Linear`` of the model on the same number of tokens in torch. Then decode ms/token in ``attnx
+  and attnx's export (``--decode``, ``--target ort`` and portable; the ort one also after ``attnx
+  optimize --fuse``) in onnxruntime-genai and in ``attnx generate``, all on 2 threads; and the floor
+  of any float32 prefill of these weights: every ``nn.Linear`` of the model on the same number of
+  tokens in torch. Then decode ms/token in ``attnx
   generate`` after 256, 1024 and 4096 tokens (``--positions``), of the hybrid and of the same model
   with linear layers only.
 
     python benchmarks/hf_hybrid.py [--archs qwen3_5,qwen3_next] [--lengths 7,37,65,130] [--new-tokens 200]
     python benchmarks/hf_hybrid.py --speed [--context 4096] [--steps 32] [--positions 256,1024,4096]
+                                   [--fuse ort]
 
 Prints one JSON object per measurement and a summary table.
 """
@@ -299,6 +301,14 @@ def export_with_attnx(text_dir: Path, out: Path, target: str) -> float:
     return time.perf_counter() - start
 
 
+def fuse_with_attnx(source: Path, out: Path) -> float:
+    """``attnx optimize SOURCE -o OUT --fuse`` (its accuracy and parity checks included); wall time (s)."""
+    start = time.perf_counter()
+    command = [sys.executable, "-m", "attnx", "optimize", str(source), "-o", str(out), "--fuse", "--quiet"]
+    subprocess.run(command, check=True, capture_output=True)
+    return time.perf_counter() - start
+
+
 def attnx_generate_speed(out: Path, context: int, steps: int) -> dict[str, float]:
     """``attnx generate`` (ONNX Runtime, 2 threads): prefill of ``context`` tokens (s) and ms per decoded
     token after it."""
@@ -329,10 +339,16 @@ def speed(args: Any, work: Path) -> Iterator[dict[str, Any]]:
     for target in args.targets.split(","):
         out = work / f"speed-attnx-{target}"
         yield {"tool": f"attnx-{target} export", "export_s": export_with_attnx(work / "text", out, target)}
-        measurements += [
-            (f"attnx-{target} genai", context, genai_speed, (out, context, steps)),
-            (f"attnx-{target} attnx-generate", context, attnx_generate_speed, (out, context, steps)),
-        ]
+        exports = [(f"attnx-{target}", out)]
+        if target in args.fuse.split(","):
+            fused = work / f"speed-attnx-{target}-fused"
+            yield {"tool": f"attnx-{target} optimize --fuse", "optimize_s": fuse_with_attnx(out, fused)}
+            exports.append((f"attnx-{target}+fuse", fused))
+        for name, path in exports:
+            measurements += [
+                (f"{name} genai", context, genai_speed, (path, context, steps)),
+                (f"{name} attnx-generate", context, attnx_generate_speed, (path, context, steps)),
+            ]
     measurements += position_measurements(args, work, hybrid=work / "speed-attnx-ort")
     rounds = [[measure(*arguments) for _, _, measure, arguments in measurements] for _ in range(args.repeats)]
     for index, (tool, at, _, _) in enumerate(measurements):
@@ -367,6 +383,7 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=4096)
     parser.add_argument("--steps", type=int, default=32)
     parser.add_argument("--targets", default="ort,portable", help="attnx export targets of the speed run")
+    parser.add_argument("--fuse", default="ort", help="targets whose export is also measured after --fuse")
     parser.add_argument("--repeats", type=int, default=3, help="rounds of speed measurements")
     parser.add_argument("--positions", default="256,1024,4096", help="contexts of the per-position rows")
     args = parser.parse_args()

@@ -1,10 +1,11 @@
-"""The bodies on ONNX Runtime's kernels (com.microsoft GatedDeltaNet / LinearAttention / GroupQueryAttention)
-against the torch ops.
+"""The bodies on ONNX Runtime's kernels (com.microsoft GatedDeltaNet / LinearAttention / GroupQueryAttention /
+MultiHeadAttention) against the torch ops.
 
 attnx/plugins/_gated_ort.py maps attnx::GatedDeltaRule(Step) onto the first two, attnx/plugins/linear/ort.py
 the ``linear`` variant's causal attention onto LinearAttention's "linear" rule, attnx/plugins/softmax/ort.py
-softmax attention onto GroupQueryAttention. Each runs as a one-node model whose node is served by that body
-(function and decomposed), against the torch op on the same inputs.
+softmax attention onto GroupQueryAttention (no cache) and MultiHeadAttention (a decode step). Each runs
+as a one-node model whose node is served by that body (function and decomposed), against the torch op on
+the same inputs.
 """
 
 from __future__ import annotations
@@ -159,34 +160,56 @@ def test_linear_variant_step_on_the_kernel(with_state):
 SOFTMAX_ORT = dataclasses.replace(SOFTMAX_OP, bodies=SOFTMAX_OP.targets["ort"].bodies)
 
 
+GQA, MHA = "GroupQueryAttention", "MultiHeadAttention"
+
+
 @pytest.mark.parametrize("lowering", ["function", "decomposed"])
 @pytest.mark.parametrize(
     ("n", "m", "dv", "causal", "scale", "kernel"),
     [
-        (37, 37, 8, True, 0.3, True),  # a prefill: odd length
-        (64, 64, 8, True, 0.125, True),
-        (19, 19, 8, False, 0.3, True),  # an encoder
-        (5, 23, 8, True, 0.3, False),  # after cached keys (bottom-right aligned): the portable body
-        (17, 17, 6, True, 0.3, False),  # values narrower than keys
-        (9, 9, 8, True, 0.0, False),  # scale 0: the kernel would read it as 1/sqrt(d)
+        (37, 37, 8, True, 0.3, GQA),  # a prefill: odd length
+        (64, 64, 8, True, 0.125, GQA),
+        (19, 19, 8, False, 0.3, GQA),  # an encoder
+        (1, 1, 8, True, 0.3, GQA),  # a one-token prefill
+        (1, 23, 8, True, 0.3, MHA),  # a decode step: one query against the cache (bottom-right: all keys)
+        (1, 70, 8, False, 0.3, MHA),
+        (5, 23, 8, True, 0.3, None),  # several queries after cached keys: the portable body
+        (17, 17, 6, True, 0.3, None),  # values narrower than keys
+        (1, 23, 6, True, 0.3, None),
+        (9, 9, 8, True, 0.0, None),  # scale 0: the kernels would read it as 1/sqrt(d)
+        (1, 9, 8, True, 0.0, None),
     ],
 )
-def test_softmax_on_group_query_attention(n, m, dv, causal, scale, kernel, lowering):
+def test_softmax_on_onnxruntime_attention_kernels(n, m, dv, causal, scale, kernel, lowering):
     q, k, v, gen = harness.random_qkv(2, 3, n, m, 8, seed=n + m)
     v = torch.randn(2, 3, m, dv, generator=gen)
     expected = softmax_attention(q, k, v, None, causal, scale)
     ran: set[str] = set()
     (out,) = run(SOFTMAX_ORT, lowering, q, k, v, None, causal, scale, ran=ran)
     torch.testing.assert_close(out, expected, **TOLERANCE)
-    assert ("GroupQueryAttention" in ran) is kernel, sorted(ran)
+    assert {kernel} - {None} == ran & {GQA, MHA}, sorted(ran)
 
 
-def test_softmax_on_the_kernel_in_fp16():
-    q, k, v, _ = harness.random_qkv(1, 2, 40, 40, 16, seed=40, dtype=torch.float16)
+@pytest.mark.parametrize(("n", "m", "kernel"), [(1, 29, MHA), (11, 11, GQA), (3, 29, None)])
+def test_grouped_query_heads_on_the_kernels(n, m, kernel):
+    """6 query heads on 2 key/value heads: query head i reads key/value head i // 3 (HF's repeat_kv)."""
+    gen = torch.Generator().manual_seed(n + m)
+    q = torch.randn(2, 6, n, 8, generator=gen)
+    k, v = (torch.randn(2, 2, m, 8, generator=gen) for _ in range(2))
+    expected = softmax_attention(q, k.repeat_interleave(3, 1), v.repeat_interleave(3, 1), None, True, 0.3)
+    ran: set[str] = set()
+    (out,) = run(SOFTMAX_ORT, "function", q, k, v, None, True, 0.3, ran=ran)
+    torch.testing.assert_close(out, expected, **TOLERANCE)
+    assert {kernel} - {None} == ran & {GQA, MHA}, sorted(ran)
+
+
+@pytest.mark.parametrize(("n", "kernel"), [(40, GQA), (1, MHA)])
+def test_softmax_on_the_kernels_in_fp16(n, kernel):
+    q, k, v, _ = harness.random_qkv(1, 2, n, 40, 16, seed=40, dtype=torch.float16)
     expected = softmax_attention(q.float(), k.float(), v.float(), None, True, 0.25)
     ran: set[str] = set()
     (out,) = run(SOFTMAX_ORT, "function", q, k, v, None, True, 0.25, ran=ran)
-    assert out.dtype == torch.float16 and "GroupQueryAttention" in ran
+    assert out.dtype == torch.float16 and kernel in ran
     torch.testing.assert_close(out.float(), expected, atol=2e-3, rtol=2e-3)
 
 
@@ -197,4 +220,4 @@ def test_softmax_with_key_padding_keeps_the_portable_body(causal):
     ran: set[str] = set()
     (out,) = run(SOFTMAX_ORT, "function", q, k, v, mask, causal, 0.3, ran=ran)
     torch.testing.assert_close(out, softmax_attention(q, k, v, mask, causal, 0.3), **TOLERANCE)
-    assert "GroupQueryAttention" not in ran
+    assert not ran & {GQA, MHA}

@@ -14,7 +14,12 @@ from attnx.attention import MASKED_SCORE, MultiHeadAttention
 from attnx.ops import LIBRARY, OPSET, AttentionOp, AttnxWiden, TargetBodies, VariantImpl, trainable_op
 from attnx.plugins._gated_ort import ORT_SINCE
 from attnx.plugins.softmax.config import SoftmaxConfig
-from attnx.plugins.softmax.ort import SoftmaxOrtFits, SoftmaxOrtKernel
+from attnx.plugins.softmax.ort import (
+    SoftmaxOrtFits,
+    SoftmaxOrtKernel,
+    SoftmaxOrtOneQuery,
+    SoftmaxOrtOneQueryKernel,
+)
 from attnx.state import StateTensor, kv_cache
 from attnx.variant import AttentionSpec
 
@@ -192,11 +197,15 @@ def SoftmaxAttentionStandardNoMask(q: FLOAT, k: FLOAT, v: FLOAT, causal: int, sc
 @onnxscript.script(OPSET, default_opset=op)
 def SoftmaxAttentionOrtNoMask(q: FLOAT, k: FLOAT, v: FLOAT, causal: int, scale: float) -> FLOAT:
     """The ``ort`` target's body without key padding: ONNX Runtime's GroupQueryAttention kernel for the
-    calls it computes (:func:`attnx.plugins.softmax.ort.SoftmaxOrtFits`, an ``If``), the portable body
-    for the others. The kernel runs in float32, as the portable softmax does."""
+    calls without a cache, its MultiHeadAttention for a decode step (:mod:`attnx.plugins.softmax.ort`,
+    ``If`` s on the shapes), the portable body for the others. The kernels run in float32, as the
+    portable softmax does."""
     if SoftmaxOrtFits(q, k, v, scale=scale):
         wide = SoftmaxOrtKernel(AttnxWiden(q), AttnxWiden(k), AttnxWiden(v), causal=causal, scale=scale)
         out = op.CastLike(wide, v)
+    elif SoftmaxOrtOneQuery(q, k, v, scale=scale):
+        step = SoftmaxOrtOneQueryKernel(AttnxWiden(q), AttnxWiden(k), AttnxWiden(v), scale=scale)
+        out = op.CastLike(step, v)
     else:
         out = SoftmaxUnmasked(q, k, v, causal=causal, scale=scale)
     return out

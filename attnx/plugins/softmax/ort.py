@@ -1,12 +1,17 @@
-"""Softmax attention on ONNX Runtime's ``com.microsoft::GroupQueryAttention`` kernel, for an "ort" target.
+"""Softmax attention on ONNX Runtime's own kernels, for an "ort" target.
 
-The kernel computes softmax(q k^T * scale) v per head, causal (top-left aligned: key j <= query i) or
-bidirectional by its ``causal`` attribute, without materialising a mask: a causal call skips the keys
-in each query's future. Every head is a batch row of the kernel (its head counts are attributes, which a
-body cannot take from the shapes). It reads ``scale = 0`` as 1/sqrt(d) and takes no key padding mask for
-arbitrary positions, and its keys must be as many as the queries with no cache and as wide as the values:
-:func:`SoftmaxOrtFits` says when a call is one it computes as the torch op does; the others take the
-portable body (``attnx.plugins.softmax.kernel``).
+* ``com.microsoft::GroupQueryAttention`` computes softmax(q k^T * scale) v per head, causal (top-left
+  aligned: key j <= query i) or bidirectional by its ``causal`` attribute, without materialising a mask:
+  a causal call skips the keys in each query's future. Its keys must be as many as the queries (no
+  cache): :func:`SoftmaxOrtFits`.
+* ``com.microsoft::MultiHeadAttention`` takes any number of keys per query, without a mask: it computes
+  a decode step, one query per head against every cached key (which a bottom-right causal mask lets it
+  see all of): :func:`SoftmaxOrtOneQuery`.
+
+Both take their head counts as attributes, which a body cannot take from the shapes, so every head is a
+batch row (the query heads of one key/value head are one row's queries for MultiHeadAttention). Both read
+``scale = 0`` as 1/sqrt(d) and take no key padding mask for arbitrary positions, and here keys as wide as
+the values. The other calls take the portable body (``attnx.plugins.softmax.kernel``).
 """
 
 from __future__ import annotations
@@ -43,11 +48,41 @@ def SoftmaxOrtKernel(q: FLOAT, k: FLOAT, v: FLOAT, causal: int, scale: float) ->
 
 
 @onnxscript.script(LIBRARY, default_opset=op)
-def SoftmaxOrtFits(q: FLOAT, k: FLOAT, v: FLOAT, scale: float) -> BOOL:
-    """Whether :func:`SoftmaxOrtKernel` computes this call: as many queries as keys (no cache), keys as
-    wide as values and a non-zero scale (the kernel's 0 means 1/sqrt(d))."""
-    same_length = op.Equal(op.Shape(q, start=2, end=3), op.Shape(k, start=2, end=3))
+def SoftmaxOrtOneQueryKernel(q: FLOAT, k: FLOAT, v: FLOAT, scale: float) -> FLOAT:
+    """(b, h, 1, d) queries against (b, hk, n, d) keys and values, hk dividing h, through MultiHeadAttention:
+    (b, h, 1, d). Row r = (batch, key/value head) holds that head's h / hk queries; its keys and values
+    are read in place (BNSH with one head)."""
+    groups = op.Concat(
+        op.Shape(k, start=0, end=2), op.Constant(value_ints=[-1]), op.Shape(q, start=3), axis=0
+    )
+    rows = op.Reshape(q, groups)  # (b, hk, h / hk, d): query head i reads key/value head i // (h / hk)
+    per_row = op.Concat(op.Constant(value_ints=[-1, 1]), op.Shape(k, start=2), axis=0)
+    out = MICROSOFT.MultiHeadAttention(
+        OrtHeadsToBatch(rows), op.Reshape(k, per_row), op.Reshape(v, per_row), num_heads=1, scale=scale
+    )
+    return op.Reshape(out, op.Shape(q))
+
+
+@onnxscript.script(LIBRARY, default_opset=op)
+def SoftmaxOrtComputes(q: FLOAT, k: FLOAT, v: FLOAT, scale: float) -> BOOL:
+    """(1,): keys as wide as values and a non-zero scale (the kernels' 0 means 1/sqrt(d))."""
     same_width = op.Equal(op.Shape(k, start=3), op.Shape(v, start=3))
     factor = op.CastLike(op.Constant(value_float=scale), q)
     scaled = op.Not(op.Equal(factor, op.CastLike(op.Constant(value_float=0.0), q)))
-    return op.Squeeze(op.And(op.And(same_length, same_width), op.Unsqueeze(scaled, [0])))
+    return op.And(same_width, op.Unsqueeze(scaled, [0]))
+
+
+@onnxscript.script(LIBRARY, default_opset=op)
+def SoftmaxOrtFits(q: FLOAT, k: FLOAT, v: FLOAT, scale: float) -> BOOL:
+    """Whether :func:`SoftmaxOrtKernel` computes this call: as many queries as keys (no cache), and
+    :func:`SoftmaxOrtComputes`."""
+    same_length = op.Equal(op.Shape(q, start=2, end=3), op.Shape(k, start=2, end=3))
+    return op.Squeeze(op.And(same_length, SoftmaxOrtComputes(q, k, v, scale=scale)))
+
+
+@onnxscript.script(LIBRARY, default_opset=op)
+def SoftmaxOrtOneQuery(q: FLOAT, k: FLOAT, v: FLOAT, scale: float) -> BOOL:
+    """Whether :func:`SoftmaxOrtOneQueryKernel` computes this call: one query per head (a decode step),
+    and :func:`SoftmaxOrtComputes`."""
+    one = op.Equal(op.Shape(q, start=2, end=3), op.Constant(value_ints=[1]))
+    return op.Squeeze(op.And(one, SoftmaxOrtComputes(q, k, v, scale=scale)))
