@@ -34,6 +34,7 @@ from attnx.plugins._gated_core import (
     gated_delta_rule,
     gated_delta_rule_step,
 )
+from attnx.shortconv import depthwise_conv
 from attnx.state import StateTensor, conv_state
 from attnx.variant import AttentionSpec
 
@@ -138,7 +139,7 @@ class GatedLayer(Stepping, nn.Module):
             inputs = F.pad(inputs, (width, 0))
         else:
             inputs = torch.cat((carry.to(inputs.dtype), inputs), dim=-1)
-        out = F.conv1d(inputs, self.conv1d.weight, groups=inputs.shape[1])
+        out = depthwise_conv(inputs, self.conv1d.weight, step=carry is not None)
         return out.transpose(1, 2), inputs[..., inputs.shape[-1] - width :]
 
     def log_decay(self, x: torch.Tensor) -> torch.Tensor:
