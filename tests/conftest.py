@@ -30,8 +30,15 @@ def pytest_configure(config: pytest.Config) -> None:
         one_compute_thread()
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+@pytest.hookimpl(wrapper=True, tryfirst=True)  # around pytest-xdist's, which reads the groups
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> Iterator[None]:
+    group_shared_fixtures(items)
+    yield
+    if getattr(config.option, "loadgroup", False):  # a pytest-xdist worker under --dist loadgroup
+        groups_in_node_ids(items)
+
+
+def group_shared_fixtures(items: list[pytest.Item]) -> None:
     """The tests that share a fixture made once per session or module (an export, a trained model, a
     server), directly or through other fixtures, form one ``xdist_group``: ``--dist loadgroup`` runs
     them on one worker, so it is made once; every other test goes to whichever worker is free."""
@@ -52,6 +59,21 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item, keys in shared.items():
         if keys:
             item.add_marker(pytest.mark.xdist_group(names[root(min(keys))]))
+
+
+def groups_in_node_ids(items: list[pytest.Item]) -> None:
+    """Each grouped test's node id ends in ``@<group>``, which is how a worker tells pytest-xdist's
+    scheduler the group. pytest-xdist 3.8 appends it by setting ``item._nodeid``, which pytest 9.2 no
+    longer reads (the id is the structured ``item._id``; pytest-dev/pytest-xdist#1386): every group
+    would be spread over the workers, each making the shared fixture again. Append it there."""
+    for item in items:
+        marks = item.iter_markers("xdist_group")
+        names = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default")) for m in marks})
+        suffix = "@" + "_".join(names)
+        if names and not item.nodeid.endswith(suffix):
+            from _pytest.nodeid import NodeId  # only the pytest versions that have it get here
+
+            item._id = NodeId.parse(item.nodeid + suffix)
 
 
 def shared_fixtures(item: pytest.Item) -> set[str]:

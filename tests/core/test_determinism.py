@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -29,22 +30,50 @@ def run_with_hash_seed(seed: str, code: str, *args: str) -> str:
     return result.stdout
 
 
-def test_every_variant_body_serialises_the_same_under_any_hash_seed():
-    code = """
-        import hashlib, json
-        from attnx.exporter.lowering import function_protos
-        from attnx.registry import get_registry
+# One process per hash seed digests every variant's ONNX bodies and exports a tiny lm (import time is most
+# of its cost, so the two tests below share it)
+PROGRAM = """
+    import hashlib, json, sys
+    import attnx
+    from attnx.exporter.lowering import function_protos
+    from attnx.registry import get_registry
 
-        digests = {}
-        for name, variant in sorted(get_registry().variants.items()):
-            impl = variant.load()
-            for op in (*impl.ops, *impl.decode_ops):
-                for i, body in enumerate(op.bodies):
-                    data = b"".join(p.SerializeToString(deterministic=True) for p in function_protos(body))
-                    digests[f"{name}/{op.name}/{i}"] = hashlib.sha256(data).hexdigest()
-        print(json.dumps(digests))
-    """
-    first, second = (json.loads(run_with_hash_seed(seed, code)) for seed in HASH_SEEDS)
+    bodies = {}
+    for name, variant in sorted(get_registry().variants.items()):
+        impl = variant.load()
+        for op in (*impl.ops, *impl.decode_ops):
+            for i, body in enumerate(op.bodies):
+                data = b"".join(p.SerializeToString(deterministic=True) for p in function_protos(body))
+                bodies[f"{name}/{op.name}/{i}"] = hashlib.sha256(data).hexdigest()
+    out, variant = sys.argv[1], sys.argv[2]
+    tiny = {"d_model": 32, "n_heads": 2, "n_layers": 1, "d_ff": 64, "vocab_size": 50}
+    options = {**tiny, "export.seed": 3, "verify.enabled": False, **json.loads(sys.argv[3])}
+    attnx.export(variant, out, model="lm", options=options)
+    with open(f"{out}/model.onnx", "rb") as model:
+        print(json.dumps({"bodies": bodies, "model": hashlib.sha256(model.read()).hexdigest()}))
+"""
+
+
+@pytest.fixture(scope="module")
+def under_each_hash_seed(tmp_path_factory) -> Callable[..., list[dict[str, Any]]]:
+    """``under_each_hash_seed(variant, options)`` -> what :data:`PROGRAM` printed under each of
+    HASH_SEEDS, for a tiny lm of ``variant`` (made once per module)."""
+    made: dict[str, list[dict[str, Any]]] = {}
+
+    def get(variant: str, options: dict[str, Any]) -> list[dict[str, Any]]:
+        key = json.dumps([variant, options], sort_keys=True)
+        if key not in made:
+            root = tmp_path_factory.mktemp(f"hash-seeds-{variant}")
+            args = (variant, json.dumps(options))
+            runs = (run_with_hash_seed(seed, PROGRAM, str(root / seed), *args) for seed in HASH_SEEDS)
+            made[key] = [json.loads(stdout) for stdout in runs]
+        return made[key]
+
+    return get
+
+
+def test_every_variant_body_serialises_the_same_under_any_hash_seed(under_each_hash_seed):
+    first, second = (run["bodies"] for run in under_each_hash_seed("linear", {}))
     assert first and first.keys() == second.keys()
     differ = [key for key in first if first[key] != second[key]]
     assert not differ, f"ONNX bodies depend on PYTHONHASHSEED: {differ}"
@@ -54,19 +83,8 @@ def test_every_variant_body_serialises_the_same_under_any_hash_seed():
     ("variant", "options"),
     [("linear", {}), pytest.param("cosformer", {"max_len": 64}, marks=pytest.mark.slow)],
 )
-def test_exports_are_byte_identical_under_any_hash_seed(tmp_path, variant, options):
+def test_exports_are_byte_identical_under_any_hash_seed(under_each_hash_seed, variant, options):
     """The whole model.onnx, not only the bodies (cosformer shares linear's core; its bodies are
     compared above, its full export in the slow suite)."""
-    code = """
-        import json, sys
-        import attnx
-        tiny = {"d_model": 32, "n_heads": 2, "n_layers": 1, "d_ff": 64, "vocab_size": 50}
-        options = {**tiny, "export.seed": 3, "verify.enabled": False, **json.loads(sys.argv[3])}
-        attnx.export(sys.argv[2], sys.argv[1], model="lm", options=options)
-    """
-    digests = []
-    for seed in HASH_SEEDS:
-        out = tmp_path / seed
-        run_with_hash_seed(seed, code, str(out), variant, json.dumps(options))
-        digests.append(hashlib.sha256((out / "model.onnx").read_bytes()).hexdigest())
-    assert digests[0] == digests[1]
+    first, second = (run["model"] for run in under_each_hash_seed(variant, options))
+    assert first == second

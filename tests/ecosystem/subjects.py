@@ -14,14 +14,16 @@ import dataclasses
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import pytest
 
 import attnx
 from attnx.exporter.directory import ExportDir
 from attnx.exporter.inputs import random_feed
 from tests.models.cases import REGISTERED, capabilities
-from tests.models.exports import tiny_export
+from tests.models.exports import same_worker, tiny_export
 
 BATCH, SEQ = 2, 9
 
@@ -43,18 +45,22 @@ class Subject:
         return f"{kind}{self.variant}-{self.model}{lowering}-{self.graph}"
 
     @property
-    def export_id(self) -> str:
-        """The export that holds this graph (an optimized graph: the export it was optimized from)."""
-        return f"{self.variant}-{self.model}-{self.lowering}"
-
-    @property
     def decodes(self) -> bool:
         return self.model == "lm" and capabilities(self.variant).decode is not None
 
+    @property
+    def options(self) -> dict[str, Any]:
+        """``tiny_export``'s options for the export that holds this graph (an optimized graph: the export
+        it was optimized from)."""
+        return {"export.decode": True} if self.decodes else {}
+
+    def same_worker(self) -> pytest.MarkDecorator:
+        """The group of the tests that use this graph's export (the model tests' too)."""
+        return same_worker(self.variant, self.model, self.lowering, **self.options)
+
     def export(self) -> ExportDir:
         """The export holding this graph, made on first use."""
-        options = {"export.decode": True} if self.decodes else {}
-        made = tiny_export(self.variant, self.model, lowering=self.lowering, **options).out
+        made = tiny_export(self.variant, self.model, lowering=self.lowering, **self.options).out
         return ExportDir.open(optimized(made) if self.optimized else made)
 
 

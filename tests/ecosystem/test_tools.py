@@ -55,7 +55,7 @@ def cells() -> list[Any]:
     for subject in SUBJECTS:
         for tool in TOOLS:
             # the cells of one export run on one pytest-xdist worker, which makes the export once
-            marks = [pytest.mark.xdist_group(f"ecosystem-{subject.export_id}")]
+            marks = [subject.same_worker()]
             if subject != SAMPLE and (tool.expensive or not in_default_run(subject)):
                 marks.append(pytest.mark.slow)
             reason = known_bug(subject, tool)

@@ -95,3 +95,16 @@ def test_torch_starts_every_test_from_the_run_seed(request):
     drawn = torch.rand(3)
     torch.manual_seed(request.config.option.randomly_seed)
     assert torch.equal(drawn, torch.rand(3))
+
+
+@pytest.fixture(scope="module")
+def made_once_per_module() -> None:
+    """A module-scoped fixture: the tests that ask for it form one pytest-xdist group."""
+
+
+def test_a_test_sharing_a_fixture_tells_pytest_xdist_its_group(request, made_once_per_module):
+    """Under --dist loadgroup a worker reports each test's group at the end of its node id, and only so
+    do the tests sharing an export run on one worker; without it each worker makes the export again."""
+    if not getattr(request.config.option, "loadgroup", False):
+        pytest.skip("not a pytest-xdist worker under --dist loadgroup")
+    assert request.node.nodeid.endswith("@tests/hygiene/test_suite.py:made_once_per_module")

@@ -1,4 +1,5 @@
-"""One export per (variant, model, lowering, options) per test process, shared by every test file."""
+"""One export per (variant, model, lowering, options) per test process, shared by every test file; the
+tests that use one export join its pytest-xdist group (:func:`same_worker`), so one worker makes it."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from attnx.api import ExportResult, export
 from tests.models.cases import VARIANT_OPTIONS, cross_for
@@ -38,3 +41,10 @@ def tiny_export(variant: str, model: str, lowering: str = "function", **options:
             },
         )
     return _made[key]
+
+
+def same_worker(variant: str, model: str, lowering: str = "function", **options: Any) -> pytest.MarkDecorator:
+    """The ``xdist_group`` of the tests that call ``tiny_export`` with these arguments: ``--dist loadgroup``
+    runs them on one worker, which makes the export once (a test in a fixture's group cannot join one)."""
+    settings = "".join(f"-{key}={value}" for key, value in sorted(options.items()))
+    return pytest.mark.xdist_group(f"tiny-{variant}-{model}-{lowering}{settings}")

@@ -14,7 +14,7 @@ from attnx.errors import AttnxError
 from attnx.exporter.assemble import assemble
 from attnx.registry import get_registry
 from tests.models.cases import CASES, MODELS, REGISTERED, SUPPORTED, VARIANT_OPTIONS, covering, cross_for
-from tests.models.exports import tiny_export
+from tests.models.exports import same_worker, tiny_export
 
 TINY = {"d_model": 32, "n_heads": 2, "n_layers": 1, "d_ff": 64, "vocab_size": 50}
 
@@ -50,7 +50,11 @@ def called_ops(variant: str) -> set[str]:
     return {f"attnx::{op.name}" for op in impl.ops if op.name not in impl.conditional_ops}
 
 
-@pytest.mark.parametrize(("variant", "model"), covering(CASES))
+# each case on the worker of the other tests of its export (tests/ecosystem's tools run on the encoders')
+@pytest.mark.parametrize(
+    ("variant", "model"),
+    [pytest.param(*p.values, id=p.id, marks=[*p.marks, same_worker(*p.values)]) for p in covering(CASES)],
+)
 def test_exports_and_verifies(variant, model):
     result = tiny_export(variant, model)
     worst = max(c.max_abs for b in result.parity.ran for c in b.comparisons)
@@ -73,13 +77,15 @@ def test_exports_and_verifies(variant, model):
     assert rebuilt.passed
 
 
-LOWERINGS = [(v, m, lowering) for v, m in CASES for lowering in ("decomposed", "plugin")]
+LOWERINGS = [
+    pytest.param(v, m, lowering, id=f"{v}-{m}-{lowering}", marks=same_worker(v, m, lowering))
+    for v, m in CASES
+    for lowering in ("decomposed", "plugin")
+]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    ("variant", "model", "lowering"), LOWERINGS, ids=[f"{v}-{m}-{x}" for v, m, x in LOWERINGS]
-)
+@pytest.mark.parametrize(("variant", "model", "lowering"), LOWERINGS)
 def test_exports_and_verifies_with_other_lowerings(variant, model, lowering):
     assert tiny_export(variant, model, lowering=lowering).parity.passed
 

@@ -167,10 +167,16 @@ def test_capabilities_refuse_causal_and_cross():
 # -- export ----------------------------------------------------------------------------------------------
 
 
+# the plugin lowering in the slow run: tests/trt/test_ortkernels.py runs every variant's plugin export
+# through the CPU kernels in the default run
 @pytest.mark.parametrize(
     ("lowering", "share_qv"),
-    [("function", False), ("function", True), ("decomposed", True), ("plugin", False)],
-    ids=["function-qkv", "function-share_qv", "decomposed-share_qv", "plugin-qkv"],
+    [
+        pytest.param("function", False, id="function-qkv"),
+        pytest.param("function", True, id="function-share_qv"),
+        pytest.param("decomposed", True, id="decomposed-share_qv"),
+        pytest.param("plugin", False, id="plugin-qkv", marks=pytest.mark.slow),
+    ],
 )
 def test_export_verifies_in_every_lowering(tmp_path, lowering, share_qv):
     options = {**TINY, "n_layers": 2, "share_qv": share_qv}

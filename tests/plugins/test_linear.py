@@ -156,7 +156,11 @@ def test_declaration_and_config():
 # -- export ----------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("lowering", ["function", "decomposed", "plugin"])
+# the plugin lowering in the slow run: tests/trt/test_ortkernels.py runs every variant's plugin export
+# through the CPU kernels in the default run
+@pytest.mark.parametrize(
+    "lowering", ["function", "decomposed", pytest.param("plugin", marks=pytest.mark.slow)]
+)
 def test_export_verifies_in_every_lowering(tmp_path, lowering):
     out = tmp_path / "out"
     export_in_lowering("linear", out, TINY, lowering, "LinearAttention", seq_lens=[1, 7, 33, 130])

@@ -335,7 +335,11 @@ def test_cross_attention_is_refused_at_build_time():
 # -- export ----------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("lowering", ["function", "decomposed", "plugin"])
+# the plugin lowering in the slow run: tests/trt/test_ortkernels.py runs every variant's plugin export
+# through the CPU kernels in the default run
+@pytest.mark.parametrize(
+    "lowering", ["function", "decomposed", pytest.param("plugin", marks=pytest.mark.slow)]
+)
 def test_export_verifies_in_every_lowering(tmp_path, lowering):
     out = tmp_path / "out"
     _, model, nodes = export_in_lowering(
