@@ -74,7 +74,7 @@ def transform(source: Path, target: Path, steps: Sequence[str], float32_ops: Col
 
         model = onnxslim.slim(model)
     if "fuse" in steps:
-        model, fused = fuse_for_ort(model)
+        model, fused = fuse_for_ort(model, source.name)
     if "fp16" in steps:
         model = to_fp16(model, float32_ops)
     if "int8" in steps:
@@ -92,14 +92,24 @@ def transform(source: Path, target: Path, steps: Sequence[str], float32_ops: Col
     return fused
 
 
-def fuse_for_ort(model: onnx.ModelProto) -> tuple[onnx.ModelProto, Fused]:
-    """``model`` through onnxscript's ONNX Runtime fusions, and the fusions that matched."""
-    import onnx_ir
-    from onnxscript.rewriter.ort_fusions import optimize_for_ort
+def fuse_for_ort(model: onnx.ModelProto, name: str) -> tuple[onnx.ModelProto, Fused]:
+    """``model`` (the graph file ``name``) through onnxscript's ONNX Runtime fusions, and the fusions that
+    matched.
 
-    with _quiet_root_logger():  # its shape inference logs a traceback for each body it cannot type
-        fused, counts = optimize_for_ort(onnx_ir.from_proto(model))
-    return onnx_ir.to_proto(fused), {name: count for name, count in counts.items() if count}
+    Raises:
+        AttnxError: onnxscript failed on the graph (one line, naming it).
+    """
+    import onnx_ir
+    from onnxscript.rewriter import ort_fusions
+
+    try:
+        with _quiet_root_logger():  # its shape inference logs a traceback for each body it cannot type
+            fused, counts = ort_fusions.optimize_for_ort(onnx_ir.from_proto(model))
+    except Exception as exc:  # the tool's own errors, of any type
+        raise AttnxError(
+            f"{name}: onnxscript's fusions failed ({first_line(exc)}); optimize without --fuse"
+        ) from None
+    return onnx_ir.to_proto(fused), {fusion: count for fusion, count in counts.items() if count}
 
 
 def check_loads(path: Path, steps: Sequence[str]) -> None:

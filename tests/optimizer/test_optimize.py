@@ -126,6 +126,23 @@ def test_fuse_inlines_the_bodies_and_keeps_float32_accuracy(source, tmp_path):
         assert not model.functions and "SoftmaxAttention" not in ops, key
 
 
+def test_fusions_that_fail_are_one_line_and_write_nothing(source, tmp_path, monkeypatch):
+    from onnxscript.rewriter import ort_fusions
+
+    def broken(model):
+        raise ValueError("no rule for this graph\nsecond line")
+
+    monkeypatch.setattr(ort_fusions, "optimize_for_ort", broken)
+    out = tmp_path / "fused"
+    with pytest.raises(
+        AttnxError, match=r"^model.onnx: onnxscript's fusions failed \(no rule for this graph\)"
+    ):
+        optimize(source("softmax"), out, fuse=True, seed=1)
+    code, _, stderr = run_cli(["optimize", str(source("softmax")), "-o", str(out), "--fuse"])
+    assert_one_line_error(code, stderr, "onnxscript's fusions failed", "optimize without --fuse")
+    assert not out.exists()
+
+
 def test_slim_keeps_an_ort_target_export_on_its_kernels(tmp_path):
     """onnxslim's folding once retyped a float Constant of softmax's GroupQueryAttention body (its
     ``scale == 0`` test) to double, which ONNX Runtime refused to load."""
