@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import tempfile
 from pathlib import Path
 
 import onnx
@@ -54,17 +55,19 @@ def run(op: AttentionOp, lowering: str, *args, ran: set[str] | None = None) -> l
     onnx.checker.check_model(model)  # the kernels have no onnx schema: no full (shape-inferring) check
     options = onnxruntime.SessionOptions()
     options.log_severity_level = 3
-    options.enable_profiling = ran is not None
-    session = onnxruntime.InferenceSession(
-        model.SerializeToString(), options, providers=["CPUExecutionProvider"]
-    )
-    feed = {i.name: call.bound()[i.name].numpy() for i in session.get_inputs()}
-    outputs = [torch.from_numpy(t) for t in session.run(None, feed)]
-    if ran is not None:
-        profile = Path(session.end_profiling())
-        events = json.loads(profile.read_text())
-        profile.unlink()
-        ran.update(e["args"]["op_name"] for e in events if e.get("cat") == "Node" and "op_name" in e["args"])
+    with tempfile.TemporaryDirectory() as folder:  # ORT names a profile by the time: one folder per call
+        options.enable_profiling = ran is not None
+        options.profile_file_prefix = str(Path(folder) / "profile")
+        session = onnxruntime.InferenceSession(
+            model.SerializeToString(), options, providers=["CPUExecutionProvider"]
+        )
+        feed = {i.name: call.bound()[i.name].numpy() for i in session.get_inputs()}
+        outputs = [torch.from_numpy(t) for t in session.run(None, feed)]
+        if ran is not None:
+            events = json.loads(Path(session.end_profiling()).read_text())
+            ran.update(
+                e["args"]["op_name"] for e in events if e.get("cat") == "Node" and "op_name" in e["args"]
+            )
     return outputs
 
 
