@@ -26,7 +26,7 @@ from attnx.arguments import typed_arguments
 from attnx.atomic import check_output_dir, staged_directory, write_atomic
 from attnx.errors import AttnxError
 from attnx.exporter.directory import ExportDir, record_file
-from attnx.exporter.manifest import MANIFEST, Manifest, OptimizedSection, package_versions
+from attnx.exporter.manifest import MANIFEST, FileRecord, Manifest, OptimizedSection, package_versions
 from attnx.exporter.portable import float32_ops
 from attnx.exporter.trace import save_onnx
 from attnx.optimizer.accuracy import AccuracyReport, measure
@@ -99,26 +99,10 @@ def optimize(
     seed = secrets.randbits(31) if seed is None else seed
     report_progress(f"rebuilding the float32 torch model of {export.path}")
     reference = export.rebuild()
-    kept = float32_ops(export.ops())
     graphs = [key for key, record in export.manifest.files.items() if record.path.endswith(".onnx")]
     bound = max(ERROR_BOUNDS[step] for step in steps)
     with staged_directory(out, force, MANIFEST) as staging:
-        files = {}
-        for key, record in sorted(export.manifest.files.items(), key=lambda item: item[0] == GENAI.name):
-            if key == "engine":
-                continue
-            if key == GENAI.name:  # the decode graph under genai's names: laid out again from the new one
-                decode = onnx.load(str(staging / export.manifest.files["decode"].path))
-                save_onnx(genai_layout(decode, export.manifest.decode), staging / record.path)
-            elif key in graphs:
-                report_progress(f"{' + '.join(steps)}: {record.path}")
-                fused = transform(export.file(key), staging / record.path, steps, kept)
-                if "fuse" in steps:
-                    made = ", ".join(f"{count} {name}" for name, count in sorted(fused.items()))
-                    report_progress(f"{record.path}: fused {made or 'nothing (no pattern matched)'}")
-            else:
-                shutil.copyfile(export.file(key), staging / record.path)
-            files[key] = record_file(staging, record.path)
+        files = _write_files(export, staging, steps, graphs, report_progress)
         source_model = export.manifest.files["model"].sha256
         section = OptimizedSection(str(export.path), source_model, steps, graphs, bound, tool_versions(steps))
         manifest = dataclasses.replace(
@@ -143,6 +127,31 @@ def optimize(
         parity.write(staging)
         report.write(staging)
     return OptimizeResult(Path(out), written.manifest, report, parity)
+
+
+def _write_files(
+    export: ExportDir, staging: Path, steps: list[str], graphs: list[str], report_progress: Progress
+) -> dict[str, FileRecord]:
+    """Every file of ``export`` into ``staging``: the ``graphs`` transformed, genai.onnx laid out again from
+    the new decode graph, the others copied (a TensorRT engine dropped); their manifest records."""
+    kept = float32_ops(export.ops())
+    files = {}
+    for key, record in sorted(export.manifest.files.items(), key=lambda item: item[0] == GENAI.name):
+        if key == "engine":
+            continue
+        if key == GENAI.name:  # the decode graph under genai's names: laid out again from the new one
+            decode = onnx.load(str(staging / export.manifest.files["decode"].path))
+            save_onnx(genai_layout(decode, export.manifest.decode), staging / record.path)
+        elif key in graphs:
+            report_progress(f"{' + '.join(steps)}: {record.path}")
+            fused = transform(export.file(key), staging / record.path, steps, kept)
+            if "fuse" in steps:
+                made = ", ".join(f"{count} {name}" for name, count in sorted(fused.items()))
+                report_progress(f"{record.path}: fused {made or 'nothing (no pattern matched)'}")
+        else:
+            shutil.copyfile(export.file(key), staging / record.path)
+        files[key] = record_file(staging, record.path)
+    return files
 
 
 def _open_source(source: str | Path, out: str | Path) -> ExportDir:
