@@ -17,7 +17,9 @@ export's stored program's), and the stored ``weights.safetensors`` with them too
 
 For attnx's own models every parameter and buffer must also appear in ``model.onnx`` (or its image under
 an element-wise map the exporter folds, e.g. a decay's -exp(A_log), to float32 rounding): a weight
-replaced wholesale (matching no parameter at all) then shows as a missing parameter.
+replaced wholesale (matching no parameter at all) then shows as a missing parameter. A parameter whose
+elements are all 1 or all 0 (an untrained norm's) may be missing: multiplying by it or adding it changes
+nothing, and graph tools fold it away (onnxslim in ``attnx optimize --slim``).
 """
 
 from __future__ import annotations
@@ -167,6 +169,8 @@ def check_graph(
             if _folded(tensor, found):
                 check.matched += 1
                 continue
+            if _neutral(tensor):  # x * 1 or x + 0: a graph tool may fold it away (onnxslim does)
+                continue
             check.mismatches.append(WeightMismatch(label, name, None, tensor.size, [], math.nan, math.nan))
     return check
 
@@ -174,6 +178,11 @@ def check_graph(
 # Element-wise maps the exporter's constant folding applies to a parameter used only through them (a
 # decay's -exp(A_log)): the graph then holds the image, not the parameter.
 FOLDS = (np.exp, lambda x: -np.exp(x), np.negative)
+
+
+def _neutral(tensor: np.ndarray) -> bool:
+    """Every element 1, or every element 0 (an untrained norm's weight or bias)."""
+    return bool(np.all(tensor == 1) or np.all(tensor == 0))
 
 
 def _folded(tensor: np.ndarray, found: Mapping[str, np.ndarray]) -> bool:

@@ -142,3 +142,20 @@ def test_a_parameter_the_exporter_folds_counts_by_its_image_and_an_edited_image_
     edited[2] *= 1.001
     check = check_graph("model.onnx", {"neg": edited}, reference, complete=True)
     assert [m.tensor for m in check.mismatches] == ["A_log"]
+
+
+def test_a_neutral_parameter_may_be_folded_away_and_any_other_may_not():
+    """An all-ones norm weight (x * 1) or all-zeros bias (x + 0) that a graph tool removed is no mismatch
+    (onnxslim removes them from an untrained gated export); a missing random weight still is."""
+    from attnx.parity.weights import Reference, check_graph
+
+    weights = {
+        "norm.weight": np.ones(16, np.float32),
+        "norm.bias": np.zeros(16, np.float32),
+        "proj.weight": np.random.default_rng(0).standard_normal((4, 4)).astype(np.float32),
+    }
+    check = check_graph("model.onnx", {"w": weights["proj.weight"]}, Reference(weights), complete=True)
+    assert check.passed and check.matched == 1
+    almost = {**weights, "norm.weight": np.full(16, 1.0, np.float32) + np.eye(16, dtype=np.float32)[0]}
+    check = check_graph("model.onnx", {"w": weights["proj.weight"]}, Reference(almost), complete=True)
+    assert [m.describe() for m in check.mismatches] == ["model.onnx holds no copy of the model's norm.weight"]
