@@ -292,21 +292,24 @@ def genai_speed(model_dir: Path, context: int, steps: int) -> dict[str, float]:
     return {"prefill_s": prefill, "decode_ms_per_token": 1000 * decode}
 
 
+def run_attnx(*args: str) -> float:
+    """``attnx ARGS`` in a fresh process; its wall time (s)."""
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "attnx", *args], check=True, capture_output=True)
+    return time.perf_counter() - start
+
+
 def export_with_attnx(text_dir: Path, out: Path, target: str) -> float:
     """``attnx export --from hf:DIR --decode --target TARGET`` (not verified: the tests verify these
     exports); returns its wall time (s)."""
-    start = time.perf_counter()
-    command = [sys.executable, "-m", "attnx", "export", "--from", f"hf:{text_dir}", "--decode", "--no-verify"]
-    subprocess.run([*command, "--target", target, "-o", str(out)], check=True, capture_output=True)
-    return time.perf_counter() - start
+    return run_attnx(
+        "export", "--from", f"hf:{text_dir}", "--decode", "--no-verify", "--target", target, "-o", str(out)
+    )
 
 
 def fuse_with_attnx(source: Path, out: Path) -> float:
     """``attnx optimize SOURCE -o OUT --fuse`` (its accuracy and parity checks included); wall time (s)."""
-    start = time.perf_counter()
-    command = [sys.executable, "-m", "attnx", "optimize", str(source), "-o", str(out), "--fuse", "--quiet"]
-    subprocess.run(command, check=True, capture_output=True)
-    return time.perf_counter() - start
+    return run_attnx("optimize", str(source), "-o", str(out), "--fuse", "--quiet")
 
 
 def attnx_generate_speed(out: Path, context: int, steps: int) -> dict[str, float]:

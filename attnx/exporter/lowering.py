@@ -67,35 +67,37 @@ def check(model: onnx.ModelProto) -> None:
     kernels, so it cannot type their outputs and its inference would reject graphs the runtime runs.
 
     A target runtime's own kernels in the default domain (ONNX Runtime's ``SimplifiedLayerNormalization``,
-    which ``attnx optimize --fuse`` makes) are checked as such a domain's: the checker sees them under a
-    domain of their own for the call."""
+    which ``attnx optimize --fuse`` makes) are checked as such a domain's: a copy of the model puts them
+    under a domain of their own for the checker."""
     imported = {o.domain for o in model.opset_import} | {
         o.domain for f in model.functions for o in f.opset_import
     }
     kernels = {domain for target in TARGETS.values() for domain in target.domains}
-    moved = _runtime_kernel_nodes(model)
-    stated = [node.HasField("domain") for node in moved]  # "" written out, or absent
-    for node in moved:
-        node.domain = RUNTIME_KERNELS_DOMAIN
-    if moved:
-        model.opset_import.add(domain=RUNTIME_KERNELS_DOMAIN, version=1)
-    try:
-        onnx.checker.check_model(model, full_check=not (imported & kernels or moved))
-    finally:  # the model as it was, byte for byte
-        for node, written in zip(moved, stated, strict=True):
-            node.domain = ""
-            if not written:
-                node.ClearField("domain")
-        if moved:
-            del model.opset_import[-1]
+    runtime_nodes = _runtime_kernel_nodes(model)
+    if not runtime_nodes:
+        onnx.checker.check_model(model, full_check=not imported & kernels)
+        return
+    checked = onnx.ModelProto()
+    checked.CopyFrom(model)
+    for index in runtime_nodes:
+        checked.graph.node[index].domain = RUNTIME_KERNELS_DOMAIN
+    checked.opset_import.add(domain=RUNTIME_KERNELS_DOMAIN, version=1)
+    onnx.checker.check_model(checked, full_check=False)
 
 
-RUNTIME_KERNELS_DOMAIN = "attnx.check.runtime-kernels"  # only while check() runs
+RUNTIME_KERNELS_DOMAIN = "attnx.check.runtime-kernels"  # only in check()'s copy
 
 
-def _runtime_kernel_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
-    """The graph's default-domain nodes whose op onnx does not define (at any opset) and a target's
-    runtime does."""
+def _runtime_kernel_nodes(model: onnx.ModelProto) -> list[int]:
+    """Indices of the graph's default-domain nodes whose op onnx does not define (at any opset) and a
+    target's runtime does (the runtimes are asked only when onnx lacks an op)."""
+    unknown = [
+        index
+        for index, node in enumerate(model.graph.node)
+        if not node.domain and not onnx.defs.has(node.op_type)
+    ]
+    if not unknown:
+        return []
     runtime_ops = {
         op
         for target in TARGETS.values()
@@ -103,11 +105,7 @@ def _runtime_kernel_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
         for domain, op in target.installed()
         if not domain
     }
-    return [
-        node
-        for node in model.graph.node
-        if not node.domain and node.op_type in runtime_ops and not onnx.defs.has(node.op_type)
-    ]
+    return [index for index in unknown if model.graph.node[index].op_type in runtime_ops]
 
 
 def _mark_plugins(model: onnx.ModelProto) -> onnx.ModelProto:
