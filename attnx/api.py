@@ -145,7 +145,7 @@ def run_export(job: ExportJob, progress: Progress | None = None) -> ExportResult
     directory, verify, commit."""
     report = progress or (lambda message: None)
     steps.preflight(job, GRAPH_EXTENSIONS)
-    job.source.check_memory()
+    steps.check_disk(job, job.source.check_memory())
     assembly = job.source.build(report)
     parity = None
     with steps.staged(job) as staging:

@@ -125,6 +125,26 @@ def kernel_attention_cost(s: Shape, chunk_size: int, features: int) -> Attention
     return AttentionCost(projections(s, 2, 2), maths, FLOAT_BYTES * (live + chunked))
 
 
+def require_disk(needed: int, what: str, directory: Path) -> None:
+    """Refuse a job that would write more than the free space of ``directory``'s filesystem (its nearest
+    existing ancestor's).
+
+    Raises:
+        AttnxError: naming the estimate, the free space and the fix.
+    """
+    import shutil
+
+    existing = directory.absolute()
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    free = shutil.disk_usage(existing).free
+    if needed > free:
+        raise AttnxError(
+            f"{what} writes about {needed / GiB:.1f} GiB, but {existing} has {free / GiB:.1f} GiB free; "
+            "free some space or write it elsewhere (-o)"
+        )
+
+
 def available_memory() -> int | None:
     """What this process may still allocate: the least of ``MemAvailable`` (/proc/meminfo), its cgroup's
     ``memory.max`` less ``memory.current`` and its address-space limit (``ulimit -v``) less its size

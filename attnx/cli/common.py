@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -37,11 +38,13 @@ def echo_json(data: Any) -> None:
 
 
 def progress_printer(quiet: bool) -> Callable[[str], None]:
-    """Report long-running stages on stderr (stdout stays clean for --json)."""
+    """Report long-running stages on stderr (stdout stays clean for --json), each with the time since
+    the command started ("· [  12 s] exporting ...")."""
+    start = time.monotonic()
 
     def report(message: str) -> None:
         if not quiet:
-            click.echo(f"· {message} ...", err=True)
+            click.echo(f"· [{time.monotonic() - start:5.0f} s] {message} ...", err=True)
 
     return report
 

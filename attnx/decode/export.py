@@ -25,6 +25,7 @@ from attnx.exporter.export import ExportJob, ExtraGraphs
 from attnx.exporter.inputs import random_feed
 from attnx.exporter.lowering import check, lower
 from attnx.exporter.module import ModuleAssembly
+from attnx.exporter.store import WeightStore
 from attnx.exporter.trace import attnx_ops, save_onnx, to_onnx
 from attnx.models.spec import TensorSpec
 from attnx.ops import AttentionOp
@@ -92,9 +93,14 @@ class DecodeGraphs:
             )
 
     def export(
-        self, assembly: Assembly | ModuleAssembly, directory: Path, settings: ExportSettings
+        self,
+        assembly: Assembly | ModuleAssembly,
+        directory: Path,
+        settings: ExportSettings,
+        store: WeightStore | None,
     ) -> ExtraGraphs:
-        """Export, lower, check and save the two graphs into ``directory``."""
+        """Export, lower, check and save the two graphs into ``directory`` (their weights in ``store``'s
+        file when given)."""
         layout = layout_of(assembly)
         run_prefill_once(step_model(assembly, layout, False), layout.inputs(False))
         ops = every_op(assembly)
@@ -106,7 +112,7 @@ class DecodeGraphs:
                 layout.outputs(with_past),
                 ops,
             )
-            proto = to_onnx(graph, settings.opset, graph.inputs, graph.outputs)
+            proto = to_onnx(graph, settings.opset, graph.inputs, graph.outputs, store=store)
             used += [op for op in attnx_ops(proto) if op not in used]
             proto = lower(proto, ops, settings.lowering, settings.target)
             check(proto)

@@ -98,8 +98,9 @@ class DecodeParity:
                 results.append(BackendParity(label, "skipped", reason))
                 continue
             try:
-                with Stepper(section, backend.runner(prefill, None), backend.runner(decode, None)) as stepper:
-                    comparisons = [c for run in runs for c in _positions(stepper, run, cases.tolerance)]
+                runners = backend.runner(prefill, None), backend.runner(decode, None)
+                with Stepper(section, *runners, one_at_a_time=True) as stepper:
+                    comparisons = _positions(stepper, runs, cases.tolerance)
             except BackendSkipped as exc:
                 results.append(BackendParity(label, "skipped", str(exc)))
                 continue
@@ -108,18 +109,26 @@ class DecodeParity:
         return results
 
 
-def _positions(stepper: Stepper, run: DecodeCase, tolerance: Tolerance) -> list[Comparison]:
-    """Prefill on ids[:, :n] (after the source), then decode the rest; each position against the full
-    forward's logits."""
-    n = run.length
-    logits, state = stepper.prefill(run.ids[:, :n], run.source)
-    rows = [position_row(n, "prefill logits", logits, run.full[:, :n], tolerance)]
-    for position in range(n, run.ids.shape[1]):
-        logits, state = stepper.decode(run.ids[:, position : position + 1], state)
-        rows.append(
-            position_row(n, f"logits @ {position}", logits, run.full[:, position : position + 1], tolerance)
-        )
-    return rows
+def _positions(stepper: Stepper, runs: Sequence[DecodeCase], tolerance: Tolerance) -> list[Comparison]:
+    """Prefill each run on ids[:, :n] (after the source), then decode the rest; each position against the
+    full forward's logits. Every prefill runs first, then every decode step: one graph's session at a
+    time."""
+    rows: dict[int, list[Comparison]] = {}
+    states = []
+    for run in runs:
+        logits, state = stepper.prefill(run.ids[:, : run.length], run.source)
+        rows[run.length] = [
+            position_row(run.length, "prefill logits", logits, run.full[:, : run.length], tolerance)
+        ]
+        states.append(state)
+    for run, state in zip(runs, states, strict=True):
+        for position in range(run.length, run.ids.shape[1]):
+            logits, state = stepper.decode(run.ids[:, position : position + 1], state)
+            expected = run.full[:, position : position + 1]
+            rows[run.length].append(
+                position_row(run.length, f"logits @ {position}", logits, expected, tolerance)
+            )
+    return [row for run in runs for row in rows[run.length]]
 
 
 DECODE_PARITY = DecodeParity()

@@ -63,15 +63,33 @@ def decode_graphs(export: ExportDir, assembly: Any = None) -> tuple[Graph, Graph
 
 
 class Stepper:
-    """Prefill and decode calls of one export on one backend (a runner per graph, active until closed)."""
+    """Prefill and decode calls of one export on one backend (a runner per graph, active until closed).
 
-    def __init__(self, section: DecodeSection, prefill: BaseRunner, decode: BaseRunner) -> None:
+    ``one_at_a_time``: a runner is activated when its graph is first run and the other one deactivated
+    then, so one session holds the weights at a time (a real-size model's parity check runs every prefill
+    first, then every decode step); otherwise both are activated, and their inputs checked, at once.
+    """
+
+    def __init__(
+        self, section: DecodeSection, prefill: BaseRunner, decode: BaseRunner, one_at_a_time: bool = False
+    ) -> None:
         self.section, self.feeds = section, section.feeds()
         self.runners = {"prefill": prefill, "decode": decode}
-        for graph, runner in self.runners.items():
-            runner.activate()
-            declared = [s.name for s in getattr(section, graph).inputs]
-            _check_inputs(f"{graph}.onnx", list(runner.get_input_metadata().keys()), declared)
+        self.one_at_a_time = one_at_a_time
+        if not one_at_a_time:
+            for graph in self.runners:
+                self._activate(graph)
+
+    def _activate(self, graph: str) -> BaseRunner:
+        runner = self.runners[graph]
+        if runner.is_active:
+            return runner
+        if self.one_at_a_time:
+            self.close()
+        runner.activate()
+        declared = [s.name for s in getattr(self.section, graph).inputs]
+        _check_inputs(f"{graph}.onnx", list(runner.get_input_metadata().keys()), declared)
+        return runner
 
     def __enter__(self) -> Stepper:
         return self
@@ -102,7 +120,7 @@ class Stepper:
         return self._split(outputs, {c.input: state[c.input] for c in self.section.context})
 
     def _run(self, graph: str, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return dict(self.runners[graph].infer(feed, check_inputs=False))
+        return dict(self._activate(graph).infer(feed, check_inputs=False))
 
     def _split(self, outputs: dict[str, np.ndarray], context: State) -> tuple[np.ndarray, State]:
         return outputs[LOGITS], {

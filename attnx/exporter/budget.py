@@ -43,6 +43,15 @@ ORT_WEIGHT_COPIES = 3
 # An export holds the torch weights, the exported ONNX proto (a copy of them), its serialisation and
 # the safetensors file, then the torch model and ORT session of the parity check.
 EXPORT_WEIGHT_COPIES = 4 + ORT_WEIGHT_COPIES
+# With shared weights (attnx.exporter.store) no graph holds a copy: the export holds the torch weights
+# alone (a Hugging Face checkpoint's memory-mapped), then ORT's session of the parity check beside them.
+SHARED_EXPORT_WEIGHT_COPIES = 1
+
+
+def export_weight_copies(shared: bool, verified: bool) -> int:
+    """The copies of its weights an export holds at its peak (with the parity check's when ``verified``)."""
+    held = SHARED_EXPORT_WEIGHT_COPIES if shared else EXPORT_WEIGHT_COPIES - ORT_WEIGHT_COPIES
+    return held + (ORT_WEIGHT_COPIES if verified else 0)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -16,14 +16,14 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from safetensors.torch import save_model
-
 from attnx.atomic import check_output_dir, staged_directory, write_atomic
 from attnx.checkpoint import check_checkpoint_target
+from attnx.cost import require_disk
 from attnx.exporter import lowering as lowering_mod
 from attnx.exporter.assemble import Assembly, every_op
 from attnx.exporter.directory import ExportDir, record_file
@@ -31,6 +31,7 @@ from attnx.exporter.manifest import MANIFEST, MODEL_FILE, WEIGHTS_FILE, Manifest
 from attnx.exporter.module import ModuleAssembly, ModuleSource
 from attnx.exporter.opsets import check_onnxruntime, check_opset
 from attnx.exporter.source import RegisteredModel, Source, UserModule
+from attnx.exporter.store import WeightStore, shares_weights
 from attnx.exporter.targets import check_target, target_section
 from attnx.exporter.trace import attnx_ops, save_onnx
 from attnx.recipes import ExportSettings, Recipe
@@ -57,7 +58,9 @@ class ExportJob:
     @functools.cached_property
     def source(self) -> Source:
         """Where the torch model comes from: the job's module, else the recipe's registered model."""
-        return RegisteredModel(self) if self.module is None else UserModule(self.module, self.settings)
+        if self.module is None:
+            return RegisteredModel(self)
+        return UserModule(self.module, self.settings, self.plan.verify.enabled)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,8 +84,10 @@ class GraphExtension(Protocol):
     def check(self, job: ExportJob) -> None:
         """Refuse, before any work, a job these graphs cannot serve (one-line AttnxError)."""
 
-    def export(self, assembly: Assembly, directory: Path, settings: ExportSettings) -> ExtraGraphs:
-        """Write the graphs into ``directory``."""
+    def export(
+        self, assembly: Assembly, directory: Path, settings: ExportSettings, store: WeightStore | None
+    ) -> ExtraGraphs:
+        """Write the graphs into ``directory`` (their weights in ``store``'s file when it is given)."""
 
 
 def preflight(job: ExportJob, extensions: Sequence[GraphExtension] = ()) -> None:
@@ -109,6 +114,24 @@ def preflight(job: ExportJob, extensions: Sequence[GraphExtension] = ()) -> None
         check_checkpoint_target(job.save_checkpoint, job.force)
 
 
+def check_disk(job: ExportJob, weights: int) -> None:
+    """Refuse, before the build, an export whose files cannot fit on OUT's filesystem: its weights once
+    with shared weights; else once in the weights file, once per graph and once more in a module's
+    reference.
+
+    Raises:
+        AttnxError: naming what the export writes, what is free and the fix.
+    """
+    copies = 1
+    if not shares_weights(job.settings.shared_weights, weights):
+        copies += (4 if job.settings.decode else 1) + (job.module is not None)
+    require_disk(int(copies * weights * DISK_SLACK) + GRAPHS_BYTES, f"exporting to {job.out}", job.out.parent)
+
+
+DISK_SLACK = 1.05  # the graphs' own constants, the manifest, the parity report
+GRAPHS_BYTES = 64 << 20  # a real-size model's graphs without their weights (the 0.8B Qwen3.5's: 5 MB each)
+
+
 @contextlib.contextmanager
 def staged(job: ExportJob) -> Iterator[Path]:
     """A staging directory that replaces OUT when the block succeeds (``--force``: only an export)."""
@@ -129,21 +152,26 @@ def write(
     settings, source = job.settings, job.source
     shapes = source.shapes(assembly)
     inputs, outputs, _ = shapes
+    store = WeightStore.save(assembly.module, directory / WEIGHTS_FILE)
+    shared = shares_weights(settings.shared_weights, (directory / WEIGHTS_FILE).stat().st_size)
+    if shared:
+        report(f"saved the weights once, for every graph ({_gib(directory / WEIGHTS_FILE)})")
+    reference, stored = source.reference(assembly, directory, store if shared else None)
     report("exporting with torch.onnx (dynamo)")
-    proto = source.trace(assembly, shapes)
+    started = time.monotonic()
+    proto = source.trace(assembly, shapes, store if shared else None)
     used = attnx_ops(proto)
     proto = lowering_mod.lower(proto, assembly.ops, settings.lowering, settings.target)
     if settings.lowering != "plugin":
         lowering_mod.check(proto)
     save_onnx(proto, directory / MODEL_FILE)
-    save_model(assembly.module, str(directory / WEIGHTS_FILE))
-    reference, stored = source.reference(assembly, directory)
+    took = time.monotonic() - started
     files = {"model": MODEL_FILE, "weights": WEIGHTS_FILE, **stored}
     sections: dict[str, Any] = {}
     for extension in extensions:
         if extension.wanted(job):
-            report(f"exporting the {extension.name} graphs")
-            extra = extension.export(assembly, directory, settings)
+            report(f"exporting the {extension.name} graphs (model.onnx took {took:.0f} s)")
+            extra = extension.export(assembly, directory, settings, store if shared else None)
             files.update(extra.files)
             used += [op for op in extra.ops if op not in used]
             sections[extension.name] = extra.section
@@ -167,6 +195,10 @@ def write(
     )
     write_atomic(directory / MANIFEST, manifest.to_json())
     return ExportDir.open(directory)
+
+
+def _gib(path: Path) -> str:
+    return f"{path.stat().st_size / 2**30:.2f} GiB"
 
 
 def verify_lengths(job: ExportJob, assembly: Assembly | ModuleAssembly) -> list[int]:

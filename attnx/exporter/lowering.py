@@ -66,23 +66,34 @@ def check(model: onnx.ModelProto) -> None:
     functions import a lowering target's kernel domain (e.g. com.microsoft): onnx has no schemas for those
     kernels, so it cannot type their outputs and its inference would reject graphs the runtime runs.
 
-    A target runtime's own kernels in the default domain (ONNX Runtime's ``SimplifiedLayerNormalization``,
-    which ``attnx optimize --fuse`` makes) are checked as such a domain's: a copy of the model puts them
-    under a domain of their own for the checker."""
+    The checker sees a copy where needed: a target runtime's own kernels in the default domain (ONNX
+    Runtime's ``SimplifiedLayerNormalization``, which ``attnx optimize --fuse`` makes) under a domain of
+    their own, and weights kept as external data (shared weights) as graph inputs of their type and shape,
+    so their data, which the checker would look for beside the working directory, is never read.
+    """
     imported = {o.domain for o in model.opset_import} | {
         o.domain for f in model.functions for o in f.opset_import
     }
     kernels = {domain for target in TARGETS.values() for domain in target.domains}
     runtime_nodes = _runtime_kernel_nodes(model)
-    if not runtime_nodes:
+    external = [t for t in model.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
+    if not runtime_nodes and not external:
         onnx.checker.check_model(model, full_check=not imported & kernels)
         return
     checked = onnx.ModelProto()
     checked.CopyFrom(model)
     for index in runtime_nodes:
         checked.graph.node[index].domain = RUNTIME_KERNELS_DOMAIN
-    checked.opset_import.add(domain=RUNTIME_KERNELS_DOMAIN, version=1)
-    onnx.checker.check_model(checked, full_check=False)
+    if runtime_nodes:
+        checked.opset_import.add(domain=RUNTIME_KERNELS_DOMAIN, version=1)
+    if external:
+        names = {t.name for t in external}
+        kept = [t for t in checked.graph.initializer if t.name not in names]
+        del checked.graph.initializer[:]
+        checked.graph.initializer.extend(kept)
+        inputs = [helper.make_tensor_value_info(t.name, t.data_type, t.dims) for t in external]
+        checked.graph.input.extend(inputs)
+    onnx.checker.check_model(checked, full_check=not runtime_nodes and not imported & kernels)
 
 
 RUNTIME_KERNELS_DOMAIN = "attnx.check.runtime-kernels"  # only in check()'s copy

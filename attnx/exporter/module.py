@@ -48,6 +48,7 @@ from attnx.exporter.assemble import distinct_ops, loosest_tolerance
 from attnx.exporter.manifest import ModuleSection
 from attnx.exporter.reference import load_program, save_program
 from attnx.exporter.signature import FlatModule, dynamic_shapes, input_specs, output_specs
+from attnx.exporter.store import WeightStore
 from attnx.models.spec import TensorSpec
 from attnx.registry import Registry, get_registry
 
@@ -408,9 +409,10 @@ def _variants(program: Any, registry: Registry, kind: str) -> list[Variant]:
     return list({owners[op].name: owners[op] for op in used}.values())
 
 
-def save_reference(assembly: ModuleAssembly, directory: Path) -> dict[str, str]:
-    """Write the adapted module's program into ``directory``; returns its manifest file keys -> names."""
-    program, tensors = save_program(assembly.program, directory)
+def save_reference(assembly: ModuleAssembly, directory: Path, store: WeightStore | None) -> dict[str, str]:
+    """Write the adapted module's program into ``directory`` (what ``store`` holds read from there); returns
+    its manifest file keys -> names."""
+    program, tensors = save_program(assembly.program, directory, store)
     return {assembly.section.program: program, str(assembly.section.tensors): tensors}
 
 
@@ -425,7 +427,9 @@ def load_reference(export: ExportDir, registry: Registry | None = None) -> Modul
     section = manifest.module
     variants = [registry.variant(name) for name in section.variants]
     impls = {v.name: v.load() for v in variants}  # registers the attnx:: torch ops the program calls
-    program = load_program(export.file(section.program), export.file(str(section.tensors)))
+    program = load_program(
+        export.file(section.program), export.file(str(section.tensors)), export.file("weights")
+    )
     return ModuleAssembly(
         module=ProgramModule(program),
         adapted=None,

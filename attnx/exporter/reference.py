@@ -29,10 +29,13 @@ from typing import Any
 import torch
 
 from attnx.errors import AttnxError, first_line
+from attnx.exporter.store import WeightStore
 
 PROGRAM_FILE = "reference.json"
 TENSORS_FILE = "reference.safetensors"
 _STATE, _CONSTANT = "state_dict:", "constants:"
+# tensors file metadata: program tensor -> its name in weights.safetensors
+FROM_WEIGHTS = "attnx.from_weights"
 # Any string of the program but the ones checked below: names, dtypes, devices, versions.
 _PLAIN = re.compile(r"[A-Za-z0-9_.+\-]{0,400}")
 # Names FX turns into Python variables (a dot would assign to an attribute of a module in scope).
@@ -67,8 +70,11 @@ _TREE_TYPES = frozenset({None, "builtins.tuple", "builtins.list", "builtins.dict
 _DROPPED = ("guards_code", "metadata")
 
 
-def save_program(program: Any, directory: Path) -> tuple[str, str]:
+def save_program(program: Any, directory: Path, store: WeightStore | None = None) -> tuple[str, str]:
     """Write ``program`` (an ``ExportedProgram``) into ``directory``; returns (program file, tensors file).
+
+    A tensor that ``store`` (the export's shared weights file) holds is not written again: the tensors
+    file's metadata names it there (:data:`FROM_WEIGHTS`), and :func:`load_program` reads it from that file.
 
     Raises:
         AttnxError: the program holds a constant that is not a tensor (a script object), which attnx
@@ -96,13 +102,19 @@ def save_program(program: Any, directory: Path) -> tuple[str, str]:
         **{_STATE + k: v for k, v in program.state_dict.items()},
         **{_CONSTANT + k: v for k, v in program.constants.items()},
     }
+    stored = {k: found.name for k, v in tensors.items() if (found := store and store.find(v.detach()))}
     # Cloned: safetensors refuses tensors that share memory (tied weights), and a reference needs no aliasing.
-    save_file({k: v.detach().contiguous().clone() for k, v in tensors.items()}, str(directory / TENSORS_FILE))
+    save_file(
+        {k: v.detach().contiguous().clone() for k, v in tensors.items() if k not in stored},
+        str(directory / TENSORS_FILE),
+        metadata={FROM_WEIGHTS: json.dumps(stored)} if stored else None,
+    )
     return PROGRAM_FILE, TENSORS_FILE
 
 
-def load_program(program_path: Path, tensors_path: Path) -> Any:
-    """The ``ExportedProgram`` stored by :func:`save_program` (the plugins of its attnx ops imported first).
+def load_program(program_path: Path, tensors_path: Path, weights_path: Path | None = None) -> Any:
+    """The ``ExportedProgram`` stored by :func:`save_program` (the plugins of its attnx ops imported first),
+    the tensors its tensors file names in the export's weights file (``weights_path``) read from there.
 
     Raises:
         AttnxError: the JSON is not a program attnx wrote (naming the first string it refuses), or its
@@ -122,7 +134,7 @@ def load_program(program_path: Path, tensors_path: Path) -> Any:
     _drop(document)
     check_program(document, str(program_path))
     try:
-        tensors = load_file(str(tensors_path))
+        tensors = {**load_file(str(tensors_path)), **_from_weights(tensors_path, weights_path)}
     except (SafetensorError, OSError, ValueError) as exc:
         raise AttnxError(f"cannot read {tensors_path}: {first_line(exc)}; re-export") from None
     for key in tensors:
@@ -146,6 +158,34 @@ def load_program(program_path: Path, tensors_path: Path) -> Any:
         ) from None
     check_targets(program, str(program_path))
     return program
+
+
+def _from_weights(tensors_path: Path, weights_path: Path | None) -> dict[str, torch.Tensor]:
+    """The program's tensors that its tensors file names in the weights file (one tensor per stored one:
+    tied weights stay tied).
+
+    Raises:
+        ValueError: a malformed list, or one naming tensors the weights file lacks.
+    """
+    from safetensors import safe_open
+
+    with safe_open(str(tensors_path), framework="pt") as handle:
+        listed = (handle.metadata() or {}).get(FROM_WEIGHTS)
+    if listed is None:
+        return {}
+    names = json.loads(listed)
+    if not isinstance(names, dict) or not all(isinstance(v, str) for v in names.values()):
+        raise ValueError(f"its {FROM_WEIGHTS} metadata is not a map of tensor names")
+    if weights_path is None:
+        raise ValueError("it names tensors of a weights file, and none was given")
+    loaded: dict[str, torch.Tensor] = {}
+    with safe_open(str(weights_path), framework="pt") as weights:
+        present = set(weights.keys())
+        for stored in set(names.values()):
+            if stored not in present:
+                raise ValueError(f"it names {stored[:80]!r}, which {weights_path.name} lacks")
+            loaded[stored] = weights.get_tensor(stored)
+    return {key: loaded[stored] for key, stored in names.items()}
 
 
 def check_program(document: dict[str, Any], where: str) -> None:

@@ -19,11 +19,10 @@ from attnx.checkpoint import load_checkpoint
 from attnx.errors import AttnxError
 from attnx.exporter.assemble import Assembly, assemble, every_op
 from attnx.exporter.budget import (
-    EXPORT_WEIGHT_COPIES,
-    ORT_WEIGHT_COPIES,
     GiB,
     available_memory,
     check_needs,
+    export_weight_copies,
     meta_build,
     require_memory,
     shrink_hint,
@@ -31,6 +30,7 @@ from attnx.exporter.budget import (
 )
 from attnx.exporter.manifest import MODULE_MODEL
 from attnx.exporter.module import ModuleAssembly, ModuleSource, build_module, save_reference
+from attnx.exporter.store import WeightStore, shares_weights
 from attnx.exporter.targets import check_target
 from attnx.exporter.trace import export_onnx, export_shapes, to_onnx
 from attnx.models.factory import configure
@@ -62,8 +62,9 @@ class Source(Protocol):
         """Run ``check`` on the registered model and variant (a module's layers are checked when its
         graphs are made)."""
 
-    def check_memory(self) -> None:
-        """Refuse an export that cannot fit in memory, before the build (one-line AttnxError)."""
+    def check_memory(self) -> int:
+        """Refuse an export that cannot fit in memory, before the build (one-line AttnxError); returns the
+        bytes of the model's weights."""
 
     def build(self, report: Progress) -> Assembly | ModuleAssembly:
         """The torch model to export."""
@@ -71,15 +72,18 @@ class Source(Protocol):
     def shapes(self, assembly: Any) -> Shapes:
         """The graph's inputs, outputs and example length per named axis."""
 
-    def trace(self, assembly: Any, shapes: Shapes) -> onnx.ModelProto:
-        """model.onnx as torch.onnx exports it, attnx ops as bare ``attnx::`` nodes."""
+    def trace(self, assembly: Any, shapes: Shapes, store: WeightStore | None) -> onnx.ModelProto:
+        """model.onnx as torch.onnx exports it, attnx ops as bare ``attnx::`` nodes (its weights in
+        ``store``'s file when given)."""
 
     def accepted_lengths(self, assembly: Any) -> Sequence[int] | None:
         """The sequence lengths the model accepts, for the default verify lengths (None: any)."""
 
-    def reference(self, assembly: Any, directory: Path) -> tuple[dict[str, Any], dict[str, str]]:
+    def reference(
+        self, assembly: Any, directory: Path, store: WeightStore | None
+    ) -> tuple[dict[str, Any], dict[str, str]]:
         """The manifest fields that say how verify rebuilds the torch reference, and the files (key ->
-        name) written into ``directory`` for it."""
+        name) written into ``directory`` for it (what ``store`` holds is not written again)."""
 
 
 class RegisteredModel:
@@ -113,9 +117,10 @@ class RegisteredModel:
             dtype=settings.dtype,
         )
 
-    def check_memory(self) -> None:
+    def check_memory(self) -> int:
         """The model is built on torch's meta device (no memory) to count its weights (after a floor
-        read from its config alone), and the parity check's largest case is costed.
+        read from its config alone), and the parity check's largest case is costed; returns the bytes of
+        its weights.
 
         Raises:
             AttnxError: the estimate exceeds the memory available, naming both and the fix.
@@ -123,14 +128,17 @@ class RegisteredModel:
         plan, settings, checks = self.plan, self.settings, self.plan.verify
         what, available = f"exporting this {plan.model}", available_memory()
         fix = shrink_hint(plan.options, bool(settings.example_lengths), checks.batch)
-        copies = EXPORT_WEIGHT_COPIES if checks.enabled else EXPORT_WEIGHT_COPIES - ORT_WEIGHT_COPIES
         registry, cross = get_registry(), plan.cross_variant
         spec, config, _ = configure(registry, plan.variant, plan.model, plan.options, cross_variant=cross)
         if spec.weights is not None:  # weights no machine holds are refused before the model is built at all
             floor = spec.weights(config) * (2 if settings.dtype == "fp16" else 4)
             require_memory(
-                copies * floor, f"{what} (at least {floor / GiB:.2f} GiB of weights)", fix, available
+                self._copies(floor) * floor,
+                f"{what} (at least {floor / GiB:.2f} GiB of weights)",
+                fix,
+                available,
             )
+        copies = self._copies(available or 0)  # as many as a model that fills the memory would hold
 
         def refusal(counted: int) -> AttnxError:
             return AttnxError(
@@ -144,8 +152,14 @@ class RegisteredModel:
             assembly = self._assemble()
         tensors = [*assembly.module.parameters(), *assembly.module.buffers()]  # buffers: e.g. LSH rotations
         weights = sum(t.numel() * t.element_size() for t in tensors)
-        needed = self._needs(assembly, weights, copies)
+        needed = self._needs(assembly, weights, self._copies(weights))
         require_memory(needed, f"{what} ({weights / GiB:.2f} GiB of weights)", fix, available)
+        return weights
+
+    def _copies(self, weights: int) -> int:
+        return export_weight_copies(
+            shares_weights(self.settings.shared_weights, weights), self.plan.verify.enabled
+        )
 
     def _needs(self, assembly: Assembly, weights: int, copies: int) -> int:
         """The cost model's bytes for the export's trace and the parity check's largest case."""
@@ -186,13 +200,15 @@ class RegisteredModel:
         :func:`attnx.exporter.trace.export_shapes`)."""
         return export_shapes(assembly, self.settings)
 
-    def trace(self, assembly: Assembly, shapes: Shapes) -> onnx.ModelProto:
-        return to_onnx(assembly, self.settings.opset, *shapes)
+    def trace(self, assembly: Assembly, shapes: Shapes, store: WeightStore | None) -> onnx.ModelProto:
+        return to_onnx(assembly, self.settings.opset, *shapes, store=store)
 
     def accepted_lengths(self, assembly: Assembly) -> None:
         return None
 
-    def reference(self, assembly: Assembly, directory: Path) -> tuple[dict[str, Any], dict[str, str]]:
+    def reference(
+        self, assembly: Assembly, directory: Path, store: WeightStore | None
+    ) -> tuple[dict[str, Any], dict[str, str]]:
         """The model, its variants and their configs (rebuilt by name); no file beyond the weights."""
         cross = assembly.cross_variant
         fields = {
@@ -213,8 +229,8 @@ class UserModule:
 
     known = False  # its ops are known once it is traced; the lowering refuses one without a body
 
-    def __init__(self, given: ModuleSource, settings: ExportSettings) -> None:
-        self.given, self.settings = given, settings
+    def __init__(self, given: ModuleSource, settings: ExportSettings, verified: bool) -> None:
+        self.given, self.settings, self.verified = given, settings, verified
 
     def ops(self) -> list[AttentionOp]:
         return []
@@ -230,14 +246,18 @@ class UserModule:
     def check_layers(self, check: Callable[[ModelSpec, Variant], None]) -> None:
         """Nothing before the trace."""
 
-    def check_memory(self) -> None:
-        """Already in memory: the copies an export adds are counted, no cost model."""
-        weights = sum(p.numel() * p.element_size() for p in self.given.module.parameters())
+    def check_memory(self) -> int:
+        """Already built (a Hugging Face checkpoint memory-mapped, not yet read): the copies an export adds
+        are counted, no cost model (tied weights once)."""
+        tensors = {p.data_ptr(): p for p in self.given.module.parameters()}.values()
+        weights = sum(p.numel() * p.element_size() for p in tensors)
+        copies = export_weight_copies(shares_weights(self.settings.shared_weights, weights), self.verified)
         require_memory(
-            EXPORT_WEIGHT_COPIES * weights,
-            f"exporting this module ({weights / GiB:.2f} GiB of weights)",
-            "export it on a machine with more memory",
+            copies * weights,
+            f"exporting this module ({weights / GiB:.2f} GiB of weights, {copies} copies at once)",
+            "export it on a machine with more memory, or without verifying (--no-verify)",
         )
+        return weights
 
     def build(self, report: Progress) -> ModuleAssembly:
         report("applying adapters and tracing the module with torch.export")
@@ -250,20 +270,25 @@ class UserModule:
         """From its example inputs (traced already)."""
         return assembly.inputs, assembly.outputs, assembly.sizes()
 
-    def trace(self, assembly: ModuleAssembly, shapes: Shapes) -> onnx.ModelProto:
+    def trace(self, assembly: ModuleAssembly, shapes: Shapes, store: WeightStore | None) -> onnx.ModelProto:
         """The program traced when the module was built, exported; its ops, known now, are checked
         against the target."""
         inputs, outputs, _ = shapes
-        proto = export_onnx(assembly.program, (), assembly.ops, self.settings.opset, inputs, outputs)
+        proto = export_onnx(
+            assembly.program, (), assembly.ops, self.settings.opset, inputs, outputs, store=store
+        )
         check_target(self.settings.target, self.settings.lowering, every_op(assembly))
         return proto
 
     def accepted_lengths(self, assembly: ModuleAssembly) -> Sequence[int] | None:
         return assembly.section.lengths
 
-    def reference(self, assembly: ModuleAssembly, directory: Path) -> tuple[dict[str, Any], dict[str, str]]:
-        """The module's section and its stored program; the manifest names its first variant and the
-        model "module", with no options (its layers carry their own)."""
+    def reference(
+        self, assembly: ModuleAssembly, directory: Path, store: WeightStore | None
+    ) -> tuple[dict[str, Any], dict[str, str]]:
+        """The module's section and its stored program (its tensors that ``store`` holds read from there);
+        the manifest names its first variant and the model "module", with no options (its layers carry
+        their own)."""
         fields = {
             "variant": assembly.variants[0].name,
             "variant_config": {},
@@ -271,4 +296,4 @@ class UserModule:
             "model_config": {},
             "module": assembly.section,
         }
-        return fields, save_reference(assembly, directory)
+        return fields, save_reference(assembly, directory, store)

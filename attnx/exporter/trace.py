@@ -24,6 +24,7 @@ from attnx.exporter.inputs import random_feed
 from attnx.exporter.lowering import attnx_nodes
 from attnx.exporter.module import quiet_torch, unwrap_interrupt
 from attnx.exporter.signature import dynamic_shapes
+from attnx.exporter.store import WeightStore
 from attnx.models.spec import TensorSpec
 from attnx.recipes import ExportSettings
 
@@ -83,17 +84,20 @@ def to_onnx(
     inputs: Sequence[TensorSpec] | None = None,
     outputs: Sequence[TensorSpec] | None = None,
     sizes: Mapping[str, int] | None = None,
+    store: WeightStore | None = None,
 ) -> onnx.ModelProto:
     """torch.onnx dynamo export; named axes are dynamic, attnx ops become bare ``attnx::`` nodes.
 
     ``inputs``/``outputs`` default to the model's specs (every symbolic axis dynamic) and
-    ``sizes`` (example length per axis) to :func:`example_sizes`.
+    ``sizes`` (example length per axis) to :func:`example_sizes`; ``store``: see :func:`export_onnx`.
     """
     specs = list(inputs or assembly.inputs)
     outputs = list(outputs or assembly.outputs)
     feed = random_feed(specs, sizes or example_sizes(specs), np.random.default_rng(0))
     args = tuple(torch.from_numpy(feed[s.name]) for s in specs)
-    return export_onnx(assembly.module, args, assembly.ops, opset, specs, outputs, dynamic_shapes(specs))
+    return export_onnx(
+        assembly.module, args, assembly.ops, opset, specs, outputs, dynamic_shapes(specs), store=store
+    )
 
 
 def export_onnx(
@@ -104,10 +108,15 @@ def export_onnx(
     inputs: Sequence[TensorSpec],
     outputs: Sequence[TensorSpec],
     dynamic_shapes: Any = None,
+    store: WeightStore | None = None,
 ) -> onnx.ModelProto:
     """torch.onnx (dynamo) of a module called with ``args``, or of an ``ExportedProgram`` (``args`` and
     ``dynamic_shapes`` unused), with ``ops`` as bare ``attnx::`` nodes; checks the graph's dtypes
-    against the specs and names their dynamic axes."""
+    against the specs and names their dynamic axes.
+
+    With a ``store`` (shared weights, :mod:`attnx.exporter.store`) every initializer that is one of the
+    store's tensors is external data in the store's file, so the returned proto holds no weight: a
+    real-size model's graph stays far below protobuf's 2 GiB, and no step copies its weights."""
     table = {op.overload: op.translation() for op in ops}
     with quiet_torch(), unwrap_interrupt():
         program = torch.onnx.export(
@@ -119,14 +128,30 @@ def export_onnx(
             dynamic_shapes=dynamic_shapes,
             custom_translation_table=table,
             opset_version=opset,
-            optimize=True,
+            optimize=False,
             verbose=False,
         )
+        optimize(program.model, store)
+    if store is not None:
+        store.externalize(program.model)
     proto = program.model_proto
     for value, spec in _declared(proto, [*inputs, *outputs]):
         _check_dtype(value, spec)
         _name_dynamic_axes(value, spec)
     return proto
+
+
+def optimize(model: Any, store: WeightStore | None) -> None:
+    """What torch.onnx's ``optimize=True`` runs (onnxscript's optimizer, then its ONNX fusions) on the ONNX
+    IR ``model``, in place; with a ``store`` its constant folding leaves the stored tensors as they are."""
+    import onnxscript.optimizer
+    import onnxscript.rewriter.onnx_fusions
+
+    if store is None:
+        onnxscript.optimizer.optimize_ir(model)
+    else:
+        onnxscript.optimizer.optimize_ir(model, should_fold=store.keeps_weights)
+    onnxscript.rewriter.onnx_fusions.fuse(model)
 
 
 def _declared(proto: onnx.ModelProto, specs: Sequence[TensorSpec]) -> Iterator[tuple[Any, TensorSpec]]:

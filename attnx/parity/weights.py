@@ -27,7 +27,8 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -96,6 +97,13 @@ class Reference:
                     index.setdefault(_digest(view.astype(array.dtype)), []).append(name)
         return index.get(_digest(array), [])
 
+    def aliases(self, name: str) -> list[str]:
+        """``name`` and the model tensors that share its memory (tied weights)."""
+        tensor = self.tensors.get(name)
+        if tensor is None:
+            return [name]
+        return [n for n, t in self.tensors.items() if _memory(t) == _memory(tensor)]
+
     def named(self, name: str) -> str | None:
         """The model tensor whose name ``name`` ends with (the longest; graphs of a wrapper add a prefix)."""
         found = [n for n in self.tensors if name == n or name.endswith("." + n)]
@@ -131,25 +139,81 @@ def model_tensors(assembly: Any) -> tuple[dict[str, Any], bool]:
 def check_weights(export: ExportDir, tensors: Mapping[str, Any], own_model: bool) -> list[WeightCheck]:
     """Match every tensor of every ONNX graph of ``export`` (and its stored weights) with ``tensors`` (the
     torch model's, name -> torch tensor or array). ``own_model``: an attnx model, which puts every one
-    of its tensors into model.onnx."""
+    of its tensors into model.onnx.
+
+    A graph tensor kept as external data at exactly a tensor of ``weights.safetensors`` (shared weights,
+    :mod:`attnx.exporter.store`) is that stored tensor, which :func:`check_stored` matches: it is not read
+    again, so the check holds one tensor at a time besides the model's."""
     reference = Reference({name: _numpy(t) for name, t in tensors.items()})
+    stored = StoredWeights.of(export)
     checks = []
     for key, record in export.manifest.files.items():
         if record.path.endswith(".onnx"):
-            model = onnx.load(str(export.file(key)))
-            checks.append(
-                check_graph(record.path, dict(graph_tensors(model)), reference, own_model and key == "model")
-            )
+            model = onnx.load(str(export.file(key)), load_external_data=False)
+            found = graph_tensors(model, export.path, stored)
+            checks.append(check_graph(record.path, found, reference, own_model and key == "model"))
     checks.append(check_stored(export, reference))
     return checks
 
 
+@dataclasses.dataclass(frozen=True)
+class StoredWeights:
+    """The tensors of an export's ``weights.safetensors`` by their byte range in the file."""
+
+    file: str
+    ranges: dict[tuple[int, int], tuple[str, str, list[int]]]  # (offset, length) -> (name, dtype, shape)
+
+    @classmethod
+    def of(cls, export: ExportDir) -> StoredWeights:
+        from attnx.exporter.files import check_safetensors
+
+        path = export.file("weights")
+        header = check_safetensors(path)
+        with path.open("rb") as handle:
+            start = 8 + int.from_bytes(handle.read(8), "little")
+        ranges = {}
+        for name, entry in header.items():
+            if name != "__metadata__":
+                begin, end = entry["data_offsets"]
+                ranges[start + begin, end - begin] = (name, entry["dtype"], entry["shape"])
+        return cls(path.name, ranges)
+
+    def holds(self, tensor: onnx.TensorProto) -> str | None:
+        """The stored tensor ``tensor`` (external data) is, byte for byte, dtype and shape; None if none."""
+        if tensor.data_location != onnx.TensorProto.EXTERNAL:
+            return None
+        info = {entry.key: entry.value for entry in tensor.external_data}
+        if info.get("location") != self.file:
+            return None
+        found = self.ranges.get((int(info.get("offset", 0)), int(info.get("length", -1))))
+        if found is None:
+            return None
+        name, dtype, shape = found
+        same = _SAFETENSORS_TYPES.get(dtype) == tensor.data_type and list(tensor.dims) == shape
+        return name if same else None
+
+
+_SAFETENSORS_TYPES = {
+    "F32": onnx.TensorProto.FLOAT, "F16": onnx.TensorProto.FLOAT16, "BF16": onnx.TensorProto.BFLOAT16,
+    "F64": onnx.TensorProto.DOUBLE, "I64": onnx.TensorProto.INT64, "I32": onnx.TensorProto.INT32,
+    "I8": onnx.TensorProto.INT8, "U8": onnx.TensorProto.UINT8, "BOOL": onnx.TensorProto.BOOL,
+}  # fmt: skip
+
+
 def check_graph(
-    label: str, found: Mapping[str, np.ndarray], reference: Reference, complete: bool
+    label: str, tensors: Iterable[tuple[str, np.ndarray | str]], reference: Reference, complete: bool
 ) -> WeightCheck:
-    """Match the tensors ``found`` in one graph (``complete``: every model tensor must be among them)."""
+    """Match the tensors of one graph (``complete``: every model tensor must be among them); a tensor given
+    as a str is the stored weight of that name (:class:`StoredWeights`)."""
     check = WeightCheck(label, 0, 0)
     used: set[str] = set()
+    found: dict[str, np.ndarray] = {}
+    for name, value in tensors:
+        if isinstance(value, str):
+            check.matched += 1
+            used.update(reference.aliases(stored_name(reference, value)))
+        else:
+            found[name] = value
     for name, array in found.items():
         if name.endswith(QUANTIZED) and array.dtype in (np.int8, np.uint8):
             base = name[: -len(QUANTIZED)]
@@ -199,31 +263,42 @@ def _folded(tensor: np.ndarray, found: Mapping[str, np.ndarray]) -> bool:
     return False
 
 
+def stored_name(reference: Reference, name: str) -> str:
+    """The name in ``reference`` of the stored weight ``name`` (a module export stores the module's own
+    names; its program prefixes them with ``module.``)."""
+    return name if reference.named(name) else f"module.{name}"
+
+
 def check_stored(export: ExportDir, reference: Reference) -> WeightCheck:
-    """Every tensor of ``weights.safetensors`` is one of the model's, exactly (a module export stores the
-    module's own names; its program prefixes them with ``module.``)."""
-    from safetensors.numpy import load_file
+    """Every tensor of ``weights.safetensors`` is one of the model's, exactly (read one at a time)."""
+    from safetensors import safe_open
 
     check = WeightCheck(export.manifest.files["weights"].path, 0, 0)
     used: set[str] = set()
-    for name, array in load_file(str(export.file("weights"))).items():
-        _match(check, used, name if reference.named(name) else f"module.{name}", array, reference, 0)
+    with safe_open(str(export.file("weights")), framework="np") as stored:
+        for name in stored.keys():  # noqa: SIM118 (a safetensors handle is no dict)
+            array = stored.get_tensor(name)
+            _match(check, used, stored_name(reference, name), array, reference, 0)
         if check.constants:  # a stored weight that is none of the model's tensors
             check.constants = 0
             check.mismatches.append(WeightMismatch(check.graph, name, "", array.size, [], 0.0, 0.0))
     return check
 
 
-def graph_tensors(model: onnx.ModelProto) -> Iterator[tuple[str, np.ndarray]]:
+def graph_tensors(
+    model: onnx.ModelProto, base: Path, stored: StoredWeights | None = None
+) -> Iterator[tuple[str, np.ndarray | str]]:
     """(name, array) of every tensor stored in the model: initializers and tensor attributes (``Constant``
-    values), in the main graph, its subgraphs and its functions."""
+    values), in the main graph, its subgraphs and its functions; external data is read from ``base``, one
+    tensor at a time, except a tensor that ``stored`` holds, given by its stored name instead."""
     graphs: list[Any] = [model.graph]
     nodes: list[Any] = [n for f in model.functions for n in f.node]
     while graphs or nodes:
         if graphs:
             graph = graphs.pop()
             for tensor in graph.initializer:
-                yield tensor.name, numpy_helper.to_array(tensor)
+                name = stored.holds(tensor) if stored is not None else None
+                yield tensor.name, name if name is not None else numpy_helper.to_array(tensor, str(base))
             nodes.extend(graph.node)
             continue
         node = nodes.pop()
@@ -231,7 +306,7 @@ def graph_tensors(model: onnx.ModelProto) -> Iterator[tuple[str, np.ndarray]]:
             if attribute.type == onnx.AttributeProto.TENSOR:
                 yield (
                     f"{node.output[0] if node.output else node.name}:{attribute.name}",
-                    numpy_helper.to_array(attribute.t),
+                    numpy_helper.to_array(attribute.t, str(base)),
                 )
             graphs.extend([attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else attribute.graphs)
 
@@ -272,6 +347,10 @@ def _match(
             float(view[first]),
         )
     )
+
+
+def _memory(array: np.ndarray) -> tuple[int, tuple[int, ...], np.dtype]:
+    return array.__array_interface__["data"][0], array.shape, array.dtype
 
 
 def _views(tensor: np.ndarray) -> list[tuple[bool, np.ndarray]]:

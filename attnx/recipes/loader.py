@@ -57,6 +57,8 @@ class ExportSettings(Config):
             recipe can ship its trained weights next to it.
         target: the lowering target (:mod:`attnx.targets`): "portable" (standard ONNX ops), or a
             runtime's own kernels ("ort") for the ops that declare a body for them.
+        shared_weights: every graph keeps its weights as external data in ``weights.safetensors``
+            instead of a copy each (:mod:`attnx.exporter.store`); None: from 1 GiB of weights.
     """
 
     opset: int = 18
@@ -69,6 +71,7 @@ class ExportSettings(Config):
     decode: bool = False
     tokenizer: str | None = None
     checkpoint: str | None = None
+    shared_weights: bool | None = None
 
     def validate(self) -> None:
         require(

@@ -43,6 +43,7 @@ from attnx.exporter.assemble import Assembly
 from attnx.exporter.export import ExportJob, ExtraGraphs
 from attnx.exporter.manifest import DecodeSection, GenaiSection, GenaiState, StatePair
 from attnx.exporter.module import ModuleAssembly
+from attnx.exporter.store import WeightStore
 from attnx.exporter.trace import attnx_ops, save_onnx
 from attnx.recipes import ExportSettings
 from attnx.serve.layout import Layout, value
@@ -300,14 +301,19 @@ class GenaiDecoder:
         """Nothing beyond the decode extension's checks."""
 
     def export(
-        self, assembly: Assembly | ModuleAssembly, directory: Path, settings: ExportSettings
+        self,
+        assembly: Assembly | ModuleAssembly,
+        directory: Path,
+        settings: ExportSettings,
+        store: WeightStore | None,
     ) -> ExtraGraphs:
         """Write genai.onnx and genai_config.json from the decode graph already in ``directory``
-        (nothing, and no section, when :func:`blocker` names a reason)."""
+        (nothing, and no section, when :func:`blocker` names a reason); its weights stay where the decode
+        graph keeps them."""
         section = layout_of(assembly).describe()
         if blocker(section) is not None:
             return ExtraGraphs({}, [], None)
-        proto = genai_layout(onnx.load(str(directory / DECODE_FILE)), section)
+        proto = genai_layout(onnx.load(str(directory / DECODE_FILE), load_external_data=False), section)
         save_onnx(proto, directory / GENAI_FILE)
         specials: dict[str, Any] = {}
         if (directory / TOKENIZER_FILE).is_file():

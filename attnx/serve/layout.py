@@ -117,9 +117,26 @@ def _renamed(node: onnx.NodeProto, names: dict[str, str]) -> onnx.NodeProto:
 
 
 def copy_graph(source: Path, target: Path) -> None:
-    """Copy an ONNX file and its external data (``<file>.data``, renamed with it)."""
-    shutil.copyfile(source, target)
-    data = source.with_name(source.name + ".data")
-    if data.is_file():
-        proto = onnx.load(str(source))  # re-save so the graph names its data file's new name
-        save_onnx(proto, target)
+    """Copy an ONNX file with the files its external data is in (see :func:`save_beside`)."""
+    save_beside(onnx.load(str(source), load_external_data=False), source.parent, target)
+
+
+def save_beside(model: onnx.ModelProto, data: Path, target: Path) -> None:
+    """Save ``model`` (loaded without its external data) at ``target`` with every file its external data
+    names in ``data`` copied beside it under the same name (not hard-linked: onnx refuses to read external
+    data from a file with several links, as a possible link attack)."""
+    save_onnx(model, target)
+    for name in external_files(model):
+        if not (target.parent / name).exists():
+            shutil.copyfile(data / name, target.parent / name)
+
+
+def external_files(model: onnx.ModelProto) -> set[str]:
+    """The files ``model``'s tensors keep their data in."""
+    from onnx.external_data_helper import ExternalDataInfo, _get_all_tensors
+
+    return {
+        ExternalDataInfo(t).location
+        for t in _get_all_tensors(model)
+        if t.data_location == onnx.TensorProto.EXTERNAL
+    }

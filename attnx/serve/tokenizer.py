@@ -21,6 +21,7 @@ from attnx.exporter.assemble import Assembly, assemble
 from attnx.exporter.directory import ExportDir
 from attnx.exporter.export import ExportJob, ExtraGraphs
 from attnx.exporter.manifest import TokenizerSection
+from attnx.exporter.store import WeightStore
 from attnx.recipes import ExportSettings
 
 TOKENIZER_FILE, CONFIG_FILE = "tokenizer.json", "tokenizer_config.json"
@@ -143,7 +144,9 @@ class TokenizerFile:
             built = assemble(plan.variant, plan.model, plan.options, cross_variant=plan.cross_variant)
         describe(tokenizer, _config_beside(path), built.model_config.vocab_size, str(path))
 
-    def export(self, assembly: Assembly, directory: Path, settings: ExportSettings) -> ExtraGraphs:
+    def export(
+        self, assembly: Assembly, directory: Path, settings: ExportSettings, store: WeightStore | None
+    ) -> ExtraGraphs:
         """Copy the tokenizer (and write its tokenizer_config.json) into ``directory``."""
         path = Path(str(settings.tokenizer))
         tokenizer, config = load_tokenizer(path), _config_beside(path)

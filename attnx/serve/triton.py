@@ -45,9 +45,8 @@ from attnx.decode.runtime import decode_section
 from attnx.errors import AttnxError
 from attnx.exporter.directory import ExportDir
 from attnx.exporter.manifest import DecodeSection, StatePair
-from attnx.exporter.trace import save_onnx
 from attnx.models.spec import TensorSpec
-from attnx.serve.layout import Layout, copy_graph
+from attnx.serve.layout import Layout, copy_graph, save_beside
 from attnx.serve.pyenv import Progress, ensure_environment, python_version
 from attnx.serve.tokenizer import CONFIG_FILE, TOKENIZER_FILE
 from attnx.serve.triton_python import write_python_model
@@ -395,8 +394,8 @@ def _write_model(export: ExportDir, plan: ModelPlan, folder: Path) -> None:
     if plan.backend == "python":
         write_python_model(export, plan.batching, folder)
     elif plan.batching == "sequence":
-        proto = onnx.load(str(export.file("decode")))
-        save_onnx(sequence_layout(proto, decode_section(export).state), folder / "model.onnx")
+        proto = onnx.load(str(export.file("decode")), load_external_data=False)
+        save_beside(sequence_layout(proto, decode_section(export).state), export.path, folder / "model.onnx")
     else:
         copy_graph(export.model_path, folder / "model.onnx")
 

@@ -75,7 +75,7 @@ def test_any_single_edited_weight_element_is_named(loaded, data):
     assert flat[index] != numpy_helper.to_array(initializer).reshape(-1)[index]
     initializer.CopyFrom(numpy_helper.from_array(array, name))
     label = export.manifest.files[key].path
-    check = check_graph(label, dict(graph_tensors(model)), Reference(tensors), own and key == "model")
+    check = check_graph(label, graph_tensors(model, export.path), Reference(tensors), own and key == "model")
     assert [m.tensor for m in check.mismatches] == [name], [m.describe() for m in check.mismatches]
     assert check.mismatches[0].elements == 1
 
@@ -137,10 +137,10 @@ def test_a_parameter_the_exporter_folds_counts_by_its_image_and_an_edited_image_
     a_log = np.log(np.array([1.5, 2.0, 7.0, 11.0], np.float32))
     image = (-np.exp(a_log.astype(np.float64))).astype(np.float32).reshape(4, 1, 1)
     reference = Reference({"A_log": a_log})
-    assert check_graph("model.onnx", {"neg": image}, reference, complete=True).passed
+    assert check_graph("model.onnx", {"neg": image}.items(), reference, complete=True).passed
     edited = image.copy()
     edited[2] *= 1.001
-    check = check_graph("model.onnx", {"neg": edited}, reference, complete=True)
+    check = check_graph("model.onnx", {"neg": edited}.items(), reference, complete=True)
     assert [m.tensor for m in check.mismatches] == ["A_log"]
 
 
@@ -154,8 +154,9 @@ def test_a_neutral_parameter_may_be_folded_away_and_any_other_may_not():
         "norm.bias": np.zeros(16, np.float32),
         "proj.weight": np.random.default_rng(0).standard_normal((4, 4)).astype(np.float32),
     }
-    check = check_graph("model.onnx", {"w": weights["proj.weight"]}, Reference(weights), complete=True)
+    found = {"w": weights["proj.weight"]}.items()
+    check = check_graph("model.onnx", found, Reference(weights), complete=True)
     assert check.passed and check.matched == 1
     almost = {**weights, "norm.weight": np.full(16, 1.0, np.float32) + np.eye(16, dtype=np.float32)[0]}
-    check = check_graph("model.onnx", {"w": weights["proj.weight"]}, Reference(almost), complete=True)
+    check = check_graph("model.onnx", {"w": weights["proj.weight"]}.items(), Reference(almost), complete=True)
     assert [m.describe() for m in check.mismatches] == ["model.onnx holds no copy of the model's norm.weight"]

@@ -1,0 +1,119 @@
+"""The export's one weights file that every graph's weights point into (shared weights).
+
+A real-size model's graphs cannot hold their weights: protobuf caps a model at 2 GiB, and four graphs
+(model, prefill, decode, genai) each with its own copy would take four times the weights on disk and,
+while written, in memory. So an export with shared weights writes the torch model's tensors once, into
+``weights.safetensors`` (a safetensors file is a JSON header followed by each tensor's raw little-endian
+bytes), and every ONNX graph keeps each initializer that *is* one of those tensors as external data
+naming that file, at the tensor's byte offset. ONNX Runtime and onnx read such a graph as any graph
+with external data; nothing is copied.
+
+Identity decides, not equality: an initializer of a traced graph wraps the very torch tensor it was
+made from (torch.onnx's ``TorchTensor``), so it is in the store when its bytes are a stored tensor's
+bytes (same data pointer, dtype and shape). The exporter's constant folding would replace a weight by
+its transposed copy (``x @ W.T``); :func:`keeps_weights` stops that fold for stored tensors, so the
+graph transposes at run time (ONNX Runtime folds it into its pre-packed weights once, at load).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+SHARE_FROM_BYTES = 1 << 30  # shared weights by default from 1 GiB of weights: the graphs stay far below 2 GiB
+
+
+@dataclasses.dataclass(frozen=True)
+class StoredTensor:
+    """Where one tensor's bytes are in the store file."""
+
+    name: str
+    offset: int  # from the start of the file
+    length: int
+
+
+Key = tuple[int, torch.dtype, tuple[int, ...]]
+
+
+def _key(tensor: torch.Tensor) -> Key | None:
+    """The identity of a dense CPU tensor's bytes (None for a tensor whose bytes are not laid out densely)."""
+    if tensor.device.type != "cpu" or not tensor.is_contiguous() or tensor.numel() == 0:
+        return None
+    return tensor.data_ptr(), tensor.dtype, tuple(tensor.shape)
+
+
+class WeightStore:
+    """The tensors of one weights file of an export, found by identity (:func:`_key`)."""
+
+    def __init__(self, file: str, found: dict[Key, StoredTensor]) -> None:
+        self.file, self._found = file, found
+
+    @classmethod
+    def save(cls, module: torch.nn.Module, path: Path) -> WeightStore:
+        """Write ``module``'s state (tied tensors once, as ``safetensors.torch.save_model`` does) to the
+        safetensors file ``path``; returns its store."""
+        from safetensors.torch import save_model
+
+        save_model(module, str(path))
+        return cls.index(module.state_dict(), path)
+
+    @classmethod
+    def index(cls, tensors: Mapping[str, torch.Tensor], path: Path) -> WeightStore:
+        """The store of the safetensors file ``path`` that was written from ``tensors`` (by name)."""
+        with path.open("rb") as handle:
+            length = int.from_bytes(handle.read(8), "little")
+            header = json.loads(handle.read(length))
+        start = 8 + length
+        found: dict[Key, StoredTensor] = {}
+        for name, tensor in tensors.items():
+            entry, key = header.get(name), _key(tensor)
+            if entry is None or key is None:
+                continue
+            begin, end = entry["data_offsets"]
+            found.setdefault(key, StoredTensor(name, start + begin, end - begin))
+        return cls(path.name, found)
+
+    def find(self, tensor: Any) -> StoredTensor | None:
+        """Where ``tensor`` (a torch tensor, or an ONNX IR tensor wrapping one) is stored, if it is."""
+        raw = getattr(tensor, "raw", tensor)
+        if not isinstance(raw, torch.Tensor):
+            return None
+        key = _key(raw)
+        return None if key is None else self._found.get(key)
+
+    def externalize(self, model: Any) -> int:
+        """Point every initializer of the ONNX IR ``model`` that is a stored
+        tensor at the store file instead of holding its bytes; returns how many."""
+        import onnx_ir as ir
+
+        moved = 0
+        for value in model.graph.initializers.values():  # the optimizer lifted every subgraph's here
+            tensor = value.const_value
+            stored = None if tensor is None else self.find(tensor)
+            if stored is None:
+                continue
+            value.const_value = ir.ExternalTensor(
+                self.file, stored.offset, stored.length, tensor.dtype, shape=tensor.shape, name=value.name
+            )
+            moved += 1
+        return moved
+
+    def keeps_weights(self, node: Any) -> bool | None:
+        """onnxscript's constant-folding rule for the store: never fold a node that reads a stored tensor
+        (a Transpose of a weight would become a second, transposed copy); None: its default rules."""
+        for value in node.inputs:
+            tensor = None if value is None else value.const_value
+            if tensor is not None and self.find(tensor) is not None:
+                return False
+        return None
+
+
+def shares_weights(setting: bool | None, weights_bytes: int) -> bool:
+    """Whether an export keeps its graphs' weights in its weights file: the setting, else from
+    :data:`SHARE_FROM_BYTES` of weights."""
+    return weights_bytes >= SHARE_FROM_BYTES if setting is None else setting

@@ -1,0 +1,51 @@
+"""Real-size Hugging Face models with random weights, for the real-size tests and ``benchmarks/scale.py``.
+
+The shapes are the released Qwen3.5 text models' (``AutoConfig.for_model("qwen3_5_text", ...)``): the
+0.8B one (752 M parameters, 2.9 GB in float32; 254 M of them the tied 248320-token vocabulary) and the
+2B one (the same with width 2048 and an MLP of 6144: about 1.9 B parameters, 7.6 GB). Weights are drawn
+with a fixed seed and saved with ``save_pretrained`` in float32 (:func:`save`, about 40 s for the 0.8B).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+QWEN35_TEXT: dict[str, Any] = {
+    "vocab_size": 248320,
+    "num_hidden_layers": 24,
+    "layer_types": ["linear_attention", "linear_attention", "linear_attention", "full_attention"] * 6,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 2,
+    "head_dim": 256,
+    "linear_num_key_heads": 16,
+    "linear_num_value_heads": 16,
+    "linear_key_head_dim": 128,
+    "linear_value_head_dim": 128,
+    "linear_conv_kernel_dim": 4,
+    "max_position_embeddings": 32768,
+    "tie_word_embeddings": True,
+    "rope_parameters": {
+        "rope_type": "default",
+        "rope_theta": 1e7,
+        "partial_rotary_factor": 0.25,
+        "mrope_section": [11, 11, 10],
+    },
+}
+SHAPES: dict[str, dict[str, Any]] = {
+    "0.8b": {**QWEN35_TEXT, "hidden_size": 1024, "intermediate_size": 3584},
+    "2b": {**QWEN35_TEXT, "hidden_size": 2048, "intermediate_size": 6144},
+}
+
+
+def save(shape: str, directory: Path, seed: int = 0) -> Path:
+    """Write the Qwen3.5 text model of ``shape`` (a key of :data:`SHAPES`) with seeded random weights to
+    ``directory`` with ``save_pretrained`` (float32); returns ``directory``."""
+    import torch
+    import transformers
+
+    config = transformers.AutoConfig.for_model("qwen3_5_text", **SHAPES[shape])
+    torch.manual_seed(seed)
+    model = transformers.Qwen3_5ForCausalLM(config).eval()
+    model.save_pretrained(directory)
+    return directory
