@@ -2,9 +2,11 @@
 
 The class is the first of ``config.json``'s ``architectures`` that the architecture declares; the
 model loads in eval mode with ``use_cache`` off (its decode state goes through attnx's decode
-graphs), its modeling module calling HF's own pure-torch functions rather than the GPU kernels of
-flash-linear-attention bound in their place when that is installed (the forward is the parity
-reference). The example inputs are what generate passes: token ids, a bool padding mask and position ids.
+graphs) in float32 whatever dtype its checkpoint is stored in (released checkpoints are bfloat16,
+which ONNX Runtime's CPU kernels do not run), its modeling module calling HF's own pure-torch
+functions rather than the GPU kernels of flash-linear-attention bound in their place when that is
+installed (the forward is the parity reference). The example inputs are what generate passes: token
+ids, a bool padding mask and position ids.
 """
 
 from __future__ import annotations
@@ -69,7 +71,7 @@ def load(path: Path) -> tuple[Any, dict[str, Any], None, list[str]]:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             model, info = getattr(transformers, name).from_pretrained(
-                path, config=config, local_files_only=True, output_loading_info=True
+                path, config=config, local_files_only=True, output_loading_info=True, dtype=torch.float32
             )
     except (OSError, ValueError, RuntimeError) as exc:
         raise AttnxError(f"--from hf:{path}: cannot load its weights: {first_line(exc, limit=300)}") from None
