@@ -161,7 +161,7 @@ def write(
     started = time.monotonic()
     proto = source.trace(assembly, shapes, store if shared else None)
     used = attnx_ops(proto)
-    proto = lowering_mod.lower(proto, assembly.ops, settings.lowering, settings.target)
+    proto = lowering_mod.lower(proto, every_op(assembly), settings.lowering, settings.target)
     if settings.lowering != "plugin":
         lowering_mod.check(proto)
     save_onnx(proto, directory / MODEL_FILE)

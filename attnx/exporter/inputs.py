@@ -14,7 +14,8 @@ def random_feed(
 ) -> dict[str, np.ndarray]:
     """One feed dict; symbolic axes take their length from ``sizes`` (e.g. batch, seq).
 
-    Bool inputs are key-padding masks: each row keeps a random-length prefix (>= 1 token).
+    Bool inputs are key-padding masks: each row keeps a random-length prefix (>= 1 token); integers are
+    drawn below their ``high``, floats within their ``bounds`` where given, else from a standard normal.
     """
     feed: dict[str, np.ndarray] = {}
     for spec in specs:
@@ -24,6 +25,8 @@ def random_feed(
             feed[spec.name] = np.arange(shape[-1]) < lengths[..., None]
         elif spec.dtype.startswith("int"):
             feed[spec.name] = rng.integers(0, spec.high or 2, size=shape).astype(spec.dtype)
+        elif spec.bounds is not None:
+            feed[spec.name] = rng.uniform(*spec.bounds, size=shape).astype(spec.dtype)
         else:
             feed[spec.name] = rng.standard_normal(shape).astype(spec.dtype)
     return feed

@@ -383,6 +383,10 @@ class Manifest:
         for spec in specs:
             checks += [(f"{spec.name}.high", spec.high, 1, MAX_SEED)] if spec.high is not None else []
             checks += [(f"{spec.name}.axes", a, 0, 2**31 - 1) for a in spec.axes if isinstance(a, int)]
+            if spec.bounds is not None:
+                low, high = spec.bounds if len(spec.bounds) == 2 else (math.nan, math.nan)
+                where_bounds = f"{spec.name}.bounds"
+                checks += [(where_bounds, low, -1e30, 1e30), (where_bounds, high, low, 1e30)]
         for name, value, low, high in checks:
             if not _in_range(value, low, high):
                 raise AttnxError(f"{where}: {name} = {value!r:.40} must be in {low}..{high}; re-export")
@@ -486,7 +490,8 @@ def _value(value: Any, annotation: Any, where: str) -> Any:
         return _value(value, inner, where)
     if annotation is TensorSpec:
         checked = _typed(_TensorSpecJSON, value, where)
-        return TensorSpec(checked.name, checked.dtype, tuple(checked.axes), checked.high, checked.doc)
+        bounds = None if checked.bounds is None else tuple(checked.bounds)
+        return TensorSpec(checked.name, checked.dtype, tuple(checked.axes), checked.high, checked.doc, bounds)
     if dataclasses.is_dataclass(annotation):
         return _typed(annotation, value, where)
     if origin is list and args and (dataclasses.is_dataclass(args[0]) or args[0] is TensorSpec):
@@ -514,3 +519,4 @@ class _TensorSpecJSON:
     axes: list[str | int]
     high: int | None = None
     doc: str = ""
+    bounds: list[float] | None = None

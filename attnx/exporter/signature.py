@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -186,7 +187,18 @@ def _spec(name: str, tensor: torch.Tensor, axes: Mapping[int, str]) -> TensorSpe
     if not tensor.is_floating_point() and tensor.dtype != torch.bool:
         high = int(tensor.max()) + 1 if tensor.numel() else 1
     shape = tuple(axes.get(d, n) for d, n in enumerate(tensor.shape))
-    return TensorSpec(name, dtype, shape, high=high)
+    return TensorSpec(name, dtype, shape, high=high, bounds=_one_signed_range(tensor))
+
+
+def _one_signed_range(tensor: torch.Tensor) -> tuple[float, float] | None:
+    """The example's [min, max] when it has one sign (every element >= 0, or every one <= 0): such an input
+    is constrained (a log-decay, a gate, a rate) and parity inputs are drawn there; None otherwise."""
+    if not tensor.is_floating_point() or not tensor.numel():
+        return None
+    low, high = float(tensor.min()), float(tensor.max())
+    if not (math.isfinite(low) and math.isfinite(high)) or low == high or (low < 0 < high):
+        return None
+    return low, high
 
 
 def dynamic_shapes(specs: Sequence[TensorSpec]) -> tuple[dict[int, Any], ...]:

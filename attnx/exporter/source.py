@@ -274,9 +274,8 @@ class UserModule:
         """The program traced when the module was built, exported; its ops, known now, are checked
         against the target."""
         inputs, outputs, _ = shapes
-        proto = export_onnx(
-            assembly.program, (), assembly.ops, self.settings.opset, inputs, outputs, store=store
-        )
+        ops = every_op(assembly)  # a module may call any op of its variants, a step op included
+        proto = export_onnx(assembly.program, (), ops, self.settings.opset, inputs, outputs, store=store)
         check_target(self.settings.target, self.settings.lowering, every_op(assembly))
         return proto
 

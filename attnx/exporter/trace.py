@@ -8,7 +8,9 @@ through :func:`export_onnx` and :func:`save_onnx`; the lowering runs after, on t
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -118,7 +120,7 @@ def export_onnx(
     store's tensors is external data in the store's file, so the returned proto holds no weight: a
     real-size model's graph stays far below protobuf's 2 GiB, and no step copies its weights."""
     table = {op.overload: op.translation() for op in ops}
-    with quiet_torch(), unwrap_interrupt():
+    with quiet_torch(), unwrap_interrupt(), untranslated_ops():
         program = torch.onnx.export(
             model,
             args,
@@ -139,6 +141,31 @@ def export_onnx(
         _check_dtype(value, spec)
         _name_dynamic_axes(value, spec)
     return proto
+
+
+@contextlib.contextmanager
+def untranslated_ops() -> Iterator[None]:
+    """torch.onnx failing on an op it has no ONNX translation for is one line naming the op.
+
+    Raises:
+        AttnxError: naming the op and where its translation comes from.
+    """
+    try:
+        yield
+    except Exception as exc:
+        cause: BaseException | None = exc
+        while cause is not None:
+            missing = _NO_FUNCTION.search(str(cause))
+            if missing:
+                raise AttnxError(
+                    f"torch.onnx has no ONNX translation for {missing.group(1)}; an attnx op exports through "
+                    "its variant's AttentionOp (an op no installed variant declares cannot be exported)"
+                ) from None
+            cause = cause.__cause__ or cause.__context__
+        raise
+
+
+_NO_FUNCTION = re.compile(r"No ONNX function found for (\S+?)[.'\s]")
 
 
 def optimize(model: Any, store: WeightStore | None) -> None:

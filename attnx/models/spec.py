@@ -26,6 +26,8 @@ class TensorSpec:
         axes: per dimension, a symbolic name (dynamic, e.g. "batch") or a fixed int.
         high: for integer inputs, values are drawn from [0, high).
         doc: what the tensor means, for the manifest.
+        bounds: for float inputs, (low, high): values are drawn uniformly between them instead of from a
+            normal distribution (a module's input whose example has one sign, e.g. a log-decay <= 0).
     """
 
     name: str
@@ -33,6 +35,7 @@ class TensorSpec:
     axes: tuple[str | int, ...]
     high: int | None = None
     doc: str = ""
+    bounds: tuple[float, float] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in dataclasses.asdict(self).items() if v is not None and v != ""}
