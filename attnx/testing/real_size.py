@@ -35,7 +35,12 @@ QWEN35_TEXT: dict[str, Any] = {
 SHAPES: dict[str, dict[str, Any]] = {
     "0.8b": {**QWEN35_TEXT, "hidden_size": 1024, "intermediate_size": 3584},
     "2b": {**QWEN35_TEXT, "hidden_size": 2048, "intermediate_size": 6144},
-}
+    # the hybrid tests' toy shape (attnx.testing.hf_hybrid), to try a benchmark in seconds
+    "toy": {**QWEN35_TEXT, "vocab_size": 512, "hidden_size": 64, "intermediate_size": 128,
+            "num_hidden_layers": 4, "layer_types": QWEN35_TEXT["layer_types"][:4], "num_attention_heads": 4,
+            "head_dim": 32, "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 16,
+            "linear_value_head_dim": 16},
+}  # fmt: skip
 
 
 def save(shape: str, directory: Path, seed: int = 0) -> Path:
