@@ -27,8 +27,9 @@ import torch
 from attnx.ops import AttentionOp, TargetBodies, trainable_op
 from attnx.plugins._gated_config import MAX_CHUNK_SIZE, default_chunk_size
 from attnx.plugins._gated_onnx import GatedDeltaRule, GatedDeltaRuleStep, GatedDeltaRuleStepFirst
-from attnx.plugins._gated_ort import ORT_BODIES, ORT_SINCE
+from attnx.plugins._gated_ort import ORT_BODIES
 from attnx.plugins._gated_torch import gated_chunks
+from attnx.plugins.lib.ort import ORT_SINCE
 
 # The state is float32 whatever the activations; the output is named apart from the input (one-node models
 # and graphs need distinct names).

@@ -19,14 +19,14 @@ from onnxscript import BOOL, FLOAT
 from onnxscript import opset18 as op
 
 from attnx.ops import LIBRARY, OPSET
-from attnx.plugins._gated_ort import MICROSOFT, OrtHeadsToBatch
-from attnx.plugins._linear_core import (
+from attnx.plugins.lib.linear_core import (
     LinearCoreFullSums,
     LinearCoreMaskKeys,
     LinearCoreNormalise,
     LinearCoreSplitLast,
     LinearCoreValues,
 )
+from attnx.plugins.lib.ort import MICROSOFT, OrtHeadsToBatch
 from attnx.plugins.linear.features import LinearEluFeatures
 
 
