@@ -19,14 +19,14 @@ from attnx.exporter.lowering import function_protos, lower
 from attnx.exporter.signature import dynamic_shapes
 from attnx.exporter.trace import export_onnx
 from attnx.models.spec import TensorSpec
-from attnx.plugins._gated_core import (
+from attnx.plugins.gated._ort import ORT_GATED_DELTA_NET_BODIES, ORT_LINEAR_ATTENTION_BODIES
+from attnx.plugins.gated.op import (
     GATED_DELTA_RULE_OP,
     GATED_DELTA_RULE_STEP_OP,
     gated_delta_rule,
     gated_delta_rule_step,
     naive_gated_delta_rule,
 )
-from attnx.plugins._gated_ort import ORT_GATED_DELTA_NET_BODIES, ORT_LINEAR_ATTENTION_BODIES
 from attnx.plugins.linear.kernel import LINEAR_OP, LINEAR_STEP_OP
 from attnx.plugins.linear.ort import LINEAR_ORT_BODIES
 from attnx.testing.checks.fp16_convert import converters

@@ -24,7 +24,7 @@ from torch import nn
 from attnx.adapters.fla import parts
 from attnx.attention import Stepping
 from attnx.errors import AttnxError
-from attnx.plugins._gated_core import default_chunk_size, gated_delta_rule, gated_delta_rule_step
+from attnx.plugins.gated.op import default_chunk_size, gated_delta_rule, gated_delta_rule_step
 from attnx.state import StateTensor, conv_state
 
 

@@ -25,7 +25,7 @@ from torch import nn
 
 from attnx.adapters.hf_hybrid.linear import CHUNK_SIZE
 from attnx.attention import Stepping
-from attnx.plugins._gated_core import gated_delta_rule, gated_delta_rule_step
+from attnx.plugins.gated.op import gated_delta_rule, gated_delta_rule_step
 from attnx.state import StateTensor
 
 

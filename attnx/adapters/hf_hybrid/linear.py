@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from attnx.attention import Stepping
-from attnx.plugins._gated_core import gated_delta_rule, gated_delta_rule_step
+from attnx.plugins.gated.op import gated_delta_rule, gated_delta_rule_step
 from attnx.shortconv import depthwise_conv
 from attnx.state import StateTensor, conv_state
 

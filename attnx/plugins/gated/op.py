@@ -14,10 +14,10 @@ feature maps and scales are the caller's). A token with g = 0 and beta = 0 leave
 
 ``attnx::gated_delta_rule`` runs from an empty state; ``attnx::gated_delta_rule_step`` continues from a
 state (b, hv, dk, dv) and returns the state after its tokens (1 decoded token or a whole prompt). Both
-compute chunk by chunk (``chunk_size`` tokens, :mod:`attnx.plugins._gated_torch`), exported as single
+compute chunk by chunk (``chunk_size`` tokens, :mod:`attnx.plugins.gated._chunks`), exported as single
 ``attnx::GatedDeltaRule`` / ``attnx::GatedDeltaRuleStep`` nodes whose portable ONNX bodies
-(:mod:`attnx.plugins._gated_onnx`) do the same with standard ops; :data:`ORT_BODIES` compute them with
-ONNX Runtime's own kernels (:mod:`attnx.plugins._gated_ort`).
+(:mod:`attnx.plugins.gated._onnx`) do the same with standard ops; :data:`ORT_BODIES` compute them with
+ONNX Runtime's own kernels (:mod:`attnx.plugins.gated._ort`).
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ from __future__ import annotations
 import torch
 
 from attnx.ops import AttentionOp, TargetBodies, trainable_op
-from attnx.plugins._gated_config import MAX_CHUNK_SIZE, default_chunk_size
-from attnx.plugins._gated_onnx import GatedDeltaRule, GatedDeltaRuleStep, GatedDeltaRuleStepFirst
-from attnx.plugins._gated_ort import ORT_BODIES
-from attnx.plugins._gated_torch import gated_chunks
+from attnx.plugins.gated._chunks import gated_chunks
+from attnx.plugins.gated._onnx import GatedDeltaRule, GatedDeltaRuleStep, GatedDeltaRuleStepFirst
+from attnx.plugins.gated._ort import ORT_BODIES
+from attnx.plugins.gated.config import MAX_CHUNK_SIZE, default_chunk_size
 from attnx.plugins.lib.ort import ORT_SINCE
 
 # The state is float32 whatever the activations; the output is named apart from the input (one-node models
@@ -166,7 +166,7 @@ GATED_DELTA_RULE_OP = AttentionOp(
     "u_t = beta_t (v_t - (diag(exp(g_t)) S_{t-1})^T k_t) (delta) or beta_t v_t, o_t = scale S_t^T q_t; "
     "q, k (b, hk, n, dk), v (b, hv, n, dv), g (b, hv, n, 1 or dk), beta (b, hv, n).",
     output_shape=_output_shape,
-    kernel="attnx.plugins._gated_triton:GATED_KERNEL",
+    kernel="attnx.plugins.gated._triton:GATED_KERNEL",
     targets={"ort": TargetBodies(ORT_BODIES["GatedDeltaRule"], since=ORT_SINCE)},
     preconditions=_preconditions,
 )

@@ -1,6 +1,6 @@
 """The gated linear-attention layer that ``retention`` and ``gated_delta`` build (one class, two rules).
 
-From the layer's input x (batch, n, d_model), with the options of :class:`attnx.plugins._gated_config.
+From the layer's input x (batch, n, d_model), with the options of :class:`attnx.plugins.gated.config.
 GatedConfig` (docs/variants/retention.md and gated_delta.md give each model's values):
 
     q, k, v = act(conv(x W_qkv))            the short causal depthwise convolution is optional
@@ -27,8 +27,8 @@ from torch import nn
 from attnx.attention import Stepping
 from attnx.errors import AttnxError
 from attnx.ops import VariantImpl, at_least_float32
-from attnx.plugins._gated_config import GatedConfig
-from attnx.plugins._gated_core import (
+from attnx.plugins.gated.config import GatedConfig
+from attnx.plugins.gated.op import (
     GATED_DELTA_RULE_OP,
     GATED_DELTA_RULE_STEP_OP,
     gated_delta_rule,

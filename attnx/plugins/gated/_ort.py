@@ -1,6 +1,6 @@
 """``attnx::GatedDeltaRule(Step)`` on ONNX Runtime's own kernels (``com.microsoft``), for an "ort" target.
 
-Two mappings, each checked against the recurrence of :mod:`attnx.plugins._gated_core` (ONNX Runtime
+Two mappings, each checked against the recurrence of :mod:`attnx.plugins.gated.op` (ONNX Runtime
 1.32's schemas, and tests/plugins/test_gated_ort.py):
 
 * ``GatedDeltaNet``: q, k (B, T, hk, dk), v (B, T, hv, dv) token-major (the rank-4 spelling), head
