@@ -1,7 +1,7 @@
 """``attnx::GatedDeltaRule(Step)`` on ONNX Runtime's own kernels (``com.microsoft``), for an "ort" target.
 
 Two mappings, each checked against the recurrence of :mod:`attnx.plugins.gated.op` (ONNX Runtime
-1.32's schemas, and tests/plugins/test_gated_ort.py):
+1.32's schemas, and tests/plugins/gated/test_ort.py):
 
 * ``GatedDeltaNet``: q, k (B, T, hk, dk), v (B, T, hv, dv) token-major (the rank-4 spelling), head
   counts read from the shapes, q/k head i serving the consecutive value heads i*r .. i*r + r - 1 as

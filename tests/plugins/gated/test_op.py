@@ -23,7 +23,7 @@ from attnx.plugins.gated.op import (
     naive_gated_delta_rule,
 )
 from tests.helpers import assert_unchanged
-from tests.plugins.gated_cases import SCALE, Shape, boundary_lengths, draw
+from tests.plugins.gated.cases import SCALE, Shape, boundary_lengths, draw
 
 # -- the reference, checked against closed forms ---------------------------------------------------------
 

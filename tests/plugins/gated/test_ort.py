@@ -30,7 +30,7 @@ from attnx.plugins.linear.ort import LINEAR_ORT_BODIES
 from attnx.plugins.softmax.kernel import SOFTMAX_OP, softmax_attention
 from attnx.testing.onnx_op import node_model
 from tests.plugins import op_harness as harness
-from tests.plugins.gated_cases import SCALE, Shape, draw
+from tests.plugins.gated.cases import SCALE, Shape, draw
 
 TOLERANCE = {"atol": 2e-5, "rtol": 1e-4}
 KERNELS = {"GatedDeltaNet": ORT_GATED_DELTA_NET_BODIES, "LinearAttention": ORT_LINEAR_ATTENTION_BODIES}
