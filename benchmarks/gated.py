@@ -9,7 +9,7 @@ Shapes: 4 q/k heads and 8 value heads of 64 (grouped as Qwen3-Next), L2-normalis
 -softplus, beta from a sigmoid. Candidates:
 
 portable  the op's portable ONNX body (one-node model, function lowering) in ONNX Runtime
-ort       the body on ONNX Runtime's ``LinearAttention`` kernel (attnx.plugins.gated._ort.ORT_BODIES)
+ort       the body on ONNX Runtime's ``LinearAttention`` kernel (attnx.plugins.gated.op.ORT_BODIES)
 ort-gdn   the body on ONNX Runtime's ``GatedDeltaNet`` kernel
 hf        Hugging Face transformers' reference: ``torch_chunk_gated_delta_rule`` (Qwen3-Next; scalar decay)
           or ``chunk_kimi_delta_attention`` (Kimi; per-key decay), delta rules only
