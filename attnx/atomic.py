@@ -15,6 +15,9 @@ by one rename (POSIX only: it relies on ``fcntl.flock`` and rename semantics):
 * Staging folders of killed writers (SIGKILL, SIGTERM) are removed by the next writer of the
   same OUT: it holds the lock, so no live writer owns them.
 * Files get mode 0666 & ~umask and directories 0777 & ~umask, whichever library wrote them.
+
+:func:`made_once` builds a directory that several processes want (a test fixture that takes minutes to
+make) the same way, except that a second process waits for the first and reuses what it made.
 """
 
 from __future__ import annotations
@@ -126,6 +129,31 @@ def staged_directory(out: str | Path, force: bool = False, marker: str | None = 
         raise
 
 
+def made_once(path: str | Path, make: Callable[[Path], None], done: str) -> Path:
+    """The directory ``path``, made by ``make(staging)`` unless it already holds the file ``done``.
+
+    One process makes it, holding the lock on ``.PATH.lock``; those asking meanwhile wait, then reuse
+    it. ``make`` fills a fresh staging folder that becomes ``path`` only once it returns, so a killed
+    maker leaves nothing half made (the next one removes its staging folder).
+    """
+    path = _absolute(path)
+    if (path / done).is_file():
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with _exclusive(path, path, wait=True):
+        if not (path / done).is_file():
+            _clean_stale(path)
+            staging = _fresh(path, PARTIAL)
+            os.mkdir(staging)
+            try:
+                make(staging)
+                _publish(staging, path, lambda: None)
+            except BaseException:
+                shutil.rmtree(staging, ignore_errors=True)
+                raise
+    return path
+
+
 def write_atomic(path: Path, data: bytes | str) -> None:
     """Write ``data`` to ``path`` (mode 0666 & ~umask) through a temporary file and a rename."""
     path = Path(path)
@@ -179,8 +207,9 @@ def _make_parents(directory: Path) -> list[Path]:
 
 
 @contextlib.contextmanager
-def _exclusive(path: Path, shown: str | Path) -> Iterator[None]:
-    """Hold an exclusive lock on ``.OUT.lock``; removed again on exit.
+def _exclusive(path: Path, shown: str | Path, wait: bool = False) -> Iterator[None]:
+    """Hold an exclusive lock on ``.OUT.lock`` (``wait``: for as long as another holds it, else refused);
+    removed again on exit.
 
     The holder unlinks the lock file before unlocking, so a writer that opened the old file
     checks, once it holds a lock, that the name still refers to the file it locked.
@@ -194,7 +223,7 @@ def _exclusive(path: Path, shown: str | Path) -> Iterator[None]:
                 f"cannot write to '{path.parent}' ({exc.strerror}), so not '{shown}'; choose another path"
             ) from None
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
             raise AttnxError(

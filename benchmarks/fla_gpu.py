@@ -4,7 +4,7 @@
     python benchmarks/fla_gpu.py                       # N = 4096 and 16384, every mapped layer
     python benchmarks/fla_gpu.py --lengths 4096 --layers gla,gated-deltanet --json out.json
 
-For each layer type (tests/adapters/test_fla.py's configurations, widened to d_model 256, 4 heads) it
+For each layer type (tests/adapters/fla/test_layers.py's configurations, widened to d_model 256, 4 heads) it
 times, at batch 1 and each N, the library layer's forward on CUDA (its compiled Triton kernels: the
 chunk kernels above 64 tokens) and attnx's export of the converted layer (``attnx.export_module``,
 default lowering) in ONNX Runtime's CUDA execution provider, after checking the two agree. Needs a

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Time the gated / delta-rule op (attnx/plugins/_gated_core.py) per rule and length, CPU, batch 1.
+"""Time the gated / delta-rule op (attnx/plugins/gated/op.py) per rule and length, CPU, batch 1.
 
     python benchmarks/gated.py                                   # N = 1024, 4096; every rule
     python benchmarks/gated.py --seq-lens 1024,16384 --rules gated_delta --candidates portable
@@ -9,7 +9,7 @@ Shapes: 4 q/k heads and 8 value heads of 64 (grouped as Qwen3-Next), L2-normalis
 -softplus, beta from a sigmoid. Candidates:
 
 portable  the op's portable ONNX body (one-node model, function lowering) in ONNX Runtime
-ort       the body on ONNX Runtime's ``LinearAttention`` kernel (attnx.plugins._gated_ort.ORT_BODIES)
+ort       the body on ONNX Runtime's ``LinearAttention`` kernel (attnx.plugins.gated.op.ORT_BODIES)
 ort-gdn   the body on ONNX Runtime's ``GatedDeltaNet`` kernel
 hf        Hugging Face transformers' reference: ``torch_chunk_gated_delta_rule`` (Qwen3-Next; scalar decay)
           or ``chunk_kimi_delta_attention`` (Kimi; per-key decay), delta rules only
@@ -39,8 +39,8 @@ from references import hf_kimi, hf_qwen3_next
 from attnx.exporter.lowering import lower
 from attnx.ops import AttentionOp
 from attnx.parity.runners import ort_session_options
-from attnx.plugins._gated_core import GATED_DELTA_RULE_OP, ORT_BODIES, gated_delta_rule
-from attnx.plugins._gated_ort import ORT_GATED_DELTA_NET_BODIES
+from attnx.plugins.gated._ort import ORT_GATED_DELTA_NET_BODIES
+from attnx.plugins.gated.op import GATED_DELTA_RULE_OP, ORT_BODIES, gated_delta_rule
 from attnx.testing.onnx_op import node_model
 from attnx.testing.subject import Case, OpCall
 
@@ -189,7 +189,7 @@ def main() -> None:
 
 
 def default_chunk(rule: str) -> int:
-    from attnx.plugins._gated_core import default_chunk_size
+    from attnx.plugins.gated.op import default_chunk_size
 
     delta, per_key, _ = RULES[rule]
     return default_chunk_size(delta, per_key)

@@ -62,7 +62,7 @@ from attnx.exporter.signature import dynamic_shapes
 from attnx.exporter.trace import export_onnx
 from attnx.models.spec import TensorSpec
 from attnx.parity.runners import ort_session_options
-from attnx.plugins._gated_core import (
+from attnx.plugins.gated.op import (
     GATED_DELTA_RULE_OP,
     GATED_DELTA_RULE_STEP_OP,
     ORT_BODIES,

@@ -13,15 +13,15 @@ command line.
 
 from __future__ import annotations
 
-import contextlib
+import functools
 import hashlib
 import json
 import os
-import shutil
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from attnx.atomic import made_once
 
 FIXTURE_VERSION = 1
 VOCAB_SIZE = 512
@@ -262,46 +262,33 @@ def make(arch: str, root: Path | None = None, log: Any = None, steps: int = TRAI
     """The ``save_pretrained`` directory of ``arch``'s model trained for ``steps`` (0: as initialised,
     seeded; the quick tests' model), with its tokenizer (made on first use, then reused).
 
-    Written into a temporary folder and renamed into place, so a killed run leaves no half model; one
-    process makes it (a lock on ``<final>.lock``), those asking at the same time wait for it and reuse it.
+    Made once under a lock, atomically (:func:`attnx.atomic.made_once`): a killed run leaves no half
+    model, and processes asking at the same time wait for one to make it and reuse it.
     """
     import transformers
-    from filelock import FileLock
 
     transformers.logging.disable_progress_bar()
     pure_torch_gated_delta()  # training runs HF's forward
     final = (root or cache_root()) / f"{arch}-{recipe_hash(arch, steps)}"
-    if (final / "config.json").is_file():
-        return final
-    final.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(final.with_name(final.name + ".lock")):
-        if not (final / "config.json").is_file():
-            _make(arch, final, log, steps)
-    return final
+    return made_once(final, functools.partial(_make, arch, log=log, steps=steps), done="config.json")
 
 
-def _make(arch: str, final: Path, log: Any, steps: int) -> None:
-    """Train and save into ``final`` (see :func:`make`)."""
+def _make(arch: str, staging: Path, log: Any, steps: int) -> None:
+    """Train and save into ``staging`` (see :func:`make`)."""
     import torch
 
-    staging = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
-    try:
-        tokenizer = train_tokenizer()
-        ids = torch.tensor(tokenizer(corpus())["input_ids"], dtype=torch.long)
-        model = build(arch)
-        losses = train(model, ids, steps, log) if steps else []
-        model.eval().save_pretrained(staging)
-        tokenizer.save_pretrained(staging)
-        (staging / "training.json").write_text(
-            json.dumps(
-                {"recipe": RECIPES[arch], "training": {**TRAINING, "steps": steps}, "losses": losses[::10]},
-                indent=1,
-            )
+    tokenizer = train_tokenizer()
+    ids = torch.tensor(tokenizer(corpus())["input_ids"], dtype=torch.long)
+    model = build(arch)
+    losses = train(model, ids, steps, log) if steps else []
+    model.eval().save_pretrained(staging)
+    tokenizer.save_pretrained(staging)
+    (staging / "training.json").write_text(
+        json.dumps(
+            {"recipe": RECIPES[arch], "training": {**TRAINING, "steps": steps}, "losses": losses[::10]},
+            indent=1,
         )
-        with contextlib.suppress(OSError):  # a process that takes no lock made it first: keep theirs
-            staging.rename(final)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+    )
 
 
 def hf_greedy(model: Any, prompt: Any, new_tokens: int) -> tuple[list[int], Any]:

@@ -167,7 +167,7 @@ def _elu1(x: torch.Tensor) -> torch.Tensor:
 
 # Naive bidirectional attention from the papers' formulas, products written as matmuls and the
 # pooled sums as multiply + sum; the kernel normaliser as a ones column of v (the split the cost model
-# states, as attnx.plugins._linear_core computes it).
+# states, as attnx.plugins.lib.linear_core computes it).
 def naive_softmax(q, k, v):
     return torch.softmax(q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5, dim=-1) @ v
 

@@ -1,5 +1,5 @@
 """Atomic output directories: what --force may replace, one writer per OUT, crash-safe swaps, stale
-staging folders, file modes."""
+staging folders, file modes; a directory several processes want, made once (``made_once``)."""
 
 from __future__ import annotations
 
@@ -9,13 +9,15 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 from attnx import atomic
-from attnx.atomic import check_output_dir, staged_directory
+from attnx.atomic import check_output_dir, made_once, staged_directory
 from attnx.errors import AttnxError
 from tests.helpers import start_holder
 
@@ -242,3 +244,35 @@ def test_staging_of_a_similarly_named_out_is_left_alone(tmp_path):
     with staged_directory(tmp_path / "out") as staging:
         write_export(staging)
     assert listing(tmp_path) == [other.name, "out"]
+
+
+def test_made_once_makes_it_in_one_process_while_the_others_wait_and_reuse_it(tmp_path):
+    out, calls, ready = tmp_path / "model", [], threading.Barrier(4)
+
+    def make(staging: Path) -> None:
+        calls.append(staging)
+        time.sleep(0.3)  # the others ask meanwhile
+        (staging / "config.json").write_text("{}")
+
+    def ask(_: int) -> Path:
+        ready.wait()
+        return made_once(out, make, done="config.json")
+
+    with ThreadPoolExecutor(4) as pool:  # each asks through its own lock file descriptor, as processes do
+        assert list(pool.map(ask, range(4))) == [out] * 4
+    assert len(calls) == 1 and listing(tmp_path) == ["model"]
+    assert made_once(out, make, done="config.json") == out and len(calls) == 1
+
+
+def test_a_failed_make_leaves_nothing_and_the_next_call_makes_it(tmp_path):
+    out = tmp_path / "model"
+
+    def broken(staging: Path) -> None:
+        (staging / "config.json").write_text("{}")
+        raise RuntimeError("killed while making")
+
+    with pytest.raises(RuntimeError, match="killed while making"):
+        made_once(out, broken, done="config.json")
+    assert listing(tmp_path) == []
+    made_once(out, lambda staging: (staging / "config.json").write_text("{}"), done="config.json")
+    assert listing(tmp_path) == ["model"]

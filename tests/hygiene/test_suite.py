@@ -35,7 +35,7 @@ def test_the_default_run_shuffles_the_tests(request):
 
 
 def test_a_test_that_leaves_dynamo_config_broken_fails_and_the_seed_is_printed_under_q(tmp_path):
-    hooks = "from tests.conftest import leaves_global_state_alone, pytest_terminal_summary  # noqa: F401\n"
+    hooks = 'pytest_plugins = ["tests.suite.hygiene"]  # as tests/conftest.py loads it\n'
     (tmp_path / "conftest.py").write_text(hooks)
     (tmp_path / "test_polluter.py").write_text(POLLUTER)
     pytest_args = ["-q", "-p", "randomly", "-p", "no:cacheprovider", "--randomly-seed=7"]

@@ -15,10 +15,10 @@ pytest.importorskip("triton", reason="triton is not installed: pip install 'attn
 
 from attnx import kernels  # noqa: E402
 from attnx.errors import AttnxError  # noqa: E402
-from attnx.plugins._gated_core import GATED_DELTA_RULE_OP, naive_gated_delta_rule  # noqa: E402
+from attnx.plugins.gated.op import GATED_DELTA_RULE_OP, naive_gated_delta_rule  # noqa: E402
 from tests.kernels.test_contract import Dim  # noqa: E402
 from tests.kernels.test_kernels import cases, check  # noqa: E402
-from tests.plugins.gated_cases import Shape, draw  # noqa: E402
+from tests.plugins.gated.cases import Shape, draw  # noqa: E402
 
 SCALE = 0.5
 GATED_CASES = [

@@ -24,9 +24,9 @@ from attnx.plugins.fastformer.kernel import FASTFORMER_OP  # noqa: E402
 from attnx.plugins.linear.kernel import LINEAR_OP  # noqa: E402
 from attnx.plugins.reformer.kernel import REFORMER_OP  # noqa: E402
 from attnx.plugins.softmax.kernel import SOFTMAX_OP  # noqa: E402
-from tests.core.test_softmax import naive_softmax_attention  # noqa: E402
 from tests.kernels.conftest import DEVICE  # noqa: E402
 from tests.plugins import op_harness as harness  # noqa: E402
+from tests.plugins.softmax.test_kernel import naive_softmax_attention  # noqa: E402
 from tests.plugins.test_cosformer import naive_cosformer  # noqa: E402
 from tests.plugins.test_fastformer import naive_fastformer, op_inputs  # noqa: E402
 from tests.plugins.test_linear import naive_linear  # noqa: E402

@@ -30,8 +30,8 @@ from attnx.plugins.fastformer.kernel import fastformer_attention
 from attnx.plugins.linear.kernel import linear_attention
 from attnx.plugins.reformer.kernel import reformer_attention
 from attnx.plugins.softmax.kernel import softmax_attention
-from tests.core.test_softmax import naive_softmax_attention
 from tests.plugins import op_harness as harness
+from tests.plugins.softmax.test_kernel import naive_softmax_attention
 from tests.plugins.test_cosformer import naive_cosformer
 from tests.plugins.test_fastformer import naive_fastformer
 from tests.plugins.test_linear import naive_linear

@@ -18,9 +18,9 @@ import torch
 
 import attnx
 from attnx.ops import VariantImpl
-from attnx.plugins._gated_core import GATED_DELTA_RULE_OP, GATED_DELTA_RULE_STEP_OP
-from attnx.plugins._gated_layer import GatedLayer
-from attnx.plugins.gated_delta.config import GatedDeltaConfig
+from attnx.plugins.gated.config import GatedDeltaConfig
+from attnx.plugins.gated.layer import GatedLayer
+from attnx.plugins.gated.op import GATED_DELTA_RULE_OP, GATED_DELTA_RULE_STEP_OP
 from attnx.variant import TestOptions
 
 FLAWS = ("sound", "sign", "beta")

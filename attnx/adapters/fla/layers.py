@@ -1,6 +1,6 @@
 """flash-linear-attention's layers as attnx layers: the library's projections and parameters, its
 gates and norms in torch (:mod:`attnx.adapters.fla.parts`), and the recurrence on attnx's gated /
-delta-rule op (``attnx::gated_delta_rule``, GATED_API):
+delta-rule op through its one entry (:func:`attnx.plugins.gated.op.run_rule`):
 
     S_t = diag(exp(g_t)) S_{t-1} + k_t u_t^T,  u_t = beta_t (v_t - (D_t S_{t-1})^T k_t) (delta) or beta_t v_t,
     o_t = scale * S_t^T q_t.
@@ -8,9 +8,10 @@ delta-rule op (``attnx::gated_delta_rule``, GATED_API):
 Each class reads the options of one library layer (``fla.layers``, 0.6) and refuses, by name, those
 it does not reproduce. The library's layout is (batch, seq, heads, dim); the op's is
 (batch, heads, seq, dim). Every layer decodes (:class:`attnx.state.DecodableLayer`, stepping through
-the model's own forward by :class:`attnx.attention.Stepping`): its state is ``recurrent`` (batch, value
-heads, key dim, value dim; float32) and, with short convolutions, ``conv`` (batch, channels, kernel - 1)
-over the concatenated q, k, v projections (RWKV-6: its token shift, one previous input).
+the model's own forward by :class:`attnx.attention.Stepping`): its state, in the rule's order
+(:func:`attnx.plugins.gated.op.rule_state`), is the carry before the rule, ``conv`` (batch, channels,
+kernel - 1) over the concatenated q, k, v projections with short convolutions (RWKV-6: its token shift,
+one previous input), then ``recurrent`` (batch, value heads, key dim, value dim; float32).
 """
 
 from __future__ import annotations
@@ -24,11 +25,11 @@ from torch import nn
 from attnx.adapters.fla import parts
 from attnx.attention import Stepping
 from attnx.errors import AttnxError
-from attnx.plugins._gated_core import default_chunk_size, gated_delta_rule, gated_delta_rule_step
+from attnx.plugins.gated.op import l2norm, rule_state, run_rule, split_state
 from attnx.state import StateTensor, conv_state
 
 
-class GatedLayer(Stepping, nn.Module):
+class FlaLayer(Stepping, nn.Module):
     """What every converted layer shares: the library's call convention, its decode step and the rule.
 
     Subclasses set ``heads`` (value heads), ``d_key``, ``d_value`` (the recurrent state's per-head
@@ -77,11 +78,11 @@ class GatedLayer(Stepping, nn.Module):
             setattr(self, name, getattr(layer, name))
 
     def decode_state(self) -> list[StateTensor]:
-        shape = ("batch", self.heads, self.d_key, self.d_value)
-        state = [StateTensor("recurrent", shape, "float32", doc="S (key dim x value dim)")]
-        if self.conv is not None:
-            state.append(conv_state(self.conv.channels, self.conv.kernel))
-        return state
+        return rule_state(self.heads, self.d_key, self.d_value, self.carry())
+
+    def carry(self) -> StateTensor | None:
+        """What the layer carries before the rule: its short convolutions' inputs (None without)."""
+        return None if self.conv is None else conv_state(self.conv.channels, self.conv.kernel)
 
     def convolve(
         self, xs: list[torch.Tensor], past: tuple[torch.Tensor, ...] | None
@@ -89,7 +90,7 @@ class GatedLayer(Stepping, nn.Module):
         """The short convolutions (if any) of the projections ``xs``; their state as a tuple (or ())."""
         if self.conv is None:
             return xs, ()
-        ys, state = self.conv(xs, past[1] if past is not None else None)
+        ys, state = self.conv(xs, split_state(past, True)[0])
         return ys, (state,)
 
     def rule(
@@ -107,11 +108,10 @@ class GatedLayer(Stepping, nn.Module):
         """The op on (batch, n, heads, dim) tensors (beta (batch, n, heads)): the output in that layout
         and (the state after the tokens,) when stepping, () otherwise."""
         args = [t.transpose(1, 2) for t in (q, k, v, g, beta)]
-        chunk = default_chunk_size(delta, g.shape[-1] > 1)
-        if position is None:
-            return gated_delta_rule(*args, delta, scale, chunk).transpose(1, 2), ()
-        out, state = gated_delta_rule_step(*args, past[0] if past is not None else None, delta, scale, chunk)
-        return out.transpose(1, 2), (state,)
+        step = position is not None
+        recurrent = split_state(past, False)[1]
+        out, state = run_rule(*args, recurrent, delta=delta, scale=scale, step=step)
+        return out.transpose(1, 2), (state,) if step else ()
 
 
 def refuse_call(kind: str, attention_mask: Any, past_key_values: Any, use_cache: Any, kwargs: dict) -> None:
@@ -140,12 +140,6 @@ def heads(x: torch.Tensor, d: int, groups: int = 1) -> torch.Tensor:
     (the library's ``repeat(x, '... (h d) -> ... (h g) d')``)."""
     x = x.unflatten(-1, (-1, d))
     return x.repeat_interleave(groups, dim=2) if groups > 1 else x
-
-
-def l2norm(x: torch.Tensor) -> torch.Tensor:
-    """The kernels' in-kernel L2 norm: x / sqrt(sum(x²) + 1e-6), in float32."""
-    xf = x.float()
-    return (xf * torch.rsqrt(xf.square().sum(-1, keepdim=True) + 1e-6)).to(x.dtype)
 
 
 def ones(x: torch.Tensor, n_heads: int) -> torch.Tensor:
@@ -192,7 +186,7 @@ def _act2fn() -> dict[str, Any]:
     return ACT2FN
 
 
-class LinearAttention(GatedLayer):
+class LinearAttention(FlaLayer):
     """``fla.layers.LinearAttention``: o = phi(q)^T S / ... with S = sum phi(k) v^T (no decay, beta 1).
 
     With ``do_feature_map_norm`` the library divides by scale * phi(q)·sum phi(k) + 1e-10: the value
@@ -243,7 +237,7 @@ def feature_map(fn: Any) -> Any:
     raise AttnxError(f"flash-linear-attention LinearAttention feature map {fn!r} is not exported by attnx")
 
 
-class GatedLinearAttention(GatedLayer):
+class GatedLinearAttention(FlaLayer):
     """``fla.layers.GatedLinearAttention`` (GLA): per-key-dim decay g = logsigmoid(gk_proj(x)) /
     gate_logit_normalizer (clamped below by ``clamp_min``), beta 1, scale d_k^-1/2."""
 
@@ -269,7 +263,7 @@ class GatedLinearAttention(GatedLayer):
             gk = torch.clamp_min(gk, self.clamp_min)
         q, k = self.feature(q), self.feature(k)
         o, state = self.rule(q, k, v, gk, ones(x, self.n_heads), past, position, False, self.head_k**-0.5)
-        return self.o_proj(self.output(o, x)), state + conv
+        return self.o_proj(self.output(o, x)), conv + state
 
 
 def _name_of(fn: Any) -> str | None:
@@ -282,7 +276,7 @@ def _name_of(fn: Any) -> str | None:
     return getattr(fn, "__name__", repr(fn))
 
 
-class DeltaNet(GatedLayer):
+class DeltaNet(FlaLayer):
     """``fla.layers.DeltaNet``: the delta rule (no decay), beta = sigmoid(b_proj(x)) (1 without
     ``use_beta``; doubled with ``allow_neg_eigval``), q/k after the activation, L2- (in-kernel, eps
     1e-6) or sum-normalised, scale d_k^-1/2; output RMSNorm per head, or gated by silu(g_proj(x))."""
@@ -329,10 +323,10 @@ class DeltaNet(GatedLayer):
             )
         else:
             o = parts.norm(o, self.norm_w, None, self.norm_eps, rms=True)
-        return self.o_proj(o.flatten(-2)), state + conv
+        return self.o_proj(o.flatten(-2)), conv + state
 
 
-class GatedDeltaNet(GatedLayer):
+class GatedDeltaNet(FlaLayer):
     """``fla.layers.GatedDeltaNet``: the gated delta rule with one decay per value head,
     g = -exp(A_log) * softplus(a_proj(x) + dt_bias), beta = sigmoid(b_proj(x)) (x2 with
     ``allow_neg_eigval``), L2-normalised q/k (eps 1e-6), scale d_k^-1/2, value heads a multiple of the
@@ -373,10 +367,10 @@ class GatedDeltaNet(GatedLayer):
             )
         else:
             o = parts.norm(o, self.norm_w, None, self.norm_eps, rms=True)
-        return self.o_proj(o.flatten(-2)), state + conv
+        return self.o_proj(o.flatten(-2)), conv + state
 
 
-class MultiScaleRetention(GatedLayer):
+class MultiScaleRetention(FlaLayer):
     """``fla.layers.MultiScaleRetention`` (RetNet): fixed decay per head gamma_h = 1 - 2^(-5 - h),
     rotary q/k (non-interleaved, from the token's position), beta 1, scale d_k^-1/2; output as GLA's."""
 
@@ -409,18 +403,18 @@ class MultiScaleRetention(GatedLayer):
         v = heads(v, self.head_v, self.groups)
         g = self.decay[:, None].expand(x.shape[0], x.shape[1], self.n_heads, 1)
         o, state = self.rule(q, k, v, g, ones(x, self.n_heads), past, position, False, self.head_k**-0.5)
-        return self.o_proj(self.output(o, x)), state + conv
+        return self.o_proj(self.output(o, x)), conv + state
 
 
-class RWKV6Attention(GatedLayer):
+class RWKV6Attention(FlaLayer):
     """``fla.layers.RWKV6Attention``: per-key-dim decay w = -exp(w_proj(...)), scale 1, and the bonus u.
 
     RWKV-6 reads the state *before* the current token: o_t = r_t^T (S_{t-1} + diag(u) k_t v_t^T),
     S_t = diag(exp(w_t)) S_{t-1} + k_t v_t^T. The op's rule reads S_t, so it runs on the sequence
     shifted by one token (k, v, w of token t - 1 at step t, a no-op first step, r at step t and one
     extra step at the end), which gives r_t^T S_{t-1} exactly and ends on S_n; the bonus
-    (r_t * u · k_t) v_t is added outside the op. State: ``recurrent`` S and ``conv``, the token shift's
-    last input (batch, hidden, 1).
+    (r_t * u · k_t) v_t is added outside the op. State: ``conv``, the token shift's last input
+    (batch, hidden, 1), then ``recurrent`` S.
     """
 
     def __init__(self, layer: nn.Module) -> None:
@@ -436,12 +430,12 @@ class RWKV6Attention(GatedLayer):
         self.hidden = layer.hidden_size
         self.heads, self.d_key, self.d_value = self.n_heads, self.head_k, self.head_v
 
-    def decode_state(self) -> list[StateTensor]:
-        return [*super().decode_state(), token_shift_state(self.hidden)]
+    def carry(self) -> StateTensor:
+        return token_shift_state(self.hidden)
 
     def run(self, x, past, position):
         b, n, d = x.shape
-        delta = shift(x, past[1] if past is not None else None) - x
+        delta = shift(x, split_state(past, True)[0]) - x
         xx = self.x_proj[0](x, delta).view(b, n, -1, self.rank)
         xx = torch.einsum("btnr,hnr->btnh", self.x_proj[1](xx), self.x_proj[2].weight.view(d, 5, -1))
         r, w, k, v, g = (xx + self.x_bias).unbind(-2)
@@ -459,7 +453,7 @@ class RWKV6Attention(GatedLayer):
         o = o[:, :n] + (r * self.bonus * k).sum(-1, keepdim=True) * v
         o = parts.norm(o.flatten(-2), self.norm_w, self.norm_b, self.norm_eps, rms=False, groups=self.n_heads)
         if position is not None:
-            state = (*state, x[:, -1:].transpose(1, 2))
+            state = (x[:, -1:].transpose(1, 2), *state)
         return self.o_proj(o * self.gate_fn(g)), state
 
 

@@ -27,6 +27,7 @@ from torch import nn
 
 from attnx.attention import Stepping
 from attnx.errors import AttnxError
+from attnx.plugins.softmax.kernel import softmax_attention
 from attnx.state import StateTensor, kv_cache
 
 # rotate(q, k, cos, sin) -> (q, k): the architecture's apply_rotary_pos_emb
@@ -108,7 +109,7 @@ class FullAttention(Stepping, nn.Module):
             if past:
                 key, value = torch.cat([past[0], key], dim=-2), torch.cat([past[1], value], dim=-2)
             present = (key, value)
-        out = torch.ops.attnx.softmax_attention(query, key, value, padding, True, self.scaling)
+        out = softmax_attention(query, key, value, padding, True, self.scaling)
         if padding is not None:  # a query that sees no key (left padding) gets zeros, as HF's SDPA gives it
             out = out * (padding.cumsum(-1) > 0)[:, None, :, None].to(out.dtype)
         if out.shape[-1] != width:

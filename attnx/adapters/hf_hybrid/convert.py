@@ -10,7 +10,6 @@ from attnx.adapters.hf_hybrid.architecture import Architecture
 from attnx.adapters.hf_hybrid.kimi import KIMI_LINEAR
 from attnx.adapters.hf_hybrid.minimax import MINIMAX
 from attnx.adapters.hf_hybrid.qwen import QWEN3_5, QWEN3_5_MOE, QWEN3_NEXT
-from attnx.registry import get_registry
 
 ARCHITECTURES: dict[str, Architecture] = {
     a.model_type: a for a in (QWEN3_NEXT, QWEN3_5, QWEN3_5_MOE, KIMI_LINEAR, MINIMAX)
@@ -22,7 +21,6 @@ def convert(module: nn.Module) -> nn.Module | None:
     for architecture in ARCHITECTURES.values():
         replacement = architecture.convert(module)
         if replacement is not None:
-            get_registry().variant("softmax").load()  # registers torch.ops.attnx.softmax_attention
             return replacement
     return None
 

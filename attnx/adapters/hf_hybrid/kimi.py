@@ -29,9 +29,10 @@ from transformers.models.kimi_linear import modeling_kimi_linear as kimi
 
 from attnx.adapters.hf_hybrid.architecture import Architecture
 from attnx.adapters.hf_hybrid.latent import LatentAttention
-from attnx.adapters.hf_hybrid.linear import L2_EPS, GatedDeltaNet
+from attnx.adapters.hf_hybrid.linear import GatedDeltaNet
 from attnx.adapters.hf_hybrid.moe import DenseExperts
 from attnx.errors import AttnxError
+from attnx.plugins.gated.op import l2norm
 
 SOFTPLUS_LINEAR_ABOVE = 20.0  # KimiLinearForgetGate's softplus bound
 
@@ -57,7 +58,7 @@ class KimiDeltaAttention(GatedDeltaNet):
         self.head_k_dim = self.head_v_dim = layer.head_dim
 
     def l2norm(self, x: torch.Tensor) -> torch.Tensor:
-        return x / torch.sqrt((x * x).sum(dim=-1, keepdim=True) + L2_EPS)
+        return l2norm(x, divide=True)
 
     def decay(self, a: torch.Tensor) -> torch.Tensor:
         """g = -exp(A_log[h]) softplus(a + dt_bias), (batch, n, H, d_k)."""

@@ -25,7 +25,7 @@ from torch import nn
 
 from attnx.adapters.hf_hybrid.linear import CHUNK_SIZE
 from attnx.attention import Stepping
-from attnx.plugins._gated_core import gated_delta_rule, gated_delta_rule_step
+from attnx.plugins.gated.op import rule_state, run_rule
 from attnx.state import StateTensor
 
 
@@ -46,14 +46,7 @@ class LightningAttention(Stepping, nn.Module):
 
     def decode_state(self) -> list[StateTensor]:
         """The recurrent state S (d, d) per head."""
-        return [
-            StateTensor(
-                "recurrent",
-                ("batch", self.heads, self.head_dim, self.head_dim),
-                "float32",
-                doc="lightning attention state S (d_k, d_v) per head",
-            )
-        ]
+        return rule_state(self.heads, self.head_dim, self.head_dim)
 
     def forward(
         self,
@@ -91,12 +84,9 @@ class LightningAttention(Stepping, nn.Module):
         q, k, v = (t.transpose(1, 2).float() for t in (q, k, v))
         g = (-self.slope_rate.float()).reshape(1, self.heads, 1, 1).expand(batch, self.heads, n, 1)
         beta = torch.ones(batch, self.heads, n, dtype=torch.float32, device=x.device)
-        present = None
-        if stepping:
-            out, recurrent = gated_delta_rule_step(q, k, v, g, beta, past, False, 1.0, CHUNK_SIZE)
-            present = (recurrent,)
-        else:
-            out = gated_delta_rule(q, k, v, g, beta, False, 1.0, CHUNK_SIZE)
+        out, recurrent = run_rule(
+            q, k, v, g, beta, past, delta=False, scale=1.0, chunk=CHUNK_SIZE, step=stepping
+        )
         out = out.transpose(1, 2).reshape(batch, n, -1).to(x.dtype)
         out = self.norm(out) * torch.sigmoid(self.output_gate(x))
-        return self.out_proj(out), present
+        return self.out_proj(out), (recurrent,) if stepping else None

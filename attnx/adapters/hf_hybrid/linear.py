@@ -34,20 +34,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from attnx.attention import Stepping
-from attnx.plugins._gated_core import gated_delta_rule, gated_delta_rule_step
+from attnx.plugins.gated.op import l2norm, rule_state, run_rule
 from attnx.shortconv import depthwise_conv
 from attnx.state import StateTensor, conv_state
 
-CHUNK_SIZE = 64  # HF's torch_chunk_gated_delta_rule default; the chunking changes only the rounding
-L2_EPS = 1e-6
+# HF's torch_chunk_gated_delta_rule default, so an export chunks (and rounds) as the model's reference
+CHUNK_SIZE = 64
 
 # project(layer, x) -> (qkv channels (b, n, conv_dim), z (b, n, Hv, Dv), b (b, n, Hv), a (b, n, Hv))
 Projector = Callable[[nn.Module, torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]
-
-
-def l2norm(x: torch.Tensor) -> torch.Tensor:
-    """HF's ``l2norm``: x * rsqrt(sum(x^2) + 1e-6) over the last dim."""
-    return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + L2_EPS)
 
 
 class GatedDeltaNet(Stepping, nn.Module):
@@ -79,15 +74,8 @@ class GatedDeltaNet(Stepping, nn.Module):
     def decode_state(self) -> list[StateTensor]:
         """The conv carry over the q, k, v channels and the delta rule's state per value head."""
         channels = 2 * self.num_k_heads * self.head_k_dim + self.num_v_heads * self.head_v_dim
-        return [
-            conv_state(channels, self.conv_kernel_size),
-            StateTensor(
-                "recurrent",
-                ("batch", self.num_v_heads, self.head_k_dim, self.head_v_dim),
-                "float32",
-                doc="delta-rule state S (d_k, d_v) per value head",
-            ),
-        ]
+        carry = conv_state(channels, self.conv_kernel_size)
+        return rule_state(self.num_v_heads, self.head_k_dim, self.head_v_dim, carry)
 
     def conv(self, qkv: torch.Tensor, past: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """The causal depthwise conv + activation over (b, C, n) channels after ``past`` (b, C, K-1)
@@ -143,17 +131,14 @@ class GatedDeltaNet(Stepping, nn.Module):
         v = v.reshape(batch, n, -1, self.head_v_dim).float().transpose(1, 2)
         g = self.decay(a).transpose(1, 2)
         beta = b.sigmoid().float().transpose(1, 2)
-        scale = self.head_k_dim**-0.5
-        present = None
-        if state is None:
-            out = gated_delta_rule(q, k, v, g, beta, True, scale, CHUNK_SIZE)
-        else:
-            out, recurrent = gated_delta_rule_step(q, k, v, g, beta, past_state, True, scale, CHUNK_SIZE)
-            present = (conv_state, recurrent)
-        return self.output(out.transpose(1, 2).to(x.dtype), z), present
+        step = state is not None
+        out, recurrent = run_rule(
+            q, k, v, g, beta, past_state, delta=True, scale=self.head_k_dim**-0.5, chunk=CHUNK_SIZE, step=step
+        )
+        return self.output(out.transpose(1, 2).to(x.dtype), z), (conv_state, recurrent) if step else None
 
     def l2norm(self, x: torch.Tensor) -> torch.Tensor:
-        """q and k's L2 normalisation (float32, per head), as the architecture writes it."""
+        """q and k's L2 normalisation (float32, per head), as the architecture writes it (HF's ``l2norm``)."""
         return l2norm(x)
 
     def decay(self, a: torch.Tensor) -> torch.Tensor:

@@ -44,7 +44,7 @@ from transformers.models.reformer import modeling_reformer as hf
 from attnx.adapter import AdapterImpl, Lengths
 from attnx.attention import merge_heads, split_heads
 from attnx.errors import AttnxError
-from attnx.registry import get_registry
+from attnx.plugins.reformer.trax_ops import reformer_local_attention, reformer_trax_attention
 
 
 def _no_cache(past_buckets_states: Any, layer_idx: int | None, output_attentions: bool) -> None:
@@ -80,7 +80,7 @@ class TraxLSHAttention(nn.Module):
         self.chunk_length = layer.chunk_length
         self.window = (layer.num_chunks_before, layer.num_chunks_after)
         self.register_buffer("rotations", hf_rotations(layer), persistent=True)
-        _ops(layer.query_key.weight)
+        _float32_only(layer.query_key.weight)
 
     def forward(
         self,
@@ -101,7 +101,7 @@ class TraxLSHAttention(nn.Module):
             )
         qk = split_heads(self.query_key(hidden_states), self.heads)
         v = split_heads(self.value(hidden_states), self.heads)
-        out = torch.ops.attnx.reformer_trax_attention(
+        out = reformer_trax_attention(
             qk, v, self.rotations, _mask(attention_mask), self.causal, self.chunk_length, *self.window
         )
         return hf.LSHSelfAttentionOutput(hidden_states=merge_heads(out), attention_probs=(), buckets=None)
@@ -124,7 +124,7 @@ class TraxLocalAttention(nn.Module):
         )
         self.chunk_length = layer.chunk_length
         self.window = (layer.num_chunks_before, layer.num_chunks_after)
-        _ops(layer.query.weight)
+        _float32_only(layer.query.weight)
 
     def forward(
         self,
@@ -137,7 +137,7 @@ class TraxLocalAttention(nn.Module):
     ) -> Any:
         _no_cache(past_buckets_states, self.layer_idx, output_attentions)
         q, k, v = (split_heads(p(hidden_states), self.heads) for p in (self.query, self.key, self.value))
-        out = torch.ops.attnx.reformer_local_attention(
+        out = reformer_local_attention(
             q, k, v, _mask(attention_mask), self.causal, self.chunk_length, *self.window
         )
         return hf.LocalSelfAttentionOutput(hidden_states=merge_heads(out), attention_probs=())
@@ -181,15 +181,14 @@ def _check_lsh(layer: hf.LSHSelfAttention) -> None:
         raise AttnxError("a Hugging Face LSHSelfAttention without lsh_attn_chunk_length cannot be exported")
 
 
-def _ops(weight: torch.Tensor) -> None:
+def _float32_only(weight: torch.Tensor) -> None:
     """Refuse a float16 layer (HF masks with -1e4 / -1e3 there, attnx's ops with float32's -1e9 /
-    -1e5), then register the reformer variant's ops (``torch.ops.attnx.*``) by loading its plugin."""
+    -1e5)."""
     if weight.dtype != torch.float32:
         raise AttnxError(
             f"a {str(weight.dtype).removeprefix('torch.')} Hugging Face Reformer: attnx reproduces its "
             "float32 mask values only; export the float32 model"
         )
-    get_registry().variant("reformer").load()
 
 
 def _layer(module: nn.Module) -> nn.Module | None:

@@ -12,7 +12,8 @@ from onnxscript import opset18 as op
 from attnx.attention import MultiHeadAttention
 from attnx.errors import AttnxError
 from attnx.ops import LIBRARY, OPSET, AttentionOp, AttnxWiden, VariantImpl, at_least_float32, trainable_op
-from attnx.plugins._linear_core import (
+from attnx.plugins.cosformer.config import CosformerConfig
+from attnx.plugins.lib.linear_core import (
     STATE_TYPES,
     STEP_OUTPUT_NAMES,
     LinearCoreAttend,
@@ -24,7 +25,6 @@ from attnx.plugins._linear_core import (
     mask_keys,
     step_fake,
 )
-from attnx.plugins.cosformer.config import CosformerConfig
 from attnx.state import StateTensor, recurrent_state
 from attnx.variant import AttentionSpec
 

@@ -14,8 +14,8 @@ import triton
 import triton.language as tl
 
 from attnx.kernels import Shapes
-from attnx.plugins import _linear_triton as core
 from attnx.plugins.cosformer.kernel import HALF_PI
+from attnx.plugins.lib import linear_triton as core
 
 _HALF_PI = tl.constexpr(HALF_PI)
 

@@ -20,7 +20,7 @@ import triton.language as tl
 
 from attnx.attention import MASKED_SCORE
 from attnx.kernels import Shapes, Tactic, TritonKernel, block, per_head_grid, static
-from attnx.plugins._tiles import load_rows
+from attnx.plugins.lib.tiles import load_rows
 
 _MASKED = tl.constexpr(MASKED_SCORE)
 

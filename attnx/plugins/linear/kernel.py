@@ -10,8 +10,7 @@ from onnxscript import opset18 as op
 
 from attnx.attention import MultiHeadAttention
 from attnx.ops import OPSET, AttentionOp, TargetBodies, VariantImpl, at_least_float32, trainable_op
-from attnx.plugins._gated_ort import ORT_SINCE
-from attnx.plugins._linear_core import (
+from attnx.plugins.lib.linear_core import (
     STATE_TYPES,
     STEP_OUTPUT_NAMES,
     LinearCoreAttend,
@@ -23,6 +22,7 @@ from attnx.plugins._linear_core import (
     mask_keys,
     step_fake,
 )
+from attnx.plugins.lib.ort import ORT_SINCE
 from attnx.plugins.linear.config import LinearConfig
 from attnx.plugins.linear.features import LinearEluFeatures
 from attnx.plugins.linear.ort import LINEAR_ORT_BODIES

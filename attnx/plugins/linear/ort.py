@@ -5,7 +5,7 @@ Bodies of ``attnx::LinearAttention`` and ``attnx::LinearAttentionStep`` for an "
 features, V with a column of ones so that one pass gives the numerator and the denominator, then
 num / (den + eps) as the portable body does. Every head is a batch row of the kernel (its head counts are
 attributes, which a body cannot take from the shapes). The sums are the portable body's, added token by
-token instead of chunk by chunk: equal up to float32 rounding (tests/plugins/test_gated_ort.py).
+token instead of chunk by chunk: equal up to float32 rounding (tests/plugins/gated/test_ort.py).
 
 The kernel is causal with as many queries as keys (self-attention); bidirectional calls take the portable
 form (an ``If`` on the constant ``causal``, which ONNX Runtime folds). Causal attention with fewer
@@ -19,14 +19,14 @@ from onnxscript import BOOL, FLOAT
 from onnxscript import opset18 as op
 
 from attnx.ops import LIBRARY, OPSET
-from attnx.plugins._gated_ort import MICROSOFT, OrtHeadsToBatch
-from attnx.plugins._linear_core import (
+from attnx.plugins.lib.linear_core import (
     LinearCoreFullSums,
     LinearCoreMaskKeys,
     LinearCoreNormalise,
     LinearCoreSplitLast,
     LinearCoreValues,
 )
+from attnx.plugins.lib.ort import MICROSOFT, OrtHeadsToBatch
 from attnx.plugins.linear.features import LinearEluFeatures
 
 

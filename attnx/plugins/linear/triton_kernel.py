@@ -9,7 +9,7 @@ import triton
 import triton.language as tl
 
 from attnx.kernels import Shapes
-from attnx.plugins import _linear_triton as core
+from attnx.plugins.lib import linear_triton as core
 
 
 @triton.jit

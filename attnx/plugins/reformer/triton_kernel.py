@@ -41,7 +41,7 @@ import triton
 import triton.language as tl
 
 from attnx.kernels import Shapes, Tactic, TritonKernel, block, row_block_grid, static
-from attnx.plugins._tiles import load_rows
+from attnx.plugins.lib.tiles import load_rows
 from attnx.plugins.reformer.lsh import NORM_EPS, SELF_SCORE
 
 _SELF = tl.constexpr(SELF_SCORE)

@@ -12,7 +12,7 @@ from onnxscript import opset23 as op23
 
 from attnx.attention import MASKED_SCORE, MultiHeadAttention
 from attnx.ops import LIBRARY, OPSET, AttentionOp, AttnxWiden, TargetBodies, VariantImpl, trainable_op
-from attnx.plugins._gated_ort import ORT_SINCE
+from attnx.plugins.lib.ort import ORT_SINCE
 from attnx.plugins.softmax.config import SoftmaxConfig
 from attnx.plugins.softmax.ort import (
     SoftmaxOrtFits,

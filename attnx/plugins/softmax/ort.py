@@ -21,7 +21,7 @@ from onnxscript import BOOL, FLOAT, INT32
 from onnxscript import opset18 as op
 
 from attnx.ops import LIBRARY
-from attnx.plugins._gated_ort import MICROSOFT, OrtHeadsToBatch, OrtRepeatHeads
+from attnx.plugins.lib.ort import MICROSOFT, OrtHeadsToBatch, OrtRepeatHeads
 
 
 @onnxscript.script(LIBRARY, default_opset=op)

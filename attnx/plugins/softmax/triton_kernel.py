@@ -19,7 +19,7 @@ import triton.language as tl
 
 from attnx.attention import MASKED_SCORE
 from attnx.kernels import Shapes, Tactic, TritonKernel, block, query_key_scalars, row_block_grid, static
-from attnx.plugins._tiles import load_rows
+from attnx.plugins.lib.tiles import load_rows
 
 _MASKED = tl.constexpr(MASKED_SCORE)
 

@@ -8,7 +8,7 @@ here sit on both sides of its chunk of 64 (odd ones included).
 * the default run: a user's module holding a GLA layer (``attnx export --module``);
 * the slow set: decode plus greedy generation of an RWKV-6 model as the library initialises it
   (``--from fla:DIR``) at short lengths, and every model type of the library's causal LMs, trained
-  here (tests/adapters/fla_models.py, cached in pytest's cache), exported with ``--decode``: ONNX
+  here (tests/adapters/fla/models.py, cached in pytest's cache), exported with ``--decode``: ONNX
   Runtime at several lengths, a 2000-step decode against the full forward, and ``attnx generate``
   against the library's greedy decoding.
 
@@ -36,7 +36,7 @@ pytest.importorskip("fla.layers", reason="flash-linear-attention is not installe
 from attnx.adapters.fla.load import load  # noqa: E402
 from attnx.decode.runtime import open_stepper  # noqa: E402
 from attnx.exporter.directory import ExportDir  # noqa: E402
-from tests.adapters import fla_models  # noqa: E402
+from tests.adapters.fla import models as fla_models  # noqa: E402
 from tests.helpers import run_cli  # noqa: E402
 
 ROUTE = "fla-kernels-compiled-cuda" if torch.cuda.is_available() else "fla-kernels-triton-interpreter"

@@ -1,7 +1,7 @@
 """``attnx::GatedDeltaRule(Step)`` on ONNX Runtime's own kernels (``com.microsoft``), for an "ort" target.
 
-Two mappings, each checked against the recurrence of :mod:`attnx.plugins._gated_core` (ONNX Runtime
-1.32's schemas, and tests/plugins/test_gated_ort.py):
+Two mappings, each checked against the recurrence of :mod:`attnx.plugins.gated.op` (ONNX Runtime
+1.32's schemas, and tests/plugins/gated/test_ort.py):
 
 * ``GatedDeltaNet``: q, k (B, T, hk, dk), v (B, T, hv, dv) token-major (the rank-4 spelling), head
   counts read from the shapes, q/k head i serving the consecutive value heads i*r .. i*r + r - 1 as
@@ -24,12 +24,7 @@ from onnxscript import BOOL, FLOAT, INT64
 from onnxscript import opset18 as op
 
 from attnx.ops import LIBRARY, OPSET, AttnxWiden
-
-MICROSOFT = onnxscript.values.Opset("com.microsoft", 1)
-# The ONNX Runtime release whose LinearAttention / GatedDeltaNet kernels these bodies (and the linear
-# variant's) were checked against: the ops' TargetBodies(since=...), named when an older one lacks them.
-ORT_SINCE = "1.32"
-
+from attnx.plugins.lib.ort import MICROSOFT, OrtHeadsToBatch, OrtRepeatHeads
 
 # ---------------------------------------------------------------- the kernels, one update rule each
 
@@ -102,26 +97,6 @@ def OrtScaled(out: FLOAT, scale: float) -> FLOAT:
     else:
         result = op.Identity(out)
     return result
-
-
-@onnxscript.script(LIBRARY, default_opset=op)
-def OrtHeadsToBatch(x: FLOAT) -> FLOAT:
-    """(b, h, n, d) -> (b * h, n, d)."""
-    return op.Reshape(x, op.Concat(op.Constant(value_ints=[-1]), op.Shape(x, start=2), axis=0))
-
-
-@onnxscript.script(LIBRARY, default_opset=op)
-def OrtRepeatHeads(x: FLOAT, like: FLOAT) -> FLOAT:
-    """q or k (b, hk, n, d) repeated to the value heads of ``like`` (b, hv, ...), each r times in a row."""
-    grouped = op.Concat(
-        op.Shape(x, start=0, end=2), op.Constant(value_ints=[-1]), op.Shape(x, start=2), axis=0
-    )
-    heads = op.Div(op.Shape(like, start=1, end=2), op.Shape(x, start=1, end=2))
-    wide = op.Concat(op.Shape(x, start=0, end=2), heads, op.Shape(x, start=2), axis=0)
-    return op.Reshape(
-        op.Expand(op.Reshape(x, grouped), wide),
-        op.Concat(op.Shape(like, start=0, end=2), op.Shape(x, start=2), axis=0),
-    )
 
 
 @onnxscript.script(LIBRARY, default_opset=op)

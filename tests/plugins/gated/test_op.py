@@ -1,4 +1,4 @@
-"""The gated / delta-rule torch ops against the token-by-token recurrence (attnx/plugins/_gated_core.py).
+"""The gated / delta-rule torch ops against the token-by-token recurrence (attnx/plugins/gated/op.py).
 
 The reference ``naive_gated_delta_rule`` is itself checked against closed forms of the equations (the
 additive rule as an explicit N x N sum, the delta rule's overwrite property), then the chunked ops against
@@ -14,8 +14,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attnx.plugins._gated_config import block_size, chunk_plan
-from attnx.plugins._gated_core import (
+from attnx.plugins.gated.config import block_size, chunk_plan
+from attnx.plugins.gated.op import (
     MAX_CHUNK_SIZE,
     default_chunk_size,
     gated_delta_rule,
@@ -23,7 +23,7 @@ from attnx.plugins._gated_core import (
     naive_gated_delta_rule,
 )
 from tests.helpers import assert_unchanged
-from tests.plugins.gated_cases import SCALE, Shape, boundary_lengths, draw
+from tests.plugins.gated.cases import SCALE, Shape, boundary_lengths, draw
 
 # -- the reference, checked against closed forms ---------------------------------------------------------
 

@@ -24,8 +24,8 @@ import torch
 from transformers.models.kimi_linear import modeling_kimi_linear as kimi_linear
 from transformers.models.qwen3_next import modeling_qwen3_next as qwen3_next
 
-from attnx.plugins._gated_core import gated_delta_rule_step
-from tests.plugins.gated_cases import Shape, draw
+from attnx.plugins.gated.op import gated_delta_rule_step
+from tests.plugins.gated.cases import Shape, draw
 
 
 def pure_torch(function):

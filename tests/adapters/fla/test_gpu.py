@@ -1,10 +1,10 @@
 """The ``fla`` adapter against flash-linear-attention's compiled Triton kernels on CUDA.
 
-The same layers as tests/adapters/test_fla.py, on a GPU: the library's real kernels, its chunked
+The same layers as tests/adapters/fla/test_layers.py, on a GPU: the library's real kernels, its chunked
 training kernels included (``mode="chunk"``, and the forward under autograd, which the library always
 runs in chunk mode), against the converted layer, and the whole exported model in ONNX Runtime's CUDA
 provider against the library's model. Skipped without CUDA, with that reason; on a CPU the interpreter
-route of test_fla.py carries the proof. Run: ``pytest -m gpu tests/adapters/test_fla_gpu.py``.
+route of test_layers.py carries the proof. Run: ``pytest -m gpu tests/adapters/fla/test_gpu.py``.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ pytestmark = [
     pytest.mark.skipif(
         not torch.cuda.is_available(),
         reason="no CUDA here: flash-linear-attention's compiled kernels need a GPU (the CPU route of "
-        "test_fla.py, its kernels in Triton's interpreter, carries the proof)",
+        "tests/adapters/fla/test_layers.py, its kernels in Triton's interpreter, carries the proof)",
     ),
 ]
 
@@ -26,7 +26,7 @@ fla_layers = pytest.importorskip(
 )
 
 from attnx.adapters.fla.convert import convert  # noqa: E402
-from tests.adapters.test_fla import HIDDEN, LAYERS, library_layer  # noqa: E402
+from tests.adapters.fla.test_layers import HIDDEN, LAYERS, library_layer  # noqa: E402
 
 # GPU kernels use approximate exp2/softplus (the library's inline PTX) and TF32 dots: looser than CPU.
 GPU_RTOL = 2e-3

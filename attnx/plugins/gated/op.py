@@ -14,26 +14,35 @@ feature maps and scales are the caller's). A token with g = 0 and beta = 0 leave
 
 ``attnx::gated_delta_rule`` runs from an empty state; ``attnx::gated_delta_rule_step`` continues from a
 state (b, hv, dk, dv) and returns the state after its tokens (1 decoded token or a whole prompt). Both
-compute chunk by chunk (``chunk_size`` tokens, :mod:`attnx.plugins._gated_torch`), exported as single
+compute chunk by chunk (``chunk_size`` tokens, :mod:`attnx.plugins.gated._chunks`), exported as single
 ``attnx::GatedDeltaRule`` / ``attnx::GatedDeltaRuleStep`` nodes whose portable ONNX bodies
-(:mod:`attnx.plugins._gated_onnx`) do the same with standard ops; :data:`ORT_BODIES` compute them with
-ONNX Runtime's own kernels (:mod:`attnx.plugins._gated_ort`).
+(:mod:`attnx.plugins.gated._onnx`) do the same with standard ops; :data:`ORT_BODIES` compute them with
+ONNX Runtime's own kernels (:mod:`attnx.plugins.gated._ort`).
+
+Every layer built on the rule (this family's :mod:`attnx.plugins.gated.layer`, and the adapters'
+layers of flash-linear-attention and Hugging Face hybrids) calls it through one entry: :func:`run_rule`
+(full forward or step, one chunk-size policy), declares its state with :func:`rule_state` (one order:
+a convolution's carry, then the recurrent state; :func:`split_state` and :func:`join_state` read and
+write it) and normalises q and k with :func:`l2norm`.
 """
 
 from __future__ import annotations
 
 import torch
 
-from attnx.ops import AttentionOp, TargetBodies, trainable_op
-from attnx.plugins._gated_config import MAX_CHUNK_SIZE, default_chunk_size
-from attnx.plugins._gated_onnx import GatedDeltaRule, GatedDeltaRuleStep, GatedDeltaRuleStepFirst
-from attnx.plugins._gated_ort import ORT_BODIES, ORT_SINCE
-from attnx.plugins._gated_torch import gated_chunks
+from attnx.ops import AttentionOp, TargetBodies, at_least_float32, trainable_op
+from attnx.plugins.gated._chunks import gated_chunks
+from attnx.plugins.gated._onnx import GatedDeltaRule, GatedDeltaRuleStep, GatedDeltaRuleStepFirst
+from attnx.plugins.gated._ort import ORT_BODIES
+from attnx.plugins.gated.config import MAX_CHUNK_SIZE, default_chunk_size
+from attnx.plugins.lib.ort import ORT_SINCE
+from attnx.state import StateTensor
 
 # The state is float32 whatever the activations; the output is named apart from the input (one-node models
 # and graphs need distinct names).
 STATE_INPUT_TYPE = {"state": "tensor(float)"}
 STATE_OUTPUT_TYPE = {"new_state": "tensor(float)"}
+L2_EPS = 1e-6  # transformers' l2norm (Qwen3-Next, Kimi Linear), flash-linear-attention's kernels
 
 __all__ = [
     "GATED_DELTA_RULE_OP",
@@ -43,7 +52,12 @@ __all__ = [
     "default_chunk_size",
     "gated_delta_rule",
     "gated_delta_rule_step",
+    "join_state",
+    "l2norm",
     "naive_gated_delta_rule",
+    "rule_state",
+    "run_rule",
+    "split_state",
 ]
 
 
@@ -165,7 +179,7 @@ GATED_DELTA_RULE_OP = AttentionOp(
     "u_t = beta_t (v_t - (diag(exp(g_t)) S_{t-1})^T k_t) (delta) or beta_t v_t, o_t = scale S_t^T q_t; "
     "q, k (b, hk, n, dk), v (b, hv, n, dv), g (b, hv, n, 1 or dk), beta (b, hv, n).",
     output_shape=_output_shape,
-    kernel="attnx.plugins._gated_triton:GATED_KERNEL",
+    kernel="attnx.plugins.gated._triton:GATED_KERNEL",
     targets={"ort": TargetBodies(ORT_BODIES["GatedDeltaRule"], since=ORT_SINCE)},
     preconditions=_preconditions,
 )
@@ -183,3 +197,81 @@ GATED_DELTA_RULE_STEP_OP = AttentionOp(
     targets={"ort": TargetBodies(ORT_BODIES["GatedDeltaRuleStep"], since=ORT_SINCE)},
     preconditions=_preconditions,
 )
+
+
+def run_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    past: torch.Tensor | None,
+    *,
+    delta: bool,
+    scale: float,
+    chunk: int | None = None,
+    step: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The rule on the op's layout (module docstring): the one call of every layer built on it.
+
+    Args:
+        q, k, v, g, beta: as the ops take them.
+        past: the recurrent state (b, hv, dk, dv) before these tokens; None: zeros.
+        delta: the delta rule, else the additive rule.
+        scale: the factor of q . k.
+        chunk: tokens per chunk; None: the measured default for the rule and g's width
+            (:func:`attnx.plugins.gated.config.default_chunk_size`). A caller reproducing a library's own
+            chunking passes the library's.
+        step: False: ``attnx::gated_delta_rule`` from an empty state (no ``past``); True:
+            ``attnx::gated_delta_rule_step``, which returns the state after the tokens too.
+
+    Returns:
+        The output (b, hv, n, dv) in v's dtype, and the state after the tokens (None unless ``step``).
+    """
+    if chunk is None:
+        chunk = default_chunk_size(delta, g.shape[-1] > 1)
+    if step:
+        return gated_delta_rule_step(q, k, v, g, beta, past, delta, scale, chunk)
+    if past is not None:
+        raise ValueError("run_rule: a past state is read only with step=True")
+    return gated_delta_rule(q, k, v, g, beta, delta, scale, chunk), None
+
+
+def rule_state(
+    value_heads: int, key_dim: int, value_dim: int, carry: StateTensor | None = None
+) -> list[StateTensor]:
+    """A layer's decode state: ``carry`` (the inputs a convolution or token shift before the rule keeps;
+    None: none), then the rule's recurrent state S (batch, hv, d_k, d_v) in float32."""
+    recurrent = StateTensor(
+        "recurrent",
+        ("batch", value_heads, key_dim, value_dim),
+        "float32",
+        doc="S (per value head, d_k x d_v) of the gated / delta rule",
+        role="recurrent",
+    )
+    return [recurrent] if carry is None else [carry, recurrent]
+
+
+def split_state(
+    state: tuple[torch.Tensor, ...] | None, carried: bool
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """(carry, recurrent) of a state in :func:`rule_state`'s order (``carried``: it has a carry); each
+    None when absent (``state`` None: nothing before)."""
+    if state is None:
+        return None, None
+    return (state[0] if carried else None), state[-1]
+
+
+def join_state(carry: torch.Tensor | None, recurrent: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """A state in :func:`rule_state`'s order."""
+    return (recurrent,) if carry is None else (carry, recurrent)
+
+
+def l2norm(x: torch.Tensor, *, divide: bool = False) -> torch.Tensor:
+    """q or k L2-normalised over the head dim, in float32 at least: x * rsqrt(sum x^2 + 1e-6)
+    (transformers' ``l2norm``, flash-linear-attention's kernels), or with ``divide`` x / sqrt(sum x^2 +
+    1e-6), Kimi Linear's spelling (a division rounds once, the reciprocal's product twice: kept so a
+    Kimi export rounds as the model does)."""
+    wide = at_least_float32(x)
+    total = (wide * wide).sum(-1, keepdim=True) + L2_EPS
+    return (wide / torch.sqrt(total) if divide else wide * torch.rsqrt(total)).to(x.dtype)

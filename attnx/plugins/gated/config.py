@@ -1,6 +1,7 @@
-"""The options of the gated / delta-rule layers (no torch): what ``retention`` and ``gated_delta`` share.
+"""The options of the gated / delta-rule layers (no torch): what ``retention`` and ``gated_delta`` share,
+and each variant's defaults (:class:`RetentionConfig`, :class:`GatedDeltaConfig`).
 
-Both variants build :class:`attnx.plugins._gated_layer.GatedLayer` around the ``attnx::gated_delta_rule``
+Both variants build :class:`attnx.plugins.gated.layer.GatedLayer` around the ``attnx::gated_delta_rule``
 op (docs/variants/retention.md, docs/variants/gated_delta.md); they differ in the rule (additive or delta)
 and in their defaults. Every option below is read from a released model's code (transformers 5.24:
 ``models/qwen3_next``, ``models/qwen3_5``, ``models/kimi_linear``, ``models/minimax``;
@@ -150,3 +151,37 @@ class GatedConfig(Config):
             f"{what} chunk_size={self.chunk_size} must be in 1..{MAX_CHUNK_SIZE} "
             f"(none: {default_chunk_size(self.delta, self.per_key)}, the measured default)",
         )
+
+
+@dataclasses.dataclass(frozen=True)
+class RetentionConfig(GatedConfig):
+    """S_t = diag(exp(g_t)) S_{t-1} + k_t v_t^T, o_t = scale S_t^T q_t; the defaults are RetNet's multi-scale
+    retention (fixed gamma_h = 1 - 2^(-5-h), swish output gate after a per-head norm). MiniMax-01's
+    lightning attention: decay=minimax activation=silu scale=1 output_norm=full output_gate=sigmoid; GLA:
+    decay=key decay_gate=logsigmoid decay_rank=16; plain linear attention without a normaliser:
+    decay=none output_gate=none output_norm=none (docs/variants/retention.md)."""
+
+    delta: ClassVar[bool] = False
+    variant: ClassVar[str] = "retention"
+
+    decay: Decay = "retnet"
+    activation: Activation = "none"
+    output_gate: OutputGate = "silu"
+
+
+@dataclasses.dataclass(frozen=True)
+class GatedDeltaConfig(GatedConfig):
+    """S_t = D_t S_{t-1} + beta_t k_t (v_t - (D_t S_{t-1})^T k_t)^T, o_t = scale S_t^T q_t; the defaults are
+    Gated DeltaNet's as Qwen3-Next and Qwen3.5 use it (a decay per value head from x, L2-normalised q/k,
+    a short convolution of width 4 with SiLU, a SiLU output gate after a per-head RMSNorm). DeltaNet:
+    decay=none; Kimi Delta Attention: decay=key decay_rank=<head dim> output_gate=sigmoid
+    gate_rank=<head dim> (docs/variants/gated_delta.md)."""
+
+    delta: ClassVar[bool] = True
+    variant: ClassVar[str] = "gated_delta"
+
+    decay: Decay = "head"
+    qk_norm: bool = True
+    activation: Activation = "silu"
+    short_conv: bool = True
+    output_gate: OutputGate = "silu"

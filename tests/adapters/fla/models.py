@@ -21,16 +21,17 @@ on every model it trains.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from torch.nn import functional
+
+from attnx.atomic import made_once
 
 STEPS = 80
 BATCH = 16
@@ -131,24 +132,15 @@ def key(model_type: str) -> str:
 
 
 def trained(model_type: str, cache: Path) -> Path:
-    """The ``save_pretrained`` directory of the trained ``model_type`` model (trained on first use, written
-    to a scratch folder and renamed, so an interrupted run leaves nothing half-saved; one process trains
-    it, under a lock on ``<path>.lock``, while those asking at the same time wait and reuse it)."""
-    from filelock import FileLock
-
+    """The ``save_pretrained`` directory of the trained ``model_type`` model, trained on first use (once,
+    under a lock, atomically: :func:`attnx.atomic.made_once`)."""
     path = cache / f"{model_type}-{key(model_type)}"
-    with FileLock(path.with_name(path.name + ".lock")):
-        if not (path / "config.json").is_file():
-            _train_and_save(model_type, path)
-    return path
+    return made_once(path, functools.partial(_train_and_save, model_type), done="config.json")
 
 
-def _train_and_save(model_type: str, path: Path) -> None:
+def _train_and_save(model_type: str, staging: Path) -> None:
     model = build(model_type)
     losses = train(model)
     learned(losses)
-    scratch = Path(tempfile.mkdtemp(prefix=f".{model_type}-", dir=path.parent))
-    model.eval().save_pretrained(scratch)
-    (scratch / "losses.json").write_text(json.dumps(losses))
-    shutil.rmtree(path, ignore_errors=True)
-    scratch.rename(path)
+    model.eval().save_pretrained(staging)
+    (staging / "losses.json").write_text(json.dumps(losses))

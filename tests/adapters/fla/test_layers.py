@@ -259,7 +259,7 @@ def test_stepping_continues_the_full_forward(name):
         replacement.stepping = None
     close(torch.cat(outs, dim=1), full, name)
     declared = replacement.decode_state()
-    assert [s.name for s in declared] == ["recurrent", "conv"][: len(past)]
+    assert [s.name for s in declared] == ["conv", "recurrent"][-len(past) :]  # the gated rule's order
     for spec, tensor in zip(declared, past, strict=True):
         assert tuple(tensor.shape) == tuple(2 if a == "batch" else a for a in spec.axes), spec.name
         assert spec.dtype is None or str(tensor.dtype) == f"torch.{spec.dtype}"

@@ -18,10 +18,9 @@ import pytest
 import torch
 
 from attnx.errors import AttnxError
-from attnx.plugins._gated_core import naive_gated_delta_rule
-from attnx.plugins._gated_layer import GatedLayer
-from attnx.plugins.gated_delta.config import GatedDeltaConfig
-from attnx.plugins.retention.config import RetentionConfig
+from attnx.plugins.gated.config import GatedDeltaConfig, RetentionConfig
+from attnx.plugins.gated.layer import GatedLayer
+from attnx.plugins.gated.op import naive_gated_delta_rule
 from attnx.variant import AttentionSpec
 from tests.plugins import op_harness as harness
 

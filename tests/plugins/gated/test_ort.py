@@ -1,7 +1,7 @@
 """The bodies on ONNX Runtime's kernels (com.microsoft GatedDeltaNet / LinearAttention / GroupQueryAttention /
 MultiHeadAttention) against the torch ops.
 
-attnx/plugins/_gated_ort.py maps attnx::GatedDeltaRule(Step) onto the first two, attnx/plugins/linear/ort.py
+attnx/plugins/gated/_ort.py maps attnx::GatedDeltaRule(Step) onto the first two, attnx/plugins/linear/ort.py
 the ``linear`` variant's causal attention onto LinearAttention's "linear" rule, attnx/plugins/softmax/ort.py
 softmax attention onto GroupQueryAttention (no cache) and MultiHeadAttention (a decode step). Each runs
 as a one-node model whose node is served by that body (function and decomposed), against the torch op on
@@ -23,14 +23,14 @@ from onnx import helper
 
 from attnx.exporter.lowering import lower
 from attnx.ops import AttentionOp
-from attnx.plugins._gated_core import GATED_DELTA_RULE_OP, GATED_DELTA_RULE_STEP_OP, gated_delta_rule_step
-from attnx.plugins._gated_ort import ORT_BODIES, ORT_GATED_DELTA_NET_BODIES, ORT_LINEAR_ATTENTION_BODIES
+from attnx.plugins.gated._ort import ORT_BODIES, ORT_GATED_DELTA_NET_BODIES, ORT_LINEAR_ATTENTION_BODIES
+from attnx.plugins.gated.op import GATED_DELTA_RULE_OP, GATED_DELTA_RULE_STEP_OP, gated_delta_rule_step
 from attnx.plugins.linear.kernel import LINEAR_OP, LINEAR_STEP_OP, linear_attention, linear_attention_step
 from attnx.plugins.linear.ort import LINEAR_ORT_BODIES
 from attnx.plugins.softmax.kernel import SOFTMAX_OP, softmax_attention
 from attnx.testing.onnx_op import node_model
 from tests.plugins import op_harness as harness
-from tests.plugins.gated_cases import SCALE, Shape, draw
+from tests.plugins.gated.cases import SCALE, Shape, draw
 
 TOLERANCE = {"atol": 2e-5, "rtol": 1e-4}
 KERNELS = {"GatedDeltaNet": ORT_GATED_DELTA_NET_BODIES, "LinearAttention": ORT_LINEAR_ATTENTION_BODIES}

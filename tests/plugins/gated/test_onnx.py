@@ -1,6 +1,6 @@
 """The portable ONNX bodies of attnx::GatedDeltaRule(Step) in ONNX Runtime against the torch ops.
 
-Every case of the torch op's table (tests/plugins/test_gated_core.py: lengths on every side of a chunk
+Every case of the torch op's table (tests/plugins/gated/test_op.py: lengths on every side of a chunk
 boundary, grouped heads, dk != dv, scalar and per-key decay, both rules, with and without a state) runs as
 a one-node model in each lowering; then decoding step by step, strong decay, half precision (fp16 inputs,
 and fp16 models made by the usual converters), and the rules the bodies keep for those converters.
@@ -19,22 +19,22 @@ from attnx.exporter.lowering import function_protos, lower
 from attnx.exporter.signature import dynamic_shapes
 from attnx.exporter.trace import export_onnx
 from attnx.models.spec import TensorSpec
-from attnx.plugins._gated_core import (
+from attnx.plugins.gated._ort import ORT_GATED_DELTA_NET_BODIES, ORT_LINEAR_ATTENTION_BODIES
+from attnx.plugins.gated.op import (
     GATED_DELTA_RULE_OP,
     GATED_DELTA_RULE_STEP_OP,
     gated_delta_rule,
     gated_delta_rule_step,
     naive_gated_delta_rule,
 )
-from attnx.plugins._gated_ort import ORT_GATED_DELTA_NET_BODIES, ORT_LINEAR_ATTENTION_BODIES
 from attnx.plugins.linear.kernel import LINEAR_OP, LINEAR_STEP_OP
 from attnx.plugins.linear.ort import LINEAR_ORT_BODIES
 from attnx.testing.checks.fp16_convert import converters
 from attnx.testing.onnx_op import node_model
 from tests.plugins import op_harness as harness
-from tests.plugins.gated_cases import SCALE, Shape, draw
+from tests.plugins.gated.cases import SCALE, Shape, draw
+from tests.plugins.gated.test_op import cases
 from tests.plugins.test_dtype_generic import float_literals, nodes
-from tests.plugins.test_gated_core import cases
 
 TOLERANCE = {"atol": 2e-5, "rtol": 1e-4}
 

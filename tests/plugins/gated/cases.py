@@ -1,4 +1,4 @@
-"""Inputs and cases shared by the gated / delta-rule op tests (tests/plugins/test_gated_*.py)."""
+"""Inputs and cases shared by the gated / delta-rule op tests (tests/plugins/gated/)."""
 
 from __future__ import annotations
 

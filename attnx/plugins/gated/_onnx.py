@@ -1,5 +1,5 @@
 """Portable ONNX bodies of ``attnx::GatedDeltaRule(Step)``: the chunked form of
-:mod:`attnx.plugins._gated_torch` in standard ops (ai.onnx opset 18), which ONNX Runtime runs as they are.
+:mod:`attnx.plugins.gated._chunks` in standard ops (ai.onnx opset 18), which ONNX Runtime runs as they are.
 
 The layout is the torch code's: (b, hk, r, n_chunks, C, d), q and k with r = 1 (broadcast to the value
 heads they serve). Everything inside a chunk is computed for all chunks at once; a ``Scan`` over the
@@ -42,7 +42,7 @@ _NEG_INF = onnxscript.ir.tensor([float("-inf")], dtype=onnxscript.ir.DataType.FL
 @onnxscript.script(LIBRARY, default_opset=op)
 def GatedChunkLength(n: INT64, chunk_size: INT64, per_key: BOOL) -> tuple[INT64, INT64]:
     """(C, s): tokens per chunk and the per-key block length (1 for a scalar decay), int64 (1,), as
-    ``attnx.plugins._gated_config.chunk_plan`` chooses them."""
+    ``attnx.plugins.gated.config.chunk_plan`` chooses them."""
     one = op.Constant(value_ints=[1])
     length = op.Min(chunk_size, op.Max(n, one))
     powers = op.Constant(value_ints=[1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384])
@@ -116,7 +116,7 @@ def GatedBlocks(x: FLOAT, size: INT64) -> FLOAT:
 
 @onnxscript.script(LIBRARY, default_opset=op)
 def GatedPerKeyTerms(keys: FLOAT, cumulated: FLOAT, size: INT64) -> tuple[FLOAT, FLOAT, FLOAT]:
-    """The decays of ``attnx.plugins._gated_torch.per_key_scores`` for G (..., C, dk), in blocks of s tokens:
+    """The decays of ``attnx.plugins.gated._chunks.per_key_scores`` for G (..., C, dk), in blocks of s tokens:
     exp(G_i - G_b) (..., m, s, dk) for the rows (G_b: before i's block), the keys times exp(G_b - G_j) for
     every block (..., m, C, dk), and the keys times exp(G_i - G_j) in each block (..., m, s, s, dk); every
     exponent <= 0, pairs in no order clamped to exp(0) (their scores are masked)."""

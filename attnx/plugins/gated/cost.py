@@ -1,8 +1,8 @@
 """The cost of one gated linear-attention layer (``retention``, ``gated_delta``; no torch).
 
 FLOPs follow :mod:`attnx.cost`'s convention (the matrix products the torch code runs, at their shapes,
-padding included), counted as :mod:`attnx.plugins._gated_layer` and the chunked op
-(:mod:`attnx.plugins._gated_torch`) run them, with b the batch, P the length padded to whole chunks of C
+padding included), counted as :mod:`attnx.plugins.gated.layer` and the chunked op
+(:mod:`attnx.plugins.gated._chunks`) run them, with b the batch, P the length padded to whole chunks of C
 tokens, hk/hv the q-k/value heads of d_k/d_v:
 
 * projections: q, k, v (one product), the output, the output gate, the decay and beta projections (a
@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 
 from attnx.cost import FLOAT_BYTES, AttentionCost, Shape
-from attnx.plugins._gated_config import GatedConfig, chunk_plan
+from attnx.plugins.gated.config import GatedConfig, chunk_plan
 
 
 def _projection(tokens: int, d_in: int, d_out: int, rank: int) -> int:

@@ -1,6 +1,6 @@
 """Kernelised linear attention as one Triton kernel, shared by ``linear`` and ``cosformer``.
 
-The Triton twin of :mod:`attnx.plugins._linear_core`: a variant supplies its feature map as a
+The Triton twin of :mod:`attnx.plugins.lib.linear_core`: a variant supplies its feature map as a
 ``@triton.jit`` function ``features(x, valid, positions, n_queries, n_keys, FEATURE_ARG)`` that
 maps a (rows, BLOCK_D) float32 tile to (rows, PARTS * BLOCK_D) non-negative features, zero
 where ``valid`` (the real head dimensions) is False; ``positions`` are 0-based sequence
@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 
 from attnx.kernels import Shapes, Tactic, TritonKernel, block, per_head_grid, query_key_scalars, static
-from attnx.plugins._tiles import load_rows
+from attnx.plugins.lib.tiles import load_rows
 
 
 @triton.jit

@@ -29,7 +29,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from attnx.plugins._gated_config import chunk_plan
+from attnx.plugins.gated.config import chunk_plan
 
 
 def gated_chunks(

@@ -1,13 +1,13 @@
 """The gated linear-attention layer that ``retention`` and ``gated_delta`` build (one class, two rules).
 
-From the layer's input x (batch, n, d_model), with the options of :class:`attnx.plugins._gated_config.
+From the layer's input x (batch, n, d_model), with the options of :class:`attnx.plugins.gated.config.
 GatedConfig` (docs/variants/retention.md and gated_delta.md give each model's values):
 
     q, k, v = act(conv(x W_qkv))            the short causal depthwise convolution is optional
-    q, k    = l2norm(q), l2norm(k)          optional (x / sqrt(sum x^2 + 1e-6) per head)
+    q, k    = l2norm(q), l2norm(k)          optional (x * rsqrt(sum x^2 + 1e-6) per head)
     g       = log-decay <= 0                none, fixed per head, or from x per head / per key dimension
     beta    = sigmoid(x W_b)                delta rule only (the additive rule: beta = 1)
-    o       = attnx::gated_delta_rule(q, k, v, g, beta, delta, scale, chunk_size)
+    o       = run_rule(q, k, v, g, beta, ...)  attnx::gated_delta_rule (:mod:`attnx.plugins.gated.op`)
     y       = (rmsnorm(o) * act(x W_z)) W_o  the norm per head or over the full width; the gate optional
 
 Padding (``key_padding_mask`` False) is exact: x is zeroed there (so the convolution reads zeros, as
@@ -27,18 +27,20 @@ from torch import nn
 from attnx.attention import Stepping
 from attnx.errors import AttnxError
 from attnx.ops import VariantImpl, at_least_float32
-from attnx.plugins._gated_config import GatedConfig
-from attnx.plugins._gated_core import (
+from attnx.plugins.gated.config import GatedConfig
+from attnx.plugins.gated.op import (
     GATED_DELTA_RULE_OP,
     GATED_DELTA_RULE_STEP_OP,
-    gated_delta_rule,
-    gated_delta_rule_step,
+    join_state,
+    l2norm,
+    rule_state,
+    run_rule,
+    split_state,
 )
 from attnx.shortconv import depthwise_conv
 from attnx.state import StateTensor, conv_state
 from attnx.variant import AttentionSpec
 
-L2_EPS = 1e-6  # transformers' l2norm (Qwen3-Next, Kimi Linear), flash-linear-attention's
 GLA_NORMALISER = 16.0  # GLA: g = logsigmoid(.) / 16 (flash-linear-attention's gate_logit_normalizer)
 ACTIVATIONS = {"none": None, "silu": F.silu, "sigmoid": torch.sigmoid}
 
@@ -65,12 +67,6 @@ def projection(d_in: int, d_out: int, rank: int) -> nn.Module:
     if rank:
         return nn.Sequential(nn.Linear(d_in, rank, bias=False), nn.Linear(rank, d_out, bias=False))
     return nn.Linear(d_in, d_out, bias=False)
-
-
-def l2_normalise(x: torch.Tensor) -> torch.Tensor:
-    """x / sqrt(sum x^2 + 1e-6) over the last axis, computed in float32 at least."""
-    wide = at_least_float32(x)
-    return (wide * torch.rsqrt((wide * wide).sum(-1, keepdim=True) + L2_EPS)).to(x.dtype)
 
 
 def split_heads(x: torch.Tensor, heads: int) -> torch.Tensor:
@@ -196,18 +192,17 @@ class GatedLayer(Stepping, nn.Module):
         q, k, v = mixed.split(self.widths, dim=-1)
         q, k, v = split_heads(q, key_heads), split_heads(k, key_heads), split_heads(v, value_heads)
         if config.qk_norm:
-            q, k = l2_normalise(q), l2_normalise(k)
+            q, k = l2norm(q), l2norm(k)
         g, beta = self.log_decay(x), self.beta(x)
         if key_padding_mask is not None:  # a padded token leaves the state as it was
             keep = key_padding_mask[:, None, :].to(g.dtype)
             g, beta = g * keep[..., None], beta * keep
         g, beta = g.to(v.dtype), beta.to(v.dtype)
-        arguments = (q, k, v, g, beta)
-        if state is None:
-            out = gated_delta_rule(*arguments, config.delta, self.scale, config.chunk)
-            return self._output(out, x), None
-        out, recurrent = gated_delta_rule_step(*arguments, state[1], config.delta, self.scale, config.chunk)
-        return self._output(out, x), (carry, recurrent)
+        past, step = (None, False) if state is None else (state[1], True)
+        out, recurrent = run_rule(
+            q, k, v, g, beta, past, delta=config.delta, scale=self.scale, chunk=config.chunk, step=step
+        )
+        return self._output(out, x), (carry, recurrent) if step else None
 
     # -- the layer ---------------------------------------------------------------------------------------
 
@@ -225,28 +220,16 @@ class GatedLayer(Stepping, nn.Module):
 
     def decode_state(self) -> list[StateTensor]:
         """The recurrent state S (batch, hv, d_k, d_v) in float32, after the convolution's carry if any."""
-        (key_dim, value_dim), value_heads = self.dims, self.heads[1]
-        recurrent = StateTensor(
-            "recurrent",
-            ("batch", value_heads, key_dim, value_dim),
-            "float32",
-            doc="S (per value head, d_k x d_v) of the gated / delta rule",
-            role="recurrent",
-        )
-        if not self.config.short_conv:
-            return [recurrent]
-        return [conv_state(sum(self.widths), self.config.conv_kernel), recurrent]
+        config = self.config
+        carry = conv_state(sum(self.widths), config.conv_kernel) if config.short_conv else None
+        return rule_state(self.heads[1], *self.dims, carry)
 
     def step(
         self, x: torch.Tensor, state: tuple[torch.Tensor, ...] | None, position: torch.Tensor
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
         """The layer's output for new tokens x after ``state`` (``decode_state()`` order; None: none)."""
-        if state is None:
-            before: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None)
-        else:
-            before = (state[0], state[1]) if self.config.short_conv else (None, state[0])
-        y, (carry, recurrent) = self.mix(x, None, before)
-        return y, (recurrent,) if carry is None else (carry, recurrent)
+        y, (carry, recurrent) = self.mix(x, None, split_state(state, self.config.short_conv))
+        return y, join_state(carry, recurrent)
 
 
 IMPL = VariantImpl(build=GatedLayer, ops=(GATED_DELTA_RULE_OP,), decode_ops=(GATED_DELTA_RULE_STEP_OP,))
