@@ -191,12 +191,13 @@ def _spec(name: str, tensor: torch.Tensor, axes: Mapping[int, str]) -> TensorSpe
 
 
 def _one_signed_range(tensor: torch.Tensor) -> tuple[float, float] | None:
-    """The example's [min, max] when it has one sign (every element >= 0, or every one <= 0): such an input
-    is constrained (a log-decay, a gate, a rate) and parity inputs are drawn there; None otherwise."""
+    """The example's [min, max] when it has one sign (every element >= 0, or every one <= 0; not all zero):
+    such an input is constrained (a log-decay, a gate, a rate) and parity inputs are drawn there; None
+    otherwise."""
     if not tensor.is_floating_point() or not tensor.numel():
         return None
     low, high = float(tensor.min()), float(tensor.max())
-    if not (math.isfinite(low) and math.isfinite(high)) or low == high or (low < 0 < high):
+    if not (math.isfinite(low) and math.isfinite(high)) or low < 0 < high or low == high == 0:
         return None
     return low, high
 

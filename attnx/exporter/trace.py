@@ -157,15 +157,16 @@ def untranslated_ops() -> Iterator[None]:
         while cause is not None:
             missing = _NO_FUNCTION.search(str(cause))
             if missing:
+                op = missing.group(1) or missing.group(2)
                 raise AttnxError(
-                    f"torch.onnx has no ONNX translation for {missing.group(1)}; an attnx op exports through "
-                    "its variant's AttentionOp (an op no installed variant declares cannot be exported)"
+                    f"torch.onnx has no ONNX translation for {op}; an attnx op exports through its variant's "
+                    "AttentionOp (an op no installed variant declares cannot be exported)"
                 ) from None
             cause = cause.__cause__ or cause.__context__
         raise
 
 
-_NO_FUNCTION = re.compile(r"No ONNX function found for (\S+?)[.'\s]")
+_NO_FUNCTION = re.compile(r"No ONNX function found for (?:<OpOverload\(op='([^']+)'|([^\s<>]+))")
 
 
 def optimize(model: Any, store: WeightStore | None) -> None:
