@@ -152,14 +152,15 @@ def write(
     settings, source = job.settings, job.source
     shapes = source.shapes(assembly)
     inputs, outputs, _ = shapes
-    store = WeightStore.save(assembly.module, directory / WEIGHTS_FILE)
-    shared = shares_weights(settings.shared_weights, (directory / WEIGHTS_FILE).stat().st_size)
-    if shared:
-        report(f"saved the weights once, for every graph ({_gib(directory / WEIGHTS_FILE)})")
-    reference, stored = source.reference(assembly, directory, store if shared else None)
+    weights = directory / WEIGHTS_FILE
+    saved = WeightStore.save(assembly.module, weights)
+    store = saved if shares_weights(settings.shared_weights, weights.stat().st_size) else None
+    if store is not None:
+        report(f"saved the weights once, for every graph ({weights.stat().st_size / 2**30:.2f} GiB)")
+    reference, stored = source.reference(assembly, directory, store)
     report("exporting with torch.onnx (dynamo)")
     started = time.monotonic()
-    proto = source.trace(assembly, shapes, store if shared else None)
+    proto = source.trace(assembly, shapes, store)
     used = attnx_ops(proto)
     proto = lowering_mod.lower(proto, every_op(assembly), settings.lowering, settings.target)
     if settings.lowering != "plugin":
@@ -171,7 +172,7 @@ def write(
     for extension in extensions:
         if extension.wanted(job):
             report(f"exporting the {extension.name} graphs (model.onnx took {took:.0f} s)")
-            extra = extension.export(assembly, directory, settings, store if shared else None)
+            extra = extension.export(assembly, directory, settings, store)
             files.update(extra.files)
             used += [op for op in extra.ops if op not in used]
             sections[extension.name] = extra.section
@@ -195,10 +196,6 @@ def write(
     )
     write_atomic(directory / MANIFEST, manifest.to_json())
     return ExportDir.open(directory)
-
-
-def _gib(path: Path) -> str:
-    return f"{path.stat().st_size / 2**30:.2f} GiB"
 
 
 def verify_lengths(job: ExportJob, assembly: Assembly | ModuleAssembly) -> list[int]:

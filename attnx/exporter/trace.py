@@ -175,10 +175,7 @@ def optimize(model: Any, store: WeightStore | None) -> None:
     import onnxscript.optimizer
     import onnxscript.rewriter.onnx_fusions
 
-    if store is None:
-        onnxscript.optimizer.optimize_ir(model)
-    else:
-        onnxscript.optimizer.optimize_ir(model, should_fold=store.keeps_weights)
+    onnxscript.optimizer.optimize_ir(model, should_fold=store.keeps_weights if store else lambda node: None)
     onnxscript.rewriter.onnx_fusions.fuse(model)
 
 
