@@ -15,7 +15,7 @@ Examples:
   attnx triton lm --repo models                       # sequence batching, implicit state
   attnx triton lm --repo models --batching dynamic    # the full model.onnx, dynamic batching
   attnx export --variant softmax -o enc && attnx triton enc --repo models --name encoder --max-batch 16
-  attnx triton lm --repo models --instances 4 --force # four concurrent sequences; replace models/
+  attnx triton lm --repo models --instances 4 --force # four concurrent sequences; replace models/lm
   attnx triton lm --repo models --backend python      # Triton's python backend: model.py + ONNX Runtime
   tritonserver --model-repository=models
 """
@@ -100,7 +100,9 @@ def command(
     An lm decode export (attnx export --decode) is served token by token with sequence
     batching: every state tensor (KV cache or recurrent sums, and the position) is an
     implicit state Triton keeps per sequence. Other exports serve model.onnx with dynamic
-    batching. The repository's README.md has the tritonserver command and a client request.
+    batching. The model is added to the repository DIR (made if missing): an existing model of
+    the same name is refused without --force, and --force replaces only that model. Its folder's
+    README.md has the tritonserver command and a client request.
 
     --backend python writes a model for Triton's python backend instead: model.py runs the
     export in ONNX Runtime (a decoder keeps each sequence's state itself), in a python
@@ -142,5 +144,5 @@ def command(
         f"wrote {result.path}/{plan.name} ({plan.backend} backend, {plan.batching} batching, "
         f"max_batch_size {plan.max_batch_size}"
         f"{states}); serve it with `tritonserver --model-repository={result.path}` "
-        f"(see {result.path}/README.md)"
+        f"(see {result.path}/{plan.name}/README.md)"
     )

@@ -1,9 +1,12 @@
 """Triton Inference Server model repositories: ``attnx triton OUT --repo DIR``.
 
-One model per repository, ``DIR/<name>/config.pbtxt`` + ``DIR/<name>/1/model.onnx`` for Triton's
-onnxruntime backend, a ``DIR/README.md`` with the ``tritonserver`` command and a client request,
-and ``DIR/attnx-triton.json`` (what it was made from; ``--force`` replaces only a repository
-holding it). The whole directory is staged and renamed into place (:mod:`attnx.atomic`).
+Each call adds one model to the repository ``DIR`` (made if missing; other models in it are left as they
+are): ``DIR/<name>/config.pbtxt`` + ``DIR/<name>/1/model.onnx`` for Triton's onnxruntime backend, a
+``DIR/<name>/README.md`` with the ``tritonserver`` command and a client request, and
+``DIR/<name>/attnx-triton.json`` (what it was made from). An existing ``<name>`` is refused without
+``--force``; ``--force`` replaces only that model's folder, and only one attnx wrote. The model's folder
+is staged and renamed into place (:mod:`attnx.atomic`), so one ``tritonserver`` serves every model
+written into one repository.
 
 * **dynamic batching** (encoders, full models): ``model.onnx`` as exported; Triton stacks
   requests along the batch axis (``max_batch_size`` N, ``dims`` without the batch axis).
@@ -355,26 +358,25 @@ def write_repository(
         progress: told about the long steps (building the python environment).
 
     Raises:
-        AttnxError: ``out`` is not an export, bad settings, a batching it cannot serve, ``repo``
-            exists (without ``force``, or not written by attnx), or the python environment cannot
-            be built.
+        AttnxError: ``out`` is not an export, bad settings, a batching it cannot serve, the model's
+            folder ``repo/<name>`` exists (without ``force``, or not written by attnx), or the python
+            environment cannot be built.
     """
     export = ExportDir.open(out)
     plan = plan_model(export, name or export.manifest.model, batching, max_batch, instances, backend)
     if backend != "python" and env_cache is not None:
         raise AttnxError("--env-cache is for --backend python (the onnxruntime backend needs no environment)")
-    if backend == "python":
-        check_output_dir(repo, force, MARKER)  # before the slow environment build
-        plan = dataclasses.replace(plan, python_env=str(ensure_environment(env_cache, progress)))
     repo = Path(repo)
-    with staged_directory(repo, force, marker=MARKER) as staging:
-        model_dir = staging / plan.name
-        (model_dir / VERSION).mkdir(parents=True)
-        _write_model(export, plan, model_dir / VERSION)
-        (model_dir / "config.pbtxt").write_text(plan.config(), encoding="utf-8")
+    if backend == "python":
+        check_output_dir(repo / plan.name, force, MARKER)  # before the slow environment build
+        plan = dataclasses.replace(plan, python_env=str(ensure_environment(env_cache, progress)))
+    with staged_directory(repo / plan.name, force, marker=MARKER) as staging:
+        (staging / VERSION).mkdir()
+        _write_model(export, plan, staging / VERSION)
+        (staging / "config.pbtxt").write_text(plan.config(), encoding="utf-8")
         if export.has("tokenizer"):
-            shutil.copyfile(export.file("tokenizer"), model_dir / TOKENIZER_FILE)
-            shutil.copyfile(export.file("tokenizer_config"), model_dir / CONFIG_FILE)
+            shutil.copyfile(export.file("tokenizer"), staging / TOKENIZER_FILE)
+            shutil.copyfile(export.file("tokenizer_config"), staging / CONFIG_FILE)
         (staging / "README.md").write_text(readme(export, plan), encoding="utf-8")
         provenance = {
             "export": str(Path(out).resolve()),
@@ -385,7 +387,9 @@ def write_repository(
             "python_env": plan.python_env,
         }
         (staging / MARKER).write_text(json.dumps(provenance, indent=2) + "\n", encoding="utf-8")
-        files = tuple(sorted(str(p.relative_to(staging)) for p in staging.rglob("*") if p.is_file()))
+        files = tuple(
+            sorted(f"{plan.name}/{p.relative_to(staging)}" for p in staging.rglob("*") if p.is_file())
+        )
     return Repository(repo, plan, files)
 
 
@@ -401,7 +405,7 @@ def _write_model(export: ExportDir, plan: ModelPlan, folder: Path) -> None:
 
 
 def readme(export: ExportDir, plan: ModelPlan) -> str:
-    """README.md of the repository: what it serves, the server command, an example request."""
+    """README.md of the model's folder: what it serves, the server command, an example request."""
     text = export.has("tokenizer")
     inputs = ", ".join(f"`{e.name}` {_TYPES[e.dtype]} {list(e.dims)}" for e in plan.inputs)
     lines = [

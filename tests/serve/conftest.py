@@ -80,23 +80,24 @@ def triton_build(triton_cache) -> Path:
 
 @pytest.fixture(scope="session")
 def python_repositories(triton_build, triton_cache, serve_export, encoder_export, tmp_path_factory):
-    """``attnx triton --backend python`` repositories, by model name: "encoder" (dynamic batching),
-    "kv" (softmax decode: KV cache) and "rnn" (linear decode: recurrent sums)."""
-    root = tmp_path_factory.mktemp("python-repositories")
+    """``attnx triton --backend python`` models, by name, all written into one repository (its path):
+    "encoder" (dynamic batching), "kv" (softmax decode: KV cache) and "rnn" (linear decode: recurrent
+    sums)."""
+    root = tmp_path_factory.mktemp("python-repositories") / "models"
     exports = {"encoder": encoder_export, "kv": serve_export("softmax"), "rnn": serve_export("linear")}
     for name, out in exports.items():
-        args = ["triton", str(out), "--repo", str(root / name), "--backend", "python", "--name", name, "-q"]
+        args = ["triton", str(out), "--repo", str(root), "--backend", "python", "--name", name, "-q"]
         code, _, stderr = run_cli([*args, "--env-cache", str(triton_cache / "python-env")])
         assert code == 0, stderr
-    return {name: root / name for name in exports}
+    return dict.fromkeys(exports, root)
 
 
 @pytest.fixture(scope="session")
 def triton_server(triton_build, python_repositories, tmp_path_factory):
-    """One tritonserver for the session, serving every repository of :func:`python_repositories`;
+    """One tritonserver for the session, serving the repository of :func:`python_repositories`;
     stopped at the end of the session, whatever happened."""
     from tests.serve.tritonserver import running
 
     log = tmp_path_factory.mktemp("tritonserver") / "server.log"
-    with running(triton_build, list(python_repositories.values()), log) as server:
+    with running(triton_build, sorted(set(python_repositories.values())), log) as server:
         yield server

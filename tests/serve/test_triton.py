@@ -6,10 +6,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
+import tempfile
+from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import attnx
 from attnx.errors import AttnxError
@@ -85,7 +89,9 @@ def test_sequence_config_declares_the_graph(serve_export, variant, tmp_path):
         assert [s.input_name for s in recurrent] == [
             f"past.{i}.{name}" for i in range(2) for name in ("conv", "recurrent")
         ]
-    assert (repo / "lm" / "tokenizer.json").is_file() and "tritonserver" in (repo / "README.md").read_text()
+    assert (repo / "lm" / "tokenizer.json").is_file() and "tritonserver" in (
+        repo / "lm" / "README.md"
+    ).read_text()
 
 
 @pytest.mark.parametrize(
@@ -137,18 +143,66 @@ def test_dynamic_batching_serves_model_onnx(serve_export, tmp_path):
     assert list(config.input[0].dims) == [-1, -1]
 
 
-def test_force_replaces_only_a_repository_attnx_wrote(serve_export, tmp_path):
+def test_force_replaces_only_a_model_attnx_wrote(serve_export, tmp_path):
     out = serve_export("linear")
     repo, _ = repository(tmp_path, out)
     code, _, stderr = run_cli(["triton", str(out), "--repo", str(repo), "--force", "--batching", "dynamic"])
     assert code == 0, stderr
     assert parse_config(repo / "lm").HasField("dynamic_batching")
     other = tmp_path / "mine"
-    other.mkdir()
-    (other / "keep.txt").write_text("mine")
+    (other / "lm").mkdir(parents=True)
+    (other / "lm" / "keep.txt").write_text("mine")
     code, _, stderr = run_cli(["triton", str(out), "--repo", str(other), "--force"])
     assert_one_line_error(code, stderr, "holds no attnx-triton.json, so it is not an earlier output")
-    assert [p.name for p in other.iterdir()] == ["keep.txt"]
+    assert [p.name for p in (other / "lm").iterdir()] == ["keep.txt"]
+
+
+def snapshot(root: Path) -> dict[str, bytes | None]:
+    return {str(p.relative_to(root)): p.read_bytes() if p.is_file() else None for p in root.rglob("*")}
+
+
+def test_models_are_added_to_one_repository_and_replaced_one_at_a_time(
+    serve_export, encoder_export, tmp_path
+):
+    """An encoder and a decoder in one repository (as one tritonserver serves them); an existing name
+    is refused without --force, and --force rewrites that model's folder alone."""
+    repo = tmp_path / "models"
+    for out, name in ((encoder_export, "encoder"), (serve_export("linear"), "lm")):
+        code, _, stderr = run_cli(["triton", str(out), "--repo", str(repo), "--name", name, "-q"])
+        assert code == 0, stderr
+    assert sorted(p.name for p in repo.iterdir()) == ["encoder", "lm"]
+    encoder = snapshot(repo / "encoder")
+    code, _, stderr = run_cli(["triton", str(serve_export("linear")), "--repo", str(repo), "--name", "lm"])
+    assert_one_line_error(code, stderr, "already exists; pass --force")
+    code, _, stderr = run_cli(
+        ["triton", str(serve_export("linear")), "--repo", str(repo), "--name", "lm", "--force", "-q"]
+        + ["--batching", "dynamic"]
+    )
+    assert code == 0, stderr
+    assert snapshot(repo / "encoder") == encoder
+    assert parse_config(repo / "lm").HasField("dynamic_batching")
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    others=st.lists(
+        st.tuples(st.sampled_from(["lm2", "enc", "notes", "lm.bak"]), st.binary(max_size=16)),
+        max_size=4,
+        unique_by=lambda pair: pair[0],
+    ),
+    forced=st.booleans(),
+)
+def test_writing_a_model_never_touches_what_else_the_repository_holds(serve_export, tmp_path, others, forced):
+    from attnx.serve.triton import write_repository
+
+    repo = Path(tempfile.mkdtemp(dir=tmp_path))
+    for name, data in others:
+        (repo / name).mkdir()
+        (repo / name / "file.bin").write_bytes(data)
+    before = snapshot(repo)
+    write_repository(serve_export("linear"), repo, name="lm", batching="dynamic", force=forced)
+    after = snapshot(repo)
+    assert {k: v for k, v in after.items() if k != "lm" and not k.startswith("lm/")} == before
 
 
 def test_state_names_that_triton_would_confuse_are_refused():
