@@ -75,19 +75,19 @@ def doctor_data() -> dict:
     }
 
 
-def print_targets(out: str, as_json: bool) -> None:
-    """Which serving targets the export ``out`` can be served with, and why not."""
+def print_runtimes(out: str, as_json: bool) -> None:
+    """Which serving runtimes the export ``out`` can be served with, and why not."""
     from attnx.exporter.directory import ExportDir
-    from attnx.serve.targets import serving_targets
+    from attnx.serve.runtimes import serving_runtimes
 
-    targets = serving_targets(ExportDir.open(out))
-    if as_json:
-        echo_json({"export": out, "targets": [dataclasses.asdict(t) for t in targets]})
+    runtimes = serving_runtimes(ExportDir.open(out))
+    if as_json:  # the JSON key stays "targets": what scripts reading `attnx doctor OUT --json` parse
+        echo_json({"export": out, "targets": [dataclasses.asdict(r) for r in runtimes]})
         return
-    for target in targets:
-        status = "ok" if target.reason is None else f"no: {target.reason}"
-        click.echo(f"{target.name:25} {status}")
-        click.echo(f"{'':25} {target.how}")
+    for runtime in runtimes:
+        status = "ok" if runtime.reason is None else f"no: {runtime.reason}"
+        click.echo(f"{runtime.name:25} {status}")
+        click.echo(f"{'':25} {runtime.how}")
 
 
 @click.command("doctor")
@@ -107,7 +107,7 @@ def command(out: str | None, export: str | None, as_json: bool) -> None:
     if out is not None and export is not None and out != export:
         raise AttnxError("give the export once: OUT or --export OUT")
     if (out or export) is not None:
-        print_targets(str(out or export), as_json)
+        print_runtimes(str(out or export), as_json)
         return
     data = doctor_data()
     if as_json:

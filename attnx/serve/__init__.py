@@ -4,6 +4,6 @@ The layer between :mod:`attnx.decode` and :mod:`attnx.api`: the genai decoder an
 are exporter :class:`attnx.exporter.export.GraphExtension` objects (:data:`attnx.serve.genai.GENAI`,
 :data:`attnx.serve.tokenizer.TOKENIZER`) that :mod:`attnx.api` passes, and the Triton repository
 (:func:`attnx.serve.triton.write_repository`) and the target report
-(:func:`attnx.serve.targets.serving_targets`) read an export through
+(:func:`attnx.serve.runtimes.serving_runtimes`) read an export through
 :class:`attnx.exporter.directory.ExportDir`. See docs/deploying.md.
 """

@@ -1,4 +1,6 @@
-"""Which runtimes an export can be served with, and why not: ``attnx doctor OUT``."""
+"""Which runtimes an export can be served with, and why not: ``attnx doctor OUT``.
+
+(Serving runtimes, not lowering targets: those are :mod:`attnx.targets`.)"""
 
 from __future__ import annotations
 
@@ -12,8 +14,8 @@ from attnx.serve.triton import SERVED_LOWERINGS, sequence_blocker
 
 
 @dataclasses.dataclass(frozen=True)
-class Target:
-    """A serving target: ``reason`` None when the export can be served there on this machine; ``how``
+class ServingRuntime:
+    """A serving runtime: ``reason`` None when the export can be served there on this machine; ``how``
     the command that does it (or the fix)."""
 
     name: str
@@ -21,7 +23,7 @@ class Target:
     how: str
 
 
-def serving_targets(export: ExportDir) -> list[Target]:
+def serving_runtimes(export: ExportDir) -> list[ServingRuntime]:
     """Every target attnx knows, for ``export``."""
     out = str(export.path)
     lowering = export.manifest.lowering
@@ -36,21 +38,21 @@ def serving_targets(export: ExportDir) -> list[Target]:
         s.axes and s.axes[0] == "batch" for s in [*export.manifest.inputs, *export.manifest.outputs]
     )
     return [
-        Target("onnxruntime", BACKENDS["ort-cpu"].unavailable(export), f"attnx verify {out}"),
-        Target(
+        ServingRuntime("onnxruntime", BACKENDS["ort-cpu"].unavailable(export), f"attnx verify {out}"),
+        ServingRuntime(
             "onnxruntime decode",
             None if export.has("decode") else "no decode graphs; re-export with --decode",
             f"attnx generate {out} --prompt-ids 1,2,3",
         ),
-        Target("onnxruntime-genai", _genai(export), f"onnxruntime_genai.Model('{out}')"),
-        Target(
+        ServingRuntime("onnxruntime-genai", _genai(export), f"onnxruntime_genai.Model('{out}')"),
+        ServingRuntime(
             "triton dynamic batching",
             triton_lowering,
             f"attnx triton {out} --repo REPO --batching dynamic"
             + ("" if batch_first else " --max-batch 0 (the batch axis is fixed)"),
         ),
-        Target("triton sequence batching", sequence, f"attnx triton {out} --repo REPO"),
-        Target("tensorrt", BACKENDS["trt"].unavailable(export), f"attnx build {out}"),
+        ServingRuntime("triton sequence batching", sequence, f"attnx triton {out} --repo REPO"),
+        ServingRuntime("tensorrt", BACKENDS["trt"].unavailable(export), f"attnx build {out}"),
     ]
 
 
