@@ -47,7 +47,7 @@ from attnx.decode.model import LOGITS, PAST_LENGTH
 from attnx.decode.runtime import decode_section
 from attnx.errors import AttnxError
 from attnx.exporter.directory import ExportDir
-from attnx.exporter.manifest import DecodeSection, StatePair
+from attnx.exporter.manifest import MANIFEST, DecodeSection, StatePair
 from attnx.models.spec import TensorSpec
 from attnx.serve.layout import Layout, copy_graph, save_beside
 from attnx.serve.pyenv import Progress, ensure_environment, python_version
@@ -358,15 +358,19 @@ def write_repository(
         progress: told about the long steps (building the python environment).
 
     Raises:
-        AttnxError: ``out`` is not an export, bad settings, a batching it cannot serve, the model's
-            folder ``repo/<name>`` exists (without ``force``, or not written by attnx), or the python
-            environment cannot be built.
+        AttnxError: ``out`` is not an export, bad settings, a batching it cannot serve, ``repo`` is an
+            attnx export, the model's folder ``repo/<name>`` exists (without ``force``, or not written by
+            attnx), or the python environment cannot be built.
     """
     export = ExportDir.open(out)
     plan = plan_model(export, name or export.manifest.model, batching, max_batch, instances, backend)
     if backend != "python" and env_cache is not None:
         raise AttnxError("--env-cache is for --backend python (the onnxruntime backend needs no environment)")
     repo = Path(repo)
+    if (repo / MANIFEST).exists():
+        raise AttnxError(
+            f"--repo '{repo}' is an attnx export, not a Triton model repository; choose another --repo"
+        )
     if backend == "python":
         check_output_dir(repo / plan.name, force, MARKER)  # before the slow environment build
         plan = dataclasses.replace(plan, python_env=str(ensure_environment(env_cache, progress)))

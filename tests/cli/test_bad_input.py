@@ -560,8 +560,8 @@ EXPORTS = [
     ),
     Case(
         "triton-over-export",
-        ("triton", "e", "--repo", "mine"),
-        ("'mine' already exists", "--force"),
+        ("triton", "e", "--repo", "mine", "--force"),
+        ("'mine' is an attnx export, not a Triton model repository",),
         {"e": LM, "mine": ENCODER},
     ),
 ]
