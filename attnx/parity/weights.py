@@ -279,9 +279,9 @@ def check_stored(export: ExportDir, reference: Reference) -> WeightCheck:
         for name in stored.keys():  # noqa: SIM118 (a safetensors handle is no dict)
             array = stored.get_tensor(name)
             _match(check, used, stored_name(reference, name), array, reference, 0)
-        if check.constants:  # a stored weight that is none of the model's tensors
-            check.constants = 0
-            check.mismatches.append(WeightMismatch(check.graph, name, "", array.size, [], 0.0, 0.0))
+            if check.constants:  # a stored weight that is none of the model's tensors
+                check.constants = 0
+                check.mismatches.append(WeightMismatch(check.graph, name, "", array.size, [], 0.0, 0.0))
     return check
 
 

@@ -116,6 +116,22 @@ def test_a_stored_weight_that_is_none_of_the_models_fails(copy, workdir):
     assert f"weights.safetensors tensor {name} differs" in stdout
 
 
+def test_a_stored_tensor_the_model_lacks_is_named(copy, workdir):
+    """A tensor added to weights.safetensors (hash rewritten) that is none of the model's is named itself,
+    wherever it sorts among the stored tensors (they are read one at a time)."""
+    import numpy as np
+    from safetensors.numpy import load_file, save_file
+
+    out = copy("module")
+    weights = load_file(str(out / "weights.safetensors"))
+    weights["aaa_planted"] = np.random.default_rng(0).standard_normal(37).astype(np.float32)
+    save_file(weights, str(out / "weights.safetensors"))
+    rehash(out)
+    code, stdout, _ = run_cli(["verify", "e", "--seed", "0"])
+    assert code == 1
+    assert "weights.safetensors tensor aaa_planted is none of the model's tensors" in stdout
+
+
 def test_int8_and_fp16_graphs_match_to_their_rounding(made, tmp_path):
     """Optimised exports: int8 weights dequantised within half a step, fp16 to fp16 rounding, slimmed
     graphs (folded constants) exactly."""
