@@ -83,6 +83,12 @@ def save_program(program: Any, directory: Path, store: WeightStore | None = None
     from safetensors.torch import save_file
     from torch._export.serde.serialize import serialize
 
+    foreign = _foreign_op(program)
+    if foreign is not None:
+        raise AttnxError(
+            f"the module calls {foreign}, an op outside aten, prims and attnx, which attnx can neither "
+            "export nor store; write it with torch operations or an attnx op"
+        )
     objects = [name for name, value in program.constants.items() if not isinstance(value, torch.Tensor)]
     if objects:
         raise AttnxError(
@@ -215,6 +221,17 @@ def check_program(document: dict[str, Any], where: str) -> None:
     for path, value in _objects(document):
         if "as_custom_obj" in value or "custom_obj" in value or value.get("custom_obj_values"):
             raise AttnxError(f"{where} holds a script object at {'.'.join(path)[-80:]}; re-export")
+
+
+def _foreign_op(program: Any) -> str | None:
+    """The first op the program calls outside :data:`_OPS_NAMESPACES` (a user's own custom op), if any."""
+    for module in program.graph_module.modules():
+        if isinstance(module, torch.fx.GraphModule):
+            for node in module.graph.nodes:
+                target = node.target
+                if isinstance(target, torch._ops.OpOverload) and target.namespace not in _OPS_NAMESPACES:
+                    return str(target)
+    return None
 
 
 def check_targets(program: Any, where: str) -> None:

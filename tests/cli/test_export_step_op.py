@@ -80,5 +80,5 @@ def test_a_module_calling_the_step_op_exports_and_verifies(tmp_path):
 def test_an_op_attnx_cannot_export_is_one_line_exit_2(tmp_path):
     module, out = write(tmp_path, UNTRANSLATED_MODULE), tmp_path / "out"
     code, _, stderr = run_cli(["export", "--module", f"{module}:make", "-o", str(out)])
-    assert_one_line_error(code, stderr, "attnx_test_untranslated", "twice")
+    assert_one_line_error(code, stderr, "attnx_test_untranslated", "twice", "outside aten, prims and attnx")
     assert not out.exists()  # nothing half-written
