@@ -196,13 +196,25 @@ def _check_parent(path: Path, shown: str | Path) -> None:
 
 
 def _make_parents(directory: Path) -> list[Path]:
-    """Create the missing ancestors of ``directory`` (and it); return those created, outermost first."""
+    """Create the missing ancestors of ``directory`` (and it); return those created, outermost first.
+
+    Raises:
+        AttnxError: one that cannot be made (a system directory such as /proc refuses new entries), the
+            ones made before it removed again.
+    """
     missing = [d for d in (directory, *directory.parents) if not d.exists()][::-1]
-    created = []
+    created: list[Path] = []
     for d in missing:
-        with contextlib.suppress(FileExistsError):  # a concurrent writer made it first
+        try:
             os.mkdir(d)
-            created.append(d)
+        except FileExistsError:  # a concurrent writer made it first
+            continue
+        except OSError as exc:
+            for made in reversed(created):
+                with contextlib.suppress(OSError):
+                    made.rmdir()
+            raise AttnxError(f"cannot create '{d}': {exc.strerror or exc}; choose another path") from None
+        created.append(d)
     return created
 
 
