@@ -152,11 +152,11 @@ def write(
     settings, source = job.settings, job.source
     shapes = source.shapes(assembly)
     inputs, outputs, _ = shapes
-    weights = directory / WEIGHTS_FILE
-    saved = WeightStore.save(assembly.module, weights)
-    store = saved if shares_weights(settings.shared_weights, weights.stat().st_size) else None
+    saved = WeightStore.save(assembly.module, directory / WEIGHTS_FILE)
+    size = (directory / WEIGHTS_FILE).stat().st_size
+    store = saved if shares_weights(settings.shared_weights, size) else None
     if store is not None:
-        report(f"saved the weights once, for every graph ({weights.stat().st_size / 2**30:.2f} GiB)")
+        report(f"saved the weights once, for every graph ({size / 2**30:.2f} GiB)")
     reference, stored = source.reference(assembly, directory, store)
     report("exporting with torch.onnx (dynamo)")
     started = time.monotonic()

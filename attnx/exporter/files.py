@@ -140,8 +140,9 @@ def check_onnx(path: Path, listed: set[str]) -> Any:
     return model
 
 
-def check_safetensors(path: Path) -> dict[str, Any]:
-    """``path`` has a sane safetensors header; returns the header.
+def check_safetensors(path: Path) -> tuple[int, dict[str, Any]]:
+    """``path`` has a sane safetensors header; returns where its data starts (every ``data_offsets`` is
+    from there) and the header.
 
     Raises:
         AttnxError: naming the file, the first problem and the fix.
@@ -182,7 +183,7 @@ def check_safetensors(path: Path) -> dict[str, Any]:
         covered = end
     if covered != data:
         raise AttnxError(f"{path} holds {data - covered} bytes no tensor describes; {REEXPORT}")
-    return header
+    return 8 + length, header
 
 
 def _entry_problem(entry: Any) -> str | None:

@@ -18,7 +18,6 @@ graph transposes at run time (ONNX Runtime folds it into its pre-packed weights 
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -65,10 +64,9 @@ class WeightStore:
     @classmethod
     def index(cls, tensors: Mapping[str, torch.Tensor], path: Path) -> WeightStore:
         """The store of the safetensors file ``path`` that was written from ``tensors`` (by name)."""
-        with path.open("rb") as handle:
-            length = int.from_bytes(handle.read(8), "little")
-            header = json.loads(handle.read(length))
-        start = 8 + length
+        from attnx.exporter.files import check_safetensors
+
+        start, header = check_safetensors(path)
         found: dict[Key, StoredTensor] = {}
         for name, tensor in tensors.items():
             entry, key = header.get(name), _key(tensor)

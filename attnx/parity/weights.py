@@ -168,9 +168,7 @@ class StoredWeights:
         from attnx.exporter.files import check_safetensors
 
         path = export.file("weights")
-        header = check_safetensors(path)
-        with path.open("rb") as handle:
-            start = 8 + int.from_bytes(handle.read(8), "little")
+        start, header = check_safetensors(path)
         ranges = {}
         for name, entry in header.items():
             if name != "__metadata__":
