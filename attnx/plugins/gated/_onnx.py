@@ -198,15 +198,15 @@ def GatedInverse(weights: FLOAT) -> FLOAT:
     columns = op.Unsqueeze(index, [0])
     powers = op.Constant(value_ints=[1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384])
     levels = op.ReduceSum(op.Cast(op.Less(powers, length), to=INT64.dtype), keepdims=0)
-    size = op.Constant(value_int=1)
     two = op.Constant(value_int=2)
-    for _ in range(levels):
+    # the inverse is the loop's one carried value: onnxscript orders several by their names' hash
+    for level in range(levels):
+        size = op.Gather(powers, level)
         pair = op.Mul(size, two)
         same_pair = op.Equal(op.Div(rows, pair), op.Div(columns, pair))
         across = op.And(same_pair, op.Not(op.Equal(op.Div(rows, size), op.Div(columns, size))))
         joining = op.Mul(weights, op.CastLike(across, weights))
         inverse = op.Sub(inverse, op.MatMul(op.MatMul(inverse, joining), inverse))
-        size = op.Identity(pair)
     return inverse
 
 
