@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -120,7 +121,7 @@ def export_onnx(
     store's tensors is external data in the store's file, so the returned proto holds no weight: a
     real-size model's graph stays far below protobuf's 2 GiB, and no step copies its weights."""
     table = {op.overload: op.translation() for op in ops}
-    with quiet_torch(), unwrap_interrupt(), untranslated_ops():
+    with quiet_torch(), unwrap_interrupt(), untranslated_ops(), torchlib_registry_built_once():
         program = torch.onnx.export(
             model,
             args,
@@ -141,6 +142,41 @@ def export_onnx(
         _check_dtype(value, spec)
         _name_dynamic_axes(value, spec)
     return proto
+
+
+@contextlib.contextmanager
+def torchlib_registry_built_once() -> Iterator[None]:
+    """torch.onnx builds its table of ATen translations from torchlib at every export (most of a second
+    each, four times per decode export); within this context each export gets a copy of the table built
+    once per opset, to which it adds its own custom translations as before.
+
+    torch 2.13 (pinned) names the table ``ONNXRegistry``; without it, torch.onnx builds its own.
+    """
+    from torch.onnx._internal.exporter import _registration
+
+    table = getattr(_registration, "ONNXRegistry", None)
+    original = vars(table).get("from_torchlib") if table is not None else None
+    if not isinstance(original, classmethod):
+        yield
+        return
+
+    def copy(cls: type, opset_version: int = 18) -> Any:
+        made = cls()
+        made.__dict__.update(vars(_torchlib_table(original.__get__(None, table), opset_version)))
+        made.functions = {target: list(entries) for target, entries in made.functions.items()}
+        return made
+
+    table.from_torchlib = classmethod(copy)
+    try:
+        yield
+    finally:
+        table.from_torchlib = original
+
+
+@functools.cache
+def _torchlib_table(build: Any, opset: int) -> Any:
+    """torch.onnx's translation table for ``opset``, built once (:func:`torchlib_registry_built_once`)."""
+    return build(opset_version=opset)
 
 
 @contextlib.contextmanager
