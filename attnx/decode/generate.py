@@ -154,7 +154,9 @@ def generate(
         raise AttnxError(f"--source-ids is for seq2seq exports; this one is a '{manifest.model}' model")
     check_positions(manifest, len(prompt) + max_new_tokens)
     rng = np.random.default_rng(seed)
-    with open_stepper(export, backend, threads) as stepper:
+    # one session at a time: the prefill graph's weights are let go before the decode graph's are loaded
+    with open_stepper(export, backend, threads, one_at_a_time=True) as stepper:
+        stepper.open("prefill")
         report(f"prefill: {len(prompt)} prompt tokens on {backend}")
         start = time.perf_counter()
         logits, state = stepper.prefill(np.asarray([prompt], dtype=np.int64), source)
@@ -162,6 +164,7 @@ def generate(
         prefill_seconds = time.perf_counter() - start
         if on_token:
             on_token(tokens[-1])
+        stepper.open("decode")
         report(f"decoding {max_new_tokens - 1} more tokens")
         start = time.perf_counter()
         while len(tokens) < max_new_tokens:

@@ -78,9 +78,11 @@ class Stepper:
         self.one_at_a_time = one_at_a_time
         if not one_at_a_time:
             for graph in self.runners:
-                self._activate(graph)
+                self.open(graph)
 
-    def _activate(self, graph: str) -> BaseRunner:
+    def open(self, graph: str) -> BaseRunner:
+        """The active runner of ``graph`` ("prefill" or "decode"), activated now if it is not (closing the
+        other one first when one session at a time), its inputs checked against the manifest."""
         runner = self.runners[graph]
         if runner.is_active:
             return runner
@@ -120,7 +122,7 @@ class Stepper:
         return self._split(outputs, {c.input: state[c.input] for c in self.section.context})
 
     def _run(self, graph: str, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return dict(self._activate(graph).infer(feed, check_inputs=False))
+        return dict(self.open(graph).infer(feed, check_inputs=False))
 
     def _split(self, outputs: dict[str, np.ndarray], context: State) -> tuple[np.ndarray, State]:
         return outputs[LOGITS], {
@@ -140,9 +142,14 @@ def _check_inputs(graph: str, actual: Sequence[str], declared: Sequence[str]) ->
 
 
 def open_stepper(
-    export: ExportDir, backend: str = "ort-cpu", threads: int | None = None, assembly: Any = None
+    export: ExportDir,
+    backend: str = "ort-cpu",
+    threads: int | None = None,
+    assembly: Any = None,
+    one_at_a_time: bool = False,
 ) -> Stepper:
-    """The stepper of ``export`` on ``backend`` (a name from the backend table).
+    """The stepper of ``export`` on ``backend`` (a name from the backend table); ``one_at_a_time``: see
+    :class:`Stepper`.
 
     Raises:
         AttnxError: not a decode export, an unknown backend, or one that cannot run here.
@@ -159,4 +166,4 @@ def open_stepper(
         runners = chosen.runner(prefill, threads), chosen.runner(decode, threads)
     except BackendSkipped as exc:
         raise AttnxError(f"backend {chosen.name} cannot run {export.label}: {exc}") from None
-    return Stepper(decode_section(export), *runners)
+    return Stepper(decode_section(export), *runners, one_at_a_time=one_at_a_time)

@@ -39,7 +39,9 @@ SHAPES: dict[str, dict[str, Any]] = {
     "toy": {**QWEN35_TEXT, "vocab_size": 512, "hidden_size": 64, "intermediate_size": 128,
             "num_hidden_layers": 4, "layer_types": QWEN35_TEXT["layer_types"][:4], "num_attention_heads": 4,
             "head_dim": 32, "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 16,
-            "linear_value_head_dim": 16},
+            "linear_value_head_dim": 16,
+            # a rotary half of 4 channels (32 x 0.25 / 2) split over the three position axes
+            "rope_parameters": {**QWEN35_TEXT["rope_parameters"], "mrope_section": [2, 1, 1]}},
 }  # fmt: skip
 
 

@@ -251,12 +251,15 @@ def test_a_model_with_small_limits_exports_and_verifies_with_no_flags(tmp_path, 
     assert parity_lengths(out) == expected
 
 
-def test_lengths_the_hf_model_refuses_are_one_line_and_named(tmp_path):
-    """HF's chunked feed-forward takes only multiples of its chunk: the default lengths become multiples
-    of it; lengths given that HF's own forward refuses are named with the fix."""
+def chunked_feed_forward(tmp_path: Path) -> Path:
+    """A Reformer LM whose feed-forward HF chunks by 4 tokens (it takes only multiples of 4), saved."""
     config = reformer_config(is_decoder=True, chunk_size_feed_forward=4)
-    directory = saved(tmp_path / "lm", transformers.ReformerModelWithLMHead, config)
-    out = tmp_path / "out"
+    return saved(tmp_path / "lm", transformers.ReformerModelWithLMHead, config)
+
+
+def test_lengths_the_hf_model_refuses_are_one_line_and_named(tmp_path):
+    """Lengths given that HF's own forward refuses are named with the fix."""
+    directory, out = chunked_feed_forward(tmp_path), tmp_path / "out"
     code, _, stderr = run_cli(["export", "--from", f"hf:{directory}", "-o", str(out), "--seq-lens", "1,7"])
     assert_one_line_error(
         code, stderr, "own forward refuses the parity inputs (input_ids (2, 1)", "--seq-lens"
@@ -265,6 +268,11 @@ def test_lengths_the_hf_model_refuses_are_one_line_and_named(tmp_path):
     code, _, stderr = run_cli(["export", "--from", f"hf:{directory}", "-o", str(out), "--decode"])
     assert_one_line_error(code, stderr, "ReformerModelWithLMHead has no attention layer that decodes")
     assert not out.exists()
+
+
+@pytest.mark.slow
+def test_default_lengths_become_multiples_of_the_feed_forward_chunk(tmp_path):
+    directory, out = chunked_feed_forward(tmp_path), tmp_path / "out"
     code, stdout, stderr = run_cli(["export", "--from", f"hf:{directory}", "-o", str(out)])
     assert code == 0, stderr
     assert "parity: PASSED" in stdout and parity_lengths(out) == [4, 8, 32, 132]

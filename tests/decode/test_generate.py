@@ -45,6 +45,24 @@ def test_decode_steps_run_in_a_session_that_does_not_spin(decode_export):
         options["prefill"].get_session_config_entry(key)
 
 
+def test_generate_holds_one_session_at_a_time(decode_export, monkeypatch):
+    """The prefill graph's session is let go before the decode graph's is made (a real-size model's weights
+    once in memory, not twice)."""
+    from attnx.decode.runtime import Stepper
+
+    active: list[tuple[bool, bool]] = []
+    decode = Stepper.decode
+
+    def spy(stepper, input_ids, state):
+        active.append((stepper.runners["prefill"].is_active, stepper.runners["decode"].is_active))
+        return decode(stepper, input_ids, state)
+
+    monkeypatch.setattr(Stepper, "decode", spy)
+    out, _ = decode_export("linear")
+    assert len(generate(out, [3, 1], 5).tokens) == 5
+    assert active == [(False, True)] * 4
+
+
 def test_sampling_is_reproducible_with_a_seed(decode_export):
     out, _ = decode_export("linear")
     runs = [generate(out, [7], 24, temperature=1.5, top_k=20, seed=seed) for seed in (5, 5, 6)]

@@ -9,7 +9,7 @@ from attnx.testing.hf_hybrid import _SHARED
 from tests.helpers import run_cli
 
 
-@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("dtype", ["bfloat16", pytest.param("float16", marks=pytest.mark.slow)])
 def test_a_half_precision_checkpoint_exports_in_float32(tmp_path, dtype):
     import torch
     import transformers
