@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from attnx.exporter.manifest import Manifest
 from attnx.models.factory import Built, construct
@@ -14,7 +14,6 @@ from attnx.models.spec import TensorSpec, in_dtype
 from attnx.registry import Registry, get_registry
 
 if TYPE_CHECKING:
-    from attnx.exporter.module import ModuleAssembly
     from attnx.ops import AttentionOp, VariantImpl
     from attnx.variant import Variant
 
@@ -51,7 +50,18 @@ def distinct_ops(impls: Iterable[VariantImpl]) -> list[AttentionOp]:
     return list(seen.values())
 
 
-def every_op(assembly: Assembly | ModuleAssembly) -> list[AttentionOp]:
+class AssembledOps(Protocol):
+    """What :func:`every_op` reads of an assembly (:class:`Assembly`, or a module's
+    :class:`attnx.exporter.module.ModuleAssembly`): its full forward's ops and its variants by name."""
+
+    @property
+    def ops(self) -> list[AttentionOp]: ...
+
+    @property
+    def impls(self) -> Mapping[str, VariantImpl]: ...
+
+
+def every_op(assembly: AssembledOps) -> list[AttentionOp]:
     """Every op the export's graphs may hold: the full forward's and its variants' step ops."""
     ops = {op.name: op for op in assembly.ops}
     for _, op in get_registry().op_index(assembly.impls):
