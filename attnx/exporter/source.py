@@ -4,7 +4,8 @@
 checkpoint); :class:`UserModule` adapts and traces a user's module (``attnx.export_module``,
 ``attnx export --module`` or ``--from``). The export steps ask the source and never which kind it
 is: the ops known before the build, its own refusals, its memory estimate, the build, the graph's
-shapes and trace, and what the manifest records so that verify rebuilds the reference.
+shapes and trace, and what the manifest records so that verify rebuilds the reference (read back by
+:func:`attnx.exporter.reopen.source_for` when the export is reopened).
 """
 
 from __future__ import annotations

@@ -24,6 +24,7 @@ from attnx.errors import AttnxError
 from attnx.exporter.assemble import Assembly
 from attnx.exporter.directory import ExportDir
 from attnx.exporter.inputs import random_feed
+from attnx.exporter.reopen import source_for
 from attnx.models.spec import TensorSpec
 from attnx.parity.backends import REFERENCE, Backend
 from attnx.parity.report import BackendParity, Comparison, Drift, ParityReport
@@ -60,8 +61,7 @@ class Cases:
         Raises:
             AttnxError: a length or batch below 1, or a negative tolerance.
         """
-        module = export.manifest.module
-        lengths = tuple(seq_lens or DEFAULTS.lengths(module.lengths if module else None))
+        lengths = tuple(seq_lens or DEFAULTS.lengths(source_for(export.manifest).accepted_lengths()))
         batch = DEFAULTS.batch if batch is None else batch
         if min(lengths) < 1 or batch < 1:
             raise AttnxError(f"sequence lengths and batch must be >= 1 (got {list(lengths)}, batch {batch})")
