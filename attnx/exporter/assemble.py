@@ -22,9 +22,15 @@ if TYPE_CHECKING:
 class Assembly(Built):
     """A built model as the exporter sees it."""
 
+    every_tensor_exported = True  # an attnx model puts every one of its tensors into model.onnx
+
     @property
     def ops(self) -> list[AttentionOp]:
         return distinct_ops(self.impls.values())
+
+    def tensors(self) -> dict[str, Any]:
+        """The model's tensors by name (parameters and buffers, persistent or not), for the weight check."""
+        return {**dict(self.module.named_buffers()), **self.module.state_dict()}
 
     def tolerance(self, dtype: str | None = None) -> dict[str, float]:
         """Parity tolerance in ``dtype`` (default: the model's): the loosest of its variants' (self and

@@ -179,7 +179,7 @@ def from_source(source: str, registry: Registry | None = None) -> ModuleSource:
 class ModuleAssembly:
     """The torch side of a module export, with the attributes :class:`attnx.exporter.assemble.Assembly`
     has for the steps they share (``module``, ``dtype``, ``impls``, ``ops``, ``inputs``, ``outputs``,
-    ``tolerance``).
+    ``tolerance``, ``tensors``, ``every_tensor_exported``).
 
     ``module`` (graph inputs positionally -> the flattened outputs) is the parity reference: the
     module as given at export (the library's own forward), the stored program at verify.
@@ -200,9 +200,15 @@ class ModuleAssembly:
     keywords: bool = True  # the forward takes the inputs as keywords (example inputs were a dict)
     constants: dict[str, Any] = dataclasses.field(default_factory=dict)  # keyword constants of every call
 
+    every_tensor_exported = False  # model.onnx need not hold every tensor of the program
+
     @property
     def ops(self) -> list[AttentionOp]:
         return distinct_ops(self.impls.values())
+
+    def tensors(self) -> dict[str, Any]:
+        """The program's tensors by name (its state and constants), for the weight check."""
+        return {**self.program.state_dict, **self.program.constants}
 
     def tolerance(self, dtype: str | None = None) -> dict[str, float]:
         """The loosest parity tolerance of the variants the module calls, in ``dtype`` (default: its own)."""

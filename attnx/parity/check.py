@@ -30,7 +30,7 @@ from attnx.parity.backends import REFERENCE, Backend
 from attnx.parity.report import BackendParity, Comparison, Drift, ParityReport
 from attnx.parity.rule import compare
 from attnx.parity.runners import BackendSkipped, Graph, TorchRunner
-from attnx.parity.weights import check_weights, model_tensors
+from attnx.parity.weights import check_weights
 from attnx.recipes import VerifySettings
 from attnx.variant import Tolerance
 
@@ -121,7 +121,7 @@ def check_parity(
     drift = []
     if assembly.dtype != "fp32":
         drift = fp32_drift(assembly, manifest.inputs, manifest.outputs, feeds, cases.seq_lens)
-    weights = check_weights(export, *model_tensors(assembly))
+    weights = check_weights(export, assembly.tensors(), assembly.every_tensor_exported)
     tol = cases.tolerance
     return ParityReport(
         tol.atol,
