@@ -52,17 +52,17 @@ def decode_cases(
     section: DecodeSection, assembly: Assembly | ModuleAssembly, cases: Cases
 ) -> list[DecodeCase]:
     """A :class:`DecodeCase` per verify length, each through the torch model's full forward once (a
-    module's inputs beside the token ids as their omission stands for: :func:`full_inputs`)."""
+    language model's inputs beside the token ids as their omission stands for: :func:`full_inputs`)."""
     rng = np.random.default_rng(cases.seed + 1)
     source_specs = section.prefill.inputs[:-1]  # seq2seq: source ids and mask
     runs = []
     for n in cases.seq_lens:
         ids = rng.integers(0, section.vocab_size, size=(cases.batch, n + STEPS))
         source = random_feed(source_specs, {"batch": cases.batch, "src_seq": n + 2}, rng)
-        args = [torch.from_numpy(a) for a in source.values()] + [torch.from_numpy(ids)]
-        if source:
-            args.append(torch.ones(ids.shape, dtype=torch.bool))  # every target token is real
-        if isinstance(assembly, ModuleAssembly):
+        if source:  # seq2seq: the source, the target ids and their mask (every target token is real)
+            target = [torch.from_numpy(ids), torch.ones(ids.shape, dtype=torch.bool)]
+            args = [*(torch.from_numpy(a) for a in source.values()), *target]
+        else:
             args = full_inputs(assembly.inputs, ids)
         with torch.inference_mode():
             full = assembly.module(*args)[0]  # the logits (a module export's first output)

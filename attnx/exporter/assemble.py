@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from attnx.exporter.manifest import Manifest
 from attnx.models.factory import Built, construct
@@ -14,7 +14,6 @@ from attnx.models.spec import TensorSpec, in_dtype
 from attnx.registry import Registry, get_registry
 
 if TYPE_CHECKING:
-    from attnx.exporter.module import ModuleAssembly
     from attnx.ops import AttentionOp, VariantImpl
     from attnx.variant import Variant
 
@@ -23,9 +22,15 @@ if TYPE_CHECKING:
 class Assembly(Built):
     """A built model as the exporter sees it."""
 
+    every_tensor_exported = True  # an attnx model puts every one of its tensors into model.onnx
+
     @property
     def ops(self) -> list[AttentionOp]:
         return distinct_ops(self.impls.values())
+
+    def tensors(self) -> dict[str, Any]:
+        """The model's tensors by name (parameters and buffers, persistent or not), for the weight check."""
+        return {**dict(self.module.named_buffers()), **self.module.state_dict()}
 
     def tolerance(self, dtype: str | None = None) -> dict[str, float]:
         """Parity tolerance in ``dtype`` (default: the model's): the loosest of its variants' (self and
@@ -51,7 +56,18 @@ def distinct_ops(impls: Iterable[VariantImpl]) -> list[AttentionOp]:
     return list(seen.values())
 
 
-def every_op(assembly: Assembly | ModuleAssembly) -> list[AttentionOp]:
+class AssembledOps(Protocol):
+    """What :func:`every_op` reads of an assembly (:class:`Assembly`, or a module's
+    :class:`attnx.exporter.module.ModuleAssembly`): its full forward's ops and its variants by name."""
+
+    @property
+    def ops(self) -> list[AttentionOp]: ...
+
+    @property
+    def impls(self) -> Mapping[str, VariantImpl]: ...
+
+
+def every_op(assembly: AssembledOps) -> list[AttentionOp]:
     """Every op the export's graphs may hold: the full forward's and its variants' step ops."""
     ops = {op.name: op for op in assembly.ops}
     for _, op in get_registry().op_index(assembly.impls):

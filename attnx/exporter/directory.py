@@ -5,7 +5,9 @@ file inside OUT (no symbolic link is followed), has the recorded SHA-256 and hol
 (:mod:`attnx.exporter.files`; model.onnx's inputs and outputs are the manifest's), so verify, bench,
 generate, build and serving configs never read a file the manifest does not describe, nor one
 outside OUT. It answers "which ops does this export use" (from the manifest, resolved through the
-installed plugins) and rebuilds the torch model (a module export's from data: nothing is unpickled).
+installed plugins), resolves the model and variants it was made of and rebuilds the torch model, the
+latter two through :func:`attnx.exporter.reopen.source_for` (a module export's from data: nothing is
+unpickled).
 """
 
 from __future__ import annotations
@@ -18,16 +20,16 @@ from typing import TYPE_CHECKING, Any
 from attnx.atomic import write_atomic
 from attnx.config import Config
 from attnx.domains import DOMAIN
-from attnx.errors import AttnxError, first_line
-from attnx.exporter.assemble import Assembly, rebuild
-from attnx.exporter.budget import weights_within
+from attnx.errors import AttnxError
 from attnx.exporter.files import check_content, check_onnx, read_plain, sha256_plain
-from attnx.exporter.manifest import MANIFEST, MODULE_SPEC, EngineSection, FileRecord, Manifest, sha256_file
+from attnx.exporter.manifest import MANIFEST, EngineSection, FileRecord, Manifest, sha256_file
+from attnx.exporter.reopen import source_for
 from attnx.models.spec import ModelSpec, TensorSpec
 from attnx.registry import Registry, get_registry
 from attnx.variant import Variant
 
 if TYPE_CHECKING:
+    from attnx.exporter.assemble import Assembly
     from attnx.exporter.module import ModuleAssembly
     from attnx.ops import AttentionOp
 
@@ -38,7 +40,6 @@ _FIXES = {
     "engine": "run `attnx build OUT`",
 }
 MANIFEST_LIMIT = 64 << 20
-REBUILD_SLACK = 256 << 20
 # What the files attnx writes under these keys must be (the suffix selects the content check).
 _SUFFIXES = {
     **dict.fromkeys(("model", "prefill", "decode", "genai"), ".onnx"),
@@ -145,10 +146,10 @@ class ExportDir:
     ) -> tuple[ModelSpec, Config, dict[str, tuple[Variant, Config]]]:
         """The model and variants the export was made from, with their configs: (model, its config,
         {"self": (variant, config)[, "cross": (variant, config)]}). A module export's model is
-        :data:`attnx.exporter.module.MODULE_SPEC` (no options, no cost model)."""
+        :data:`attnx.exporter.reopen.MODULE_SPEC` (no options, no cost model)."""
         registry = registry or get_registry()
         m = self.manifest
-        model = MODULE_SPEC if m.module is not None else registry.model(m.model)
+        model = source_for(m).spec(registry)
         variant = registry.variant(m.variant)
         roles = {"self": (variant, variant.make_config(m.variant_config))}
         if m.cross_variant is not None:
@@ -157,30 +158,13 @@ class ExportDir:
         return model, model.make_config(m.model_config), roles
 
     def rebuild(self) -> Assembly | ModuleAssembly:
-        """The torch model the export was made from: rebuilt from the manifest and the saved weights, or
-        a module export's stored program (its variants' plugins imported first)."""
-        if self.manifest.module is not None:
-            from attnx.exporter.module import load_reference  # imports torch: readers of OUT stay light
+        """The torch model the export was made from (:func:`attnx.exporter.reopen.source_for`): a registered
+        model rebuilt from the manifest and the saved weights, or a module export's stored program.
 
-            return load_reference(self)
-        weights = self.file("weights")
-        stored = weights.stat().st_size
-        limit = 2 * stored + REBUILD_SLACK  # non-persistent buffers are not stored; modules cost a little
-
-        def refusal(counted: int) -> AttnxError:
-            return AttnxError(
-                f"{self.path / MANIFEST} describes a model whose weights pass {counted / 2**20:.0f} MiB, but "
-                f"{weights.name} holds {stored / 2**20:.1f} MiB; re-export"
-            )
-
-        try:
-            with weights_within(limit, refusal):
-                return rebuild(self.manifest, weights)
-        except (RuntimeError, ValueError, OverflowError, MemoryError) as exc:
-            raise AttnxError(
-                f"cannot rebuild the model {self.path / MANIFEST} describes "
-                f"({first_line(exc, with_type=True)}); re-export"
-            ) from None
+        Raises:
+            AttnxError: a model that cannot be rebuilt from the manifest, or a program attnx does not load.
+        """
+        return source_for(self.manifest).rebuild(self.file)
 
     def write_manifest(self, manifest: Manifest) -> ExportDir:
         """Replace ``attnx.json`` atomically; returns the export with the new manifest."""

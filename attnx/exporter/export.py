@@ -59,7 +59,7 @@ class ExportJob:
     def source(self) -> Source:
         """Where the torch model comes from: the job's module, else the recipe's registered model."""
         if self.module is None:
-            return RegisteredModel(self)
+            return RegisteredModel(self.plan, self.checkpoint)
         return UserModule(self.module, self.settings, self.plan.verify.enabled)
 
 

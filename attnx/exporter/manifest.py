@@ -19,11 +19,11 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar, Union, get_args, get_origin
 
 from attnx.adapter import Lengths
-from attnx.config import Config, expected_type, value_type
+from attnx.config import expected_type, value_type
 from attnx.domains import Lowering
 from attnx.errors import AttnxError
 from attnx.limits import MAX_SEED
-from attnx.models.spec import ModelSpec, TensorSpec
+from attnx.models.spec import TensorSpec
 from attnx.state import CACHE_ROLES, GROWING, LayerKind, layer_kind
 
 MANIFEST = "attnx.json"
@@ -329,14 +329,7 @@ class TargetSection:
     ops: list[str]
 
 
-@dataclasses.dataclass(frozen=True)
-class ModuleConfig(Config):
-    """A module export has no model options: its layers carry their own."""
-
-
 MODULE_MODEL = "module"  # the manifest's ``model`` of a module export
-# What ExportDir.specs() answers for a module export: no options, no cost model.
-MODULE_SPEC = ModelSpec(MODULE_MODEL, "a user's nn.Module (attnx.export_module)", ModuleConfig, impl="")
 
 
 @dataclasses.dataclass

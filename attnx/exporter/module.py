@@ -34,7 +34,7 @@ import sys
 import sysconfig
 import traceback
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -45,7 +45,7 @@ from attnx.adapters.apply import adapter_summary, apply_adapters
 from attnx.domains import DOMAIN
 from attnx.errors import AttnxError, first_line
 from attnx.exporter.assemble import distinct_ops, loosest_tolerance
-from attnx.exporter.manifest import ModuleSection
+from attnx.exporter.manifest import Manifest, ModuleSection
 from attnx.exporter.reference import load_program, save_program
 from attnx.exporter.signature import FlatModule, dynamic_shapes, input_specs, output_specs
 from attnx.exporter.store import WeightStore
@@ -53,7 +53,6 @@ from attnx.models.spec import TensorSpec
 from attnx.registry import Registry, get_registry
 
 if TYPE_CHECKING:
-    from attnx.exporter.directory import ExportDir
     from attnx.ops import AttentionOp, VariantImpl
     from attnx.variant import Variant
 
@@ -180,7 +179,7 @@ def from_source(source: str, registry: Registry | None = None) -> ModuleSource:
 class ModuleAssembly:
     """The torch side of a module export, with the attributes :class:`attnx.exporter.assemble.Assembly`
     has for the steps they share (``module``, ``dtype``, ``impls``, ``ops``, ``inputs``, ``outputs``,
-    ``tolerance``).
+    ``tolerance``, ``tensors``, ``every_tensor_exported``).
 
     ``module`` (graph inputs positionally -> the flattened outputs) is the parity reference: the
     module as given at export (the library's own forward), the stored program at verify.
@@ -201,9 +200,15 @@ class ModuleAssembly:
     keywords: bool = True  # the forward takes the inputs as keywords (example inputs were a dict)
     constants: dict[str, Any] = dataclasses.field(default_factory=dict)  # keyword constants of every call
 
+    every_tensor_exported = False  # model.onnx need not hold every tensor of the program
+
     @property
     def ops(self) -> list[AttentionOp]:
         return distinct_ops(self.impls.values())
+
+    def tensors(self) -> dict[str, Any]:
+        """The program's tensors by name (its state and constants), for the weight check."""
+        return {**self.program.state_dict, **self.program.constants}
 
     def tolerance(self, dtype: str | None = None) -> dict[str, float]:
         """The loosest parity tolerance of the variants the module calls, in ``dtype`` (default: its own)."""
@@ -416,20 +421,20 @@ def save_reference(assembly: ModuleAssembly, directory: Path, store: WeightStore
     return {assembly.section.program: program, str(assembly.section.tensors): tensors}
 
 
-def load_reference(export: ExportDir, registry: Registry | None = None) -> ModuleAssembly:
-    """The stored reference of a module export, its variants' plugins imported first.
+def load_reference(
+    manifest: Manifest, file: Callable[[str], Path], registry: Registry | None = None
+) -> ModuleAssembly:
+    """The stored reference of the module export ``manifest`` describes (``file``: the path of a manifest
+    file key, :meth:`attnx.exporter.directory.ExportDir.file`), its variants' plugins imported first.
 
     Raises:
         AttnxError: a variant that is not installed, or a program that attnx does not load.
     """
     registry = registry or get_registry()
-    manifest = export.manifest
     section = manifest.module
     variants = [registry.variant(name) for name in section.variants]
     impls = {v.name: v.load() for v in variants}  # registers the attnx:: torch ops the program calls
-    program = load_program(
-        export.file(section.program), export.file(str(section.tensors)), export.file("weights")
-    )
+    program = load_program(file(section.program), file(str(section.tensors)), file("weights"))
     return ModuleAssembly(
         module=ProgramModule(program),
         adapted=None,

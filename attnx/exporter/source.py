@@ -4,17 +4,19 @@
 checkpoint); :class:`UserModule` adapts and traces a user's module (``attnx.export_module``,
 ``attnx export --module`` or ``--from``). The export steps ask the source and never which kind it
 is: the ops known before the build, its own refusals, its memory estimate, the build, the graph's
-shapes and trace, and what the manifest records so that verify rebuilds the reference.
+shapes and trace, and what the manifest records so that verify rebuilds the reference (read back by
+:func:`attnx.exporter.reopen.source_for` when the export is reopened).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import onnx
 
+from attnx.adapter import Lengths
 from attnx.checkpoint import load_checkpoint
 from attnx.errors import AttnxError
 from attnx.exporter.assemble import Assembly, assemble, every_op
@@ -36,11 +38,10 @@ from attnx.exporter.trace import export_onnx, export_shapes, to_onnx
 from attnx.models.factory import configure
 from attnx.models.spec import ModelSpec, TensorSpec
 from attnx.ops import AttentionOp
-from attnx.recipes import ExportSettings
+from attnx.recipes import ExportSettings, Recipe
 from attnx.registry import get_registry
 
 if TYPE_CHECKING:
-    from attnx.exporter.export import ExportJob
     from attnx.variant import Variant
 
 Progress = Callable[[str], None]
@@ -76,7 +77,7 @@ class Source(Protocol):
         """model.onnx as torch.onnx exports it, attnx ops as bare ``attnx::`` nodes (its weights in
         ``store``'s file when given)."""
 
-    def accepted_lengths(self, assembly: Any) -> Sequence[int] | None:
+    def accepted_lengths(self, assembly: Any) -> Lengths | None:
         """The sequence lengths the model accepts, for the default verify lengths (None: any)."""
 
     def reference(
@@ -87,13 +88,15 @@ class Source(Protocol):
 
 
 class RegisteredModel:
-    """A registered model with its variants, built from the job's recipe: seeded, or the checkpoint's
-    weights; verify rebuilds it by name from the manifest's configs and the saved weights."""
+    """A registered model with its variants, built from the job's recipe: seeded, or a checkpoint's
+    weights (``checkpoint``, else the recipe's ``[export] checkpoint``); verify rebuilds it by name from
+    the manifest's configs and the saved weights."""
 
     known = True
 
-    def __init__(self, job: ExportJob) -> None:
-        self.job, self.plan, self.settings = job, job.plan, job.settings
+    def __init__(self, plan: Recipe, checkpoint: Path | None = None) -> None:
+        self.plan, self.settings = plan, plan.export
+        self.checkpoint = checkpoint or self.settings.checkpoint
 
     def ops(self) -> list[AttentionOp]:
         names = [n for n in (self.plan.variant, self.plan.cross_variant) if n]
@@ -189,10 +192,9 @@ class RegisteredModel:
             f"built {plan.model} with {plan.variant} attention ({parameters / 1e6:.2f}M parameters, "
             f"{settings.dtype}, seed {settings.seed})"
         )
-        checkpoint = self.job.checkpoint or settings.checkpoint  # given, else the recipe's [export] one
-        if checkpoint is not None:
-            load_checkpoint(assembly.module, checkpoint)
-            report(f"loaded weights from {checkpoint}")
+        if self.checkpoint is not None:
+            load_checkpoint(assembly.module, self.checkpoint)
+            report(f"loaded weights from {self.checkpoint}")
         return assembly
 
     def shapes(self, assembly: Assembly) -> Shapes:
@@ -279,7 +281,7 @@ class UserModule:
         check_target(self.settings.target, self.settings.lowering, every_op(assembly))
         return proto
 
-    def accepted_lengths(self, assembly: ModuleAssembly) -> Sequence[int] | None:
+    def accepted_lengths(self, assembly: ModuleAssembly) -> Lengths | None:
         return assembly.section.lengths
 
     def reference(

@@ -24,6 +24,8 @@ from typing import Any
 
 import torch
 
+from attnx.exporter.files import check_safetensors
+
 SHARE_FROM_BYTES = 1 << 30  # shared weights by default from 1 GiB of weights: the graphs stay far below 2 GiB
 
 
@@ -64,8 +66,6 @@ class WeightStore:
     @classmethod
     def index(cls, tensors: Mapping[str, torch.Tensor], path: Path) -> WeightStore:
         """The store of the safetensors file ``path`` that was written from ``tensors`` (by name)."""
-        from attnx.exporter.files import check_safetensors
-
         start, header = check_safetensors(path)
         found: dict[Key, StoredTensor] = {}
         for name, tensor in tensors.items():

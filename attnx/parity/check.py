@@ -24,12 +24,13 @@ from attnx.errors import AttnxError
 from attnx.exporter.assemble import Assembly
 from attnx.exporter.directory import ExportDir
 from attnx.exporter.inputs import random_feed
+from attnx.exporter.reopen import source_for
 from attnx.models.spec import TensorSpec
 from attnx.parity.backends import REFERENCE, Backend
 from attnx.parity.report import BackendParity, Comparison, Drift, ParityReport
 from attnx.parity.rule import compare
 from attnx.parity.runners import BackendSkipped, Graph, TorchRunner
-from attnx.parity.weights import check_weights, model_tensors
+from attnx.parity.weights import check_weights
 from attnx.recipes import VerifySettings
 from attnx.variant import Tolerance
 
@@ -60,8 +61,7 @@ class Cases:
         Raises:
             AttnxError: a length or batch below 1, or a negative tolerance.
         """
-        module = export.manifest.module
-        lengths = tuple(seq_lens or DEFAULTS.lengths(module.lengths if module else None))
+        lengths = tuple(seq_lens or DEFAULTS.lengths(source_for(export.manifest).accepted_lengths()))
         batch = DEFAULTS.batch if batch is None else batch
         if min(lengths) < 1 or batch < 1:
             raise AttnxError(f"sequence lengths and batch must be >= 1 (got {list(lengths)}, batch {batch})")
@@ -121,7 +121,7 @@ def check_parity(
     drift = []
     if assembly.dtype != "fp32":
         drift = fp32_drift(assembly, manifest.inputs, manifest.outputs, feeds, cases.seq_lens)
-    weights = check_weights(export, *model_tensors(assembly))
+    weights = check_weights(export, assembly.tensors(), assembly.every_tensor_exported)
     tol = cases.tolerance
     return ParityReport(
         tol.atol,

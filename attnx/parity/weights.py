@@ -36,6 +36,7 @@ import onnx
 from onnx import numpy_helper
 
 from attnx.exporter.directory import ExportDir
+from attnx.exporter.files import check_safetensors
 
 SAMPLE = 256
 QUANTIZED = "_quantized"
@@ -125,21 +126,10 @@ class Reference:
         return best
 
 
-def model_tensors(assembly: Any) -> tuple[dict[str, Any], bool]:
-    """The tensors of the torch model a check runs against (parameters and buffers, persistent or not; a
-    module export's program's), and whether it is an attnx model (which puts all of them in model.onnx)."""
-    from attnx.exporter.module import ModuleAssembly
-
-    if isinstance(assembly, ModuleAssembly):
-        return {**assembly.program.state_dict, **assembly.program.constants}, False
-    module = assembly.module
-    return {**dict(module.named_buffers()), **module.state_dict()}, True
-
-
 def check_weights(export: ExportDir, tensors: Mapping[str, Any], own_model: bool) -> list[WeightCheck]:
     """Match every tensor of every ONNX graph of ``export`` (and its stored weights) with ``tensors`` (the
-    torch model's, name -> torch tensor or array). ``own_model``: an attnx model, which puts every one
-    of its tensors into model.onnx.
+    torch model's, name -> torch tensor or array: the assembly's ``tensors()``). ``own_model``: an attnx
+    model, which puts every one of its tensors into model.onnx (the assembly's ``every_tensor_exported``).
 
     A graph tensor kept as external data at exactly a tensor of ``weights.safetensors`` (shared weights,
     :mod:`attnx.exporter.store`) is that stored tensor, which :func:`check_stored` matches: it is not read
@@ -165,8 +155,6 @@ class StoredWeights:
 
     @classmethod
     def of(cls, export: ExportDir) -> StoredWeights:
-        from attnx.exporter.files import check_safetensors
-
         path = export.file("weights")
         start, header = check_safetensors(path)
         ranges = {}

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from onnx import numpy_helper
 
 from attnx.exporter.directory import ExportDir
-from attnx.parity.weights import Reference, check_graph, check_weights, graph_tensors, model_tensors
+from attnx.parity.weights import Reference, check_graph, check_weights, graph_tensors
 from tests.helpers import run_cli
 from tests.security.conftest import rehash
 
@@ -39,7 +39,8 @@ def loaded(made) -> dict:
     found = {}
     for kind, keys in GRAPHS.items():
         export = ExportDir.open(made(kind))
-        tensors, own = model_tensors(export.rebuild())
+        assembly = export.rebuild()
+        tensors, own = assembly.tensors(), assembly.every_tensor_exported
         arrays = {name: t.detach().numpy() for name, t in tensors.items()}
         found[kind] = (export, arrays, own, {key: parameter_tensors(export, key, arrays) for key in keys})
     return found
