@@ -111,10 +111,14 @@ class Stepper:
         """
         feed = {self.section.tokens: input_ids, **(source or {})}
         outputs = self._run("prefill", feed)
-        context = {
-            c.input: outputs[c.input] if c.input in outputs else feed[c.input] for c in self.section.context
-        }
-        return self._split(outputs, context)
+        given = {**feed, **outputs}
+        missing = sorted(c.input for c in self.section.context if c.input not in given)
+        if missing:
+            raise AttnxError(
+                f"prefill.onnx and attnx.json disagree on its outputs (listed as decode context, not "
+                f"produced: {missing}); re-export with `attnx export --decode`"
+            )
+        return self._split(outputs, {c.input: given[c.input] for c in self.section.context})
 
     def decode(self, input_ids: np.ndarray, state: State) -> tuple[np.ndarray, State]:
         """Logits (batch, 1, vocab) of one more token per row (batch, 1) and the state after it."""
