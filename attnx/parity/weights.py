@@ -84,19 +84,35 @@ class Reference:
 
     def __init__(self, tensors: Mapping[str, np.ndarray]) -> None:
         self.tensors = dict(tensors)
-        self._index: dict[np.dtype, dict[str, list[str]]] = {}
+        self._index: dict[tuple[np.dtype, int, bool], dict[str, list[str]]] = {}
 
     def exact(self, array: np.ndarray) -> list[str]:
-        """The model tensors that ``array`` is exactly (in ``array``'s dtype, perhaps transposed)."""
-        index = self._index.get(array.dtype)
+        """The model tensors that ``array`` is exactly (in ``array``'s dtype, perhaps transposed).
+
+        Only the model tensors of ``array``'s size are digested, once per dtype and size, and their
+        transposes only when none is ``array`` as it is: a real-size model's largest matrices are hashed
+        when a graph holds one of their size, and transposed when it holds one transposed."""
+        digest = _digest(array)
+        for transposed in (False, True):
+            found = self._digests(array.dtype, array.size, transposed).get(digest)
+            if found:
+                return found
+        return []
+
+    def _digests(self, dtype: np.dtype, size: int, transposed: bool) -> dict[str, list[str]]:
+        """Digest -> names of the model tensors of ``size`` elements, in ``dtype``, as they are or
+        (``transposed``) the transposes of the matrices among them."""
+        key = (dtype, size, transposed)
+        index = self._index.get(key)
         if index is None:
-            index = self._index[array.dtype] = {}
+            index = self._index[key] = {}
             for name, tensor in self.tensors.items():
-                if tensor.dtype.kind != array.dtype.kind:
+                if tensor.dtype.kind != dtype.kind or tensor.size != size:
                     continue
-                for _, view in _views(tensor):
-                    index.setdefault(_digest(view.astype(array.dtype)), []).append(name)
-        return index.get(_digest(array), [])
+                for is_transposed, view in _views(tensor, transposed):
+                    if is_transposed == transposed:
+                        index.setdefault(_digest(view.astype(dtype, copy=False)), []).append(name)
+        return index
 
     def aliases(self, name: str) -> list[str]:
         """``name`` and the model tensors that share its memory (tied weights)."""
@@ -339,10 +355,10 @@ def _memory(array: np.ndarray) -> tuple[int, tuple[int, ...], np.dtype]:
     return array.__array_interface__["data"][0], array.shape, array.dtype
 
 
-def _views(tensor: np.ndarray) -> list[tuple[bool, np.ndarray]]:
-    """The tensor and, when it is a matrix, its transpose (contiguous)."""
+def _views(tensor: np.ndarray, transposed: bool = True) -> list[tuple[bool, np.ndarray]]:
+    """The tensor and, when it is a matrix and ``transposed``, its transpose (contiguous)."""
     views = [(False, np.ascontiguousarray(tensor))]
-    if tensor.ndim == 2 and tensor.shape[0] > 1 and tensor.shape[1] > 1:
+    if transposed and tensor.ndim == 2 and tensor.shape[0] > 1 and tensor.shape[1] > 1:
         views.append((True, np.ascontiguousarray(tensor.T)))
     return views
 
@@ -361,9 +377,9 @@ def _agree(a: np.ndarray, b: np.ndarray, step: float) -> np.ndarray:
 
 
 def _digest(array: np.ndarray) -> str:
-    return hashlib.blake2b(np.ascontiguousarray(array).tobytes(), digest_size=16).hexdigest() + str(
-        array.size
-    )
+    """The bytes' hash (hashed in place, not copied) and the element count."""
+    data = memoryview(np.ascontiguousarray(array)).cast("B")
+    return hashlib.blake2b(data, digest_size=16).hexdigest() + str(array.size)
 
 
 def _numpy(tensor: Any) -> np.ndarray:
