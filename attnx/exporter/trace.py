@@ -160,7 +160,7 @@ def torchlib_registry_built_once() -> Iterator[None]:
         yield
         return
 
-    def copy(cls: type, opset_version: int = 18) -> Any:
+    def copy(cls: type, opset_version: int) -> Any:  # torch.onnx passes the opset it exports at
         made = cls()
         made.__dict__.update(vars(_torchlib_table(original.__get__(None, table), opset_version)))
         made.functions = {target: list(entries) for target, entries in made.functions.items()}

@@ -109,9 +109,9 @@ class Reference:
             for name, tensor in self.tensors.items():
                 if tensor.dtype.kind != dtype.kind or tensor.size != size:
                     continue
-                for is_transposed, view in _views(tensor, transposed):
-                    if is_transposed == transposed:
-                        index.setdefault(_digest(view.astype(dtype, copy=False)), []).append(name)
+                view = _transpose(tensor) if transposed else tensor
+                if view is not None:
+                    index.setdefault(_digest(view.astype(dtype, copy=False)), []).append(name)
         return index
 
     def aliases(self, name: str) -> list[str]:
@@ -355,12 +355,18 @@ def _memory(array: np.ndarray) -> tuple[int, tuple[int, ...], np.dtype]:
     return array.__array_interface__["data"][0], array.shape, array.dtype
 
 
-def _views(tensor: np.ndarray, transposed: bool = True) -> list[tuple[bool, np.ndarray]]:
-    """The tensor and, when it is a matrix and ``transposed``, its transpose (contiguous)."""
+def _views(tensor: np.ndarray) -> list[tuple[bool, np.ndarray]]:
+    """The tensor and, when it is a matrix, its transpose (contiguous)."""
+    transposed = _transpose(tensor)
     views = [(False, np.ascontiguousarray(tensor))]
-    if transposed and tensor.ndim == 2 and tensor.shape[0] > 1 and tensor.shape[1] > 1:
-        views.append((True, np.ascontiguousarray(tensor.T)))
-    return views
+    return views if transposed is None else [*views, (True, transposed)]
+
+
+def _transpose(tensor: np.ndarray) -> np.ndarray | None:
+    """The transpose (contiguous) of a matrix of more than one row and column; None for anything else."""
+    if tensor.ndim == 2 and tensor.shape[0] > 1 and tensor.shape[1] > 1:
+        return np.ascontiguousarray(tensor.T)
+    return None
 
 
 def _agree(a: np.ndarray, b: np.ndarray, step: float) -> np.ndarray:
