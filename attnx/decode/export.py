@@ -1,11 +1,15 @@
 """Write ``prefill.onnx`` and ``decode.onnx`` next to an export's ``model.onnx``.
 
 :data:`DECODE_GRAPHS` is the exporter's :class:`attnx.exporter.export.GraphExtension` for
-``[export] decode = true`` (``attnx export --decode``). Both graphs go through the same path as
-``model.onnx`` (:func:`attnx.exporter.trace.to_onnx`, then the lowering); the stateful
-``attnx::*Step`` ops come from the variants' ``VariantImpl.decode_ops``. Only the ``function``
-and ``decomposed`` lowerings are offered: TensorRT plugins and the ORT plugin kernels have a
-single output, and a step op has three.
+``[export] decode = true`` (``attnx export --decode``). The decode graph goes through the same path
+as ``model.onnx`` (:func:`attnx.exporter.trace.to_onnx`, then the lowering); the stateful
+``attnx::*Step`` ops come from the variants' ``VariantImpl.decode_ops``. A language model's prefill
+is its decode graph from the empty state (no past tokens, zero sums: what decode computes from it is
+what prefill does), made by a few adapter nodes (:func:`prefill_of`) instead of a second trace: a
+trace costs as much as ``model.onnx``'s conversion. A seq2seq prefill runs the encoder and makes the
+cross-attention cache, which decode does not, so it is traced. Only the ``function`` and
+``decomposed`` lowerings are offered: TensorRT plugins and the ORT plugin kernels have a single
+output, and a step op has three.
 """
 
 from __future__ import annotations
@@ -14,7 +18,9 @@ import dataclasses
 from pathlib import Path
 
 import numpy as np
+import onnx
 import torch
+from onnx import numpy_helper
 from torch import nn
 
 from attnx.decode.model import DecodeLayout, StepModel, check_decodable
@@ -23,6 +29,7 @@ from attnx.errors import AttnxError
 from attnx.exporter.assemble import Assembly, every_op
 from attnx.exporter.export import ExportJob, ExtraGraphs
 from attnx.exporter.inputs import random_feed
+from attnx.exporter.layout import PREFIX, Layout, value
 from attnx.exporter.lowering import check, lower
 from attnx.exporter.module import ModuleAssembly
 from attnx.exporter.store import WeightStore
@@ -31,6 +38,7 @@ from attnx.models.spec import TensorSpec
 from attnx.ops import AttentionOp
 from attnx.recipes import ExportSettings
 from attnx.registry import get_registry
+from attnx.state import GROWING
 
 PREFILL_FILE, DECODE_FILE = "prefill.onnx", "decode.onnx"
 DECODE_LOWERINGS = ("function", "decomposed")
@@ -104,8 +112,11 @@ class DecodeGraphs:
         layout = layout_of(assembly)
         run_prefill_once(step_model(assembly, layout, False), layout.inputs(False))
         ops = every_op(assembly)
-        files, used = {}, []
-        for key, name, with_past in (("prefill", PREFILL_FILE, False), ("decode", DECODE_FILE, True)):
+        traced = [("decode", DECODE_FILE, True)]
+        if layout.model != "lm":
+            traced.insert(0, ("prefill", PREFILL_FILE, False))
+        graphs, used = {}, []
+        for key, name, with_past in traced:
             graph = _Graph(
                 step_model(assembly, layout, with_past),
                 layout.inputs(with_past),
@@ -116,9 +127,35 @@ class DecodeGraphs:
             used += [op for op in attnx_ops(proto) if op not in used]
             proto = lower(proto, ops, settings.lowering, settings.target)
             check(proto)
+            graphs[key] = (name, proto)
+        if layout.model == "lm":
+            graphs = {"prefill": (PREFILL_FILE, prefill_of(graphs["decode"][1], layout)), **graphs}
+        for name, proto in graphs.values():
             save_onnx(proto, directory / name)
-            files[key] = name
-        return ExtraGraphs(files, used, layout.describe())
+        return ExtraGraphs({key: name for key, (name, _) in graphs.items()}, used, layout.describe())
+
+
+def prefill_of(decode: onnx.ModelProto, layout: DecodeLayout) -> onnx.ModelProto:
+    """A language model's prefill graph: ``decode`` fed the empty state (``past_length`` 0, every
+    ``past.*`` zeros with no past tokens), its outputs named and shaped as :meth:`DecodeLayout.outputs`
+    says for prefill. The decode graph's nodes and weights are kept as they are."""
+    adapter = Layout(decode)
+    adapter.keep(layout.tokens)
+    batch = adapter.node("Shape", [layout.tokens], f"{PREFIX}batch", start=0, end=1)
+    for slot in layout.slots:
+        spec = slot.spec("input", GROWING, layout.activation)
+        if slot.layer is None:
+            adapter.node("Identity", [adapter.constant("empty_length", [0])], adapter.feed(spec.name))
+            continue
+        sizes = [
+            batch if a == "batch" else adapter.constant(f"{spec.name}/{i}", [0 if a == GROWING else a])
+            for i, a in enumerate(spec.axes)
+        ]
+        shape = adapter.node("Concat", sizes, f"{PREFIX}{spec.name}/shape", axis=0)
+        zero = numpy_helper.from_array(np.zeros(1, dtype=spec.dtype))
+        adapter.node("ConstantOfShape", [shape], adapter.feed(spec.name), value=zero)
+    adapter.outputs += [value(spec.name, spec.dtype, spec.axes) for spec in layout.outputs(False)]
+    return adapter.build(decode.graph.name)
 
 
 DECODE_GRAPHS = DecodeGraphs()

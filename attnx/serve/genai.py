@@ -5,7 +5,7 @@ OUT a model directory ``onnxruntime_genai.Model(OUT)`` loads (a generic ``"decod
 ``genai.onnx`` is ``decode.onnx`` (which takes any number of new tokens after any state, empty
 included) under the names onnxruntime-genai 0.18 gives a hybrid model (its model builder's
 ``base.py``), derived layer by layer from the roles the layers declare (:mod:`attnx.state`),
-through a :class:`attnx.serve.layout.Layout`:
+through a :class:`attnx.exporter.layout.Layout`:
 
 * ``position_ids`` (batch, seq) int64 replaces ``past_length``: the position of the first new
   token is ``position_ids[0, 0]`` (every row shares it, as in attnx's decode graphs);
@@ -41,12 +41,12 @@ from attnx.decode.model import LOGITS, PAST_LENGTH, TOKENS
 from attnx.errors import AttnxError
 from attnx.exporter.assemble import Assembly
 from attnx.exporter.export import ExportJob, ExtraGraphs
+from attnx.exporter.layout import PREFIX, Layout, value
 from attnx.exporter.manifest import DecodeSection, GenaiSection, GenaiState, StatePair
 from attnx.exporter.module import ModuleAssembly
 from attnx.exporter.store import WeightStore
 from attnx.exporter.trace import attnx_ops, save_onnx
 from attnx.recipes import ExportSettings
-from attnx.serve.layout import Layout, value
 from attnx.serve.tokenizer import CONFIG_FILE, TOKENIZER_FILE, describe, load_tokenizer
 from attnx.state import CACHE_ROLES
 
@@ -172,7 +172,7 @@ def genai_layout(proto: onnx.ModelProto, section: DecodeSection) -> onnx.ModelPr
     layout.keep(TOKENS)
     layout.inputs.append(value(POSITION_IDS, "int64", ("batch", "seq")))
     corner = [layout.constant("zeros", [0, 0]), layout.constant("ones", [1, 1])]
-    first = layout.node("Slice", [POSITION_IDS, *corner], "serve/first_position")
+    first = layout.node("Slice", [POSITION_IDS, *corner], f"{PREFIX}first_position")
     layout.node("Reshape", [first, layout.constant("one", [1])], layout.feed(PAST_LENGTH))
     layout.keep(LOGITS)
     for state in genai_state(section):
@@ -215,7 +215,7 @@ def _pack(layout: Layout, state: GenaiState, section: DecodeSection) -> None:
             layout.node("Slice", [state.past, *bounds, last], layout.feed(pair.input))
             parts.append(output)
         else:
-            sliced = layout.node("Slice", [state.past, *bounds, last], f"serve/{pair.input}/sliced")
+            sliced = layout.node("Slice", [state.past, *bounds, last], f"{PREFIX}{pair.input}/sliced")
             layout.node("Squeeze", [sliced, last], layout.feed(pair.input))
             parts.append(layout.node("Unsqueeze", [output, last], f"{output}/packed", after=True))
         start += width

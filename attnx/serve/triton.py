@@ -47,9 +47,9 @@ from attnx.decode.model import LOGITS, PAST_LENGTH
 from attnx.decode.runtime import decode_section
 from attnx.errors import AttnxError
 from attnx.exporter.directory import ExportDir
+from attnx.exporter.layout import PREFIX, Layout, copy_graph, save_beside
 from attnx.exporter.manifest import MANIFEST, DecodeSection, StatePair
 from attnx.models.spec import TensorSpec
-from attnx.serve.layout import Layout, copy_graph, save_beside
 from attnx.serve.pyenv import Progress, ensure_environment, python_version
 from attnx.serve.tokenizer import CONFIG_FILE, TOKENIZER_FILE
 from attnx.serve.triton_python import write_python_model
@@ -315,8 +315,8 @@ def sequence_layout(proto: onnx.ModelProto, state: Sequence[StatePair]) -> onnx.
             continue
         layout.keep(spec.name)
         axis = pair.axes.index(GROWING)
-        held = layout.node("Shape", [pair.input], f"serve/{pair.input}/length", start=axis, end=axis + 1)
-        start = layout.node("Sub", [held, PAST_LENGTH], f"serve/{pair.input}/start")
+        held = layout.node("Shape", [pair.input], f"{PREFIX}{pair.input}/length", start=axis, end=axis + 1)
+        start = layout.node("Sub", [held, PAST_LENGTH], f"{PREFIX}{pair.input}/start")
         ends, axes = (
             layout.constant(f"{pair.input}/end", [np.iinfo(np.int64).max]),
             layout.constant(f"{pair.input}/axis", [axis]),

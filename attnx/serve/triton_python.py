@@ -16,7 +16,7 @@ from typing import Any
 from attnx.decode.model import LOGITS
 from attnx.decode.runtime import decode_section
 from attnx.exporter.directory import ExportDir
-from attnx.serve.layout import copy_graph
+from attnx.exporter.layout import copy_graph
 from attnx.serve.triton_model import DESCRIPTION
 
 

@@ -16,7 +16,7 @@ import attnx
 from attnx.cost import GiB, require_disk
 from attnx.errors import AttnxError
 from attnx.exporter.directory import ExportDir
-from attnx.serve.layout import copy_graph, external_files
+from attnx.exporter.layout import copy_graph, external_files
 from tests.conftest import TINY
 from tests.helpers import assert_one_line_error, run_cli
 

@@ -1,11 +1,12 @@
-"""Serving layouts: an export's ONNX graph under another runtime's input/output contract.
+"""Graph layouts: an export's ONNX graph under another input/output contract.
 
 A :class:`Layout` keeps every node and weight of the source graph and adds a few adapter nodes
 around it: new graph inputs feed the source graph's inputs through nodes placed before it (a
-position from ``position_ids``, a KV cache trimmed to its valid length, a state unpacked), and new
-graph outputs are made from the source graph's outputs by nodes placed after it. So the
-serving graph computes exactly what the checked source graph computes, and only the adapters
-are new (:mod:`attnx.serve.genai`, :mod:`attnx.serve.triton`).
+position from ``position_ids``, a KV cache trimmed to its valid length, a state unpacked, an empty
+state made from nothing), and new graph outputs are made from the source graph's outputs by nodes
+placed after it. So the new graph computes exactly what the checked source graph computes, and
+only the adapters are new (an lm's prefill graph, :mod:`attnx.decode.export`; the serving graphs,
+:mod:`attnx.serve.genai`, :mod:`attnx.serve.triton`).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from onnx import helper, numpy_helper
 from attnx.exporter.lowering import check
 from attnx.exporter.trace import save_onnx
 
-PREFIX = "serve/"  # names of the adapter's own values
+PREFIX = "adapter/"  # names of the adapter's own values
 
 
 def value(name: str, dtype: str, axes: Sequence[str | int]) -> onnx.ValueInfoProto:
