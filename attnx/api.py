@@ -23,14 +23,14 @@ from attnx.decode.export import DECODE_GRAPHS
 from attnx.decode.parity import DECODE_PARITY
 from attnx.errors import AttnxError
 from attnx.exporter import export as steps
-from attnx.exporter.budget import ORT_WEIGHT_COPIES, check_needs, require_memory
+from attnx.exporter.budget import check_needs, ort_weight_copies, require_memory
 from attnx.exporter.directory import ExportDir
 from attnx.exporter.export import ExportJob
 from attnx.exporter.lowering import attnx_nodes
 from attnx.exporter.manifest import Manifest
 from attnx.exporter.module import ModuleSource
 from attnx.parity.backends import backends as backend_list
-from attnx.parity.check import Cases, check_parity
+from attnx.parity.check import Cases, compare_backends, reference_side
 from attnx.parity.report import ParityReport
 from attnx.recipes import Recipe, resolve
 from attnx.serve.genai import GENAI
@@ -150,17 +150,21 @@ def run_export(job: ExportJob, progress: Progress | None = None) -> ExportResult
     parity = None
     with steps.staged(job) as staging:
         written = steps.write(assembly, job, staging, GRAPH_EXTENSIONS, report)
-        checks = job.plan.verify
+        if job.save_checkpoint is not None:
+            report(f"saving weights to {job.save_checkpoint}")
+            write_checkpoint(assembly, job.save_checkpoint)
+        checks, ort = job.plan.verify, backend_list(["ort-cpu"])
         if checks.enabled:
-            report("verifying parity (torch vs ONNX Runtime)")
+            report("verifying parity: the torch model's outputs and weights")
             tolerance = _tolerance(checks.atol, checks.rtol, written)
             cases = Cases.make(written, steps.verify_lengths(job, assembly), checks.batch, tolerance)
-            parity = check_parity(written, assembly, backend_list(["ort-cpu"]), cases, PARITY_EXTENSIONS)
+            side = reference_side(written, assembly, ort, cases, PARITY_EXTENSIONS)
+        del assembly  # the torch model's weights are freed before ONNX Runtime loads the graphs'
+        if checks.enabled:
+            report("verifying parity: ONNX Runtime, one graph at a time")
+            parity = compare_backends(written, side, ort, cases)
             parity.write(staging)
         nodes = len(attnx_nodes(onnx.load(str(written.model_path), load_external_data=False)))
-    if job.save_checkpoint is not None:
-        report(f"saving weights to {job.save_checkpoint}")
-        write_checkpoint(assembly, job.save_checkpoint)
     return ExportResult(job.out, written.manifest, nodes, parity)
 
 
@@ -190,12 +194,13 @@ def verify(
     if write:
         _check_writable(export)
     model, config, roles = export.specs()
+    shared = export.size("model") < export.size("weights") / 2  # graphs that read weights.safetensors
     needed = check_needs(
         model,
         config,
         roles,
         weights_bytes=export.size("weights"),
-        weight_copies=1 + ORT_WEIGHT_COPIES,
+        weight_copies=max(1, ort_weight_copies(shared)),  # the torch model is freed before ONNX Runtime runs
         batch=cases.batch,
         seq=max(cases.seq_lens),
     )
@@ -204,7 +209,8 @@ def verify(
         f"verifying {export.label} at batch {cases.batch} x {max(cases.seq_lens)} tokens",
         "verify at shorter --seq-lens or a smaller --batch",
     )
-    report = check_parity(export, export.rebuild(), chosen, cases, PARITY_EXTENSIONS)
+    side = reference_side(export, export.rebuild(), chosen, cases, PARITY_EXTENSIONS)  # the model is freed
+    report = compare_backends(export, side, chosen, cases)
     if write:
         report.write(export.path)
     return report

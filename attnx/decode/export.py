@@ -31,6 +31,7 @@ from attnx.exporter.export import ExportJob, ExtraGraphs
 from attnx.exporter.inputs import random_feed
 from attnx.exporter.layout import PREFIX, Layout, value
 from attnx.exporter.lowering import check, lower
+from attnx.exporter.manifest import DecodeSection
 from attnx.exporter.module import ModuleAssembly
 from attnx.exporter.store import WeightStore
 from attnx.exporter.trace import attnx_ops, save_onnx, to_onnx
@@ -112,8 +113,9 @@ class DecodeGraphs:
         layout = layout_of(assembly)
         run_prefill_once(step_model(assembly, layout, False), layout.inputs(False))
         ops = every_op(assembly)
+        section = layout.describe()
         traced = [("decode", DECODE_FILE, True)]
-        if layout.model != "lm":
+        if not prefill_is_decode(section):
             traced.insert(0, ("prefill", PREFILL_FILE, False))
         graphs, used = {}, []
         for key, name, with_past in traced:
@@ -128,33 +130,38 @@ class DecodeGraphs:
             proto = lower(proto, ops, settings.lowering, settings.target)
             check(proto)
             graphs[key] = (name, proto)
-        if layout.model == "lm":
-            graphs = {"prefill": (PREFILL_FILE, prefill_of(graphs["decode"][1], layout)), **graphs}
+        if prefill_is_decode(section):
+            graphs = {"prefill": (PREFILL_FILE, prefill_of(graphs["decode"][1], section)), **graphs}
         for name, proto in graphs.values():
             save_onnx(proto, directory / name)
-        return ExtraGraphs({key: name for key, (name, _) in graphs.items()}, used, layout.describe())
+        return ExtraGraphs({key: name for key, (name, _) in graphs.items()}, used, section)
 
 
-def prefill_of(decode: onnx.ModelProto, layout: DecodeLayout) -> onnx.ModelProto:
+def prefill_is_decode(section: DecodeSection) -> bool:
+    """Whether an export's prefill graph is its decode graph from the empty state (:func:`prefill_of`): a
+    language model's, whose decode takes no context from prefill."""
+    return not section.context
+
+
+def prefill_of(decode: onnx.ModelProto, section: DecodeSection) -> onnx.ModelProto:
     """A language model's prefill graph: ``decode`` fed the empty state (``past_length`` 0, every
-    ``past.*`` zeros with no past tokens), its outputs named and shaped as :meth:`DecodeLayout.outputs`
-    says for prefill. The decode graph's nodes and weights are kept as they are."""
+    ``past.*`` zeros with no past tokens), its outputs the prefill's of ``section`` (the manifest's).
+    The decode graph's nodes and weights are kept as they are."""
     adapter = Layout(decode)
-    adapter.keep(layout.tokens)
-    batch = adapter.node("Shape", [layout.tokens], f"{PREFIX}batch", start=0, end=1)
-    for slot in layout.slots:
-        spec = slot.spec("input", GROWING, layout.activation)
-        if slot.layer is None:
-            adapter.node("Identity", [adapter.constant("empty_length", [0])], adapter.feed(spec.name))
+    adapter.keep(section.tokens)
+    batch = adapter.node("Shape", [section.tokens], f"{PREFIX}batch", start=0, end=1)
+    for pair in section.state:
+        if pair.role == "position":
+            adapter.node("Identity", [adapter.constant("empty_length", [0])], adapter.feed(pair.input))
             continue
         sizes = [
-            batch if a == "batch" else adapter.constant(f"{spec.name}/{i}", [0 if a == GROWING else a])
-            for i, a in enumerate(spec.axes)
+            batch if a == "batch" else adapter.constant(f"{pair.input}/{i}", [0 if a == GROWING else a])
+            for i, a in enumerate(pair.axes)
         ]
-        shape = adapter.node("Concat", sizes, f"{PREFIX}{spec.name}/shape", axis=0)
-        zero = numpy_helper.from_array(np.zeros(1, dtype=spec.dtype))
-        adapter.node("ConstantOfShape", [shape], adapter.feed(spec.name), value=zero)
-    adapter.outputs += [value(spec.name, spec.dtype, spec.axes) for spec in layout.outputs(False)]
+        shape = adapter.node("Concat", sizes, f"{PREFIX}{pair.input}/shape", axis=0)
+        zero = numpy_helper.from_array(np.zeros(1, dtype=pair.dtype))
+        adapter.node("ConstantOfShape", [shape], adapter.feed(pair.input), value=zero)
+    adapter.outputs += [value(spec.name, spec.dtype, spec.axes) for spec in section.prefill.outputs]
     return adapter.build(decode.graph.name)
 
 

@@ -20,8 +20,10 @@ copies an export or a check holds of them, and the activations of its largest pa
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import dataclasses
 from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 from attnx.config import Config
@@ -40,18 +42,28 @@ SAFETY = 1.5
 # torch eager's; the factor keeps a margin over the worst case.
 ORT_MEMORY_FACTOR = 1.25
 ORT_WEIGHT_COPIES = 3
-# An export holds the torch weights, the exported ONNX proto (a copy of them), its serialisation and
-# the safetensors file, then the torch model and ORT session of the parity check.
-EXPORT_WEIGHT_COPIES = 4 + ORT_WEIGHT_COPIES
-# With shared weights (attnx.exporter.store) no graph holds a copy: the export holds the torch weights
-# alone (a Hugging Face checkpoint's memory-mapped), then ORT's session of the parity check beside them.
+# With shared weights (attnx.exporter.store) ONNX Runtime maps weights.safetensors: at the 0.8B Qwen3.5
+# shape (3.01 GB of weights) a session held 3.42 GB and peaked at 4.41 GB while it loaded.
+SHARED_ORT_WEIGHT_COPIES = 1.5
+# Writing an export holds the torch weights, the exported ONNX proto (a copy of them), its serialisation
+# and the safetensors file.
+EXPORT_WEIGHT_COPIES = 4
+# With shared weights no graph holds a copy: the export holds the torch weights alone (a Hugging Face
+# checkpoint's memory-mapped).
 SHARED_EXPORT_WEIGHT_COPIES = 1
 
 
-def export_weight_copies(shared: bool, verified: bool) -> int:
-    """The copies of its weights an export holds at its peak (with the parity check's when ``verified``)."""
-    held = SHARED_EXPORT_WEIGHT_COPIES if shared else EXPORT_WEIGHT_COPIES - ORT_WEIGHT_COPIES
-    return held + (ORT_WEIGHT_COPIES if verified else 0)
+def ort_weight_copies(shared: bool) -> float:
+    """The copies of its weights an ONNX Runtime session of an export holds at its peak."""
+    return SHARED_ORT_WEIGHT_COPIES if shared else ORT_WEIGHT_COPIES
+
+
+def export_weight_copies(shared: bool, verified: bool) -> float:
+    """The copies of its weights an export holds at its peak. The parity check runs ONNX Runtime after the
+    torch model's part is done and the model freed (:mod:`attnx.parity.check`), so a verified export's
+    peak is the larger of writing's and a session's, not their sum."""
+    held = SHARED_EXPORT_WEIGHT_COPIES if shared else EXPORT_WEIGHT_COPIES
+    return max(held, ort_weight_copies(shared)) if verified else held
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,7 +173,7 @@ def check_needs(
     roles: Mapping[str, tuple[Variant, Config]],
     *,
     weights_bytes: int,
-    weight_copies: int,
+    weight_copies: float,
     batch: int,
     seq: int,
 ) -> int:
@@ -169,7 +181,7 @@ def check_needs(
     weights plus the torch and ONNX Runtime activations of one forward at ``batch`` x ``seq``."""
     cost = model_cost(model, model_config, roles, batch, seq)
     activations = 0 if cost is None else int((1 + ORT_MEMORY_FACTOR) * cost.working_bytes)
-    return weight_copies * weights_bytes + activations
+    return int(weight_copies * weights_bytes) + activations
 
 
 def shrink_hint(options: Mapping[str, object], traced: bool = False, batch: int = 1, shown: int = 3) -> str:
@@ -187,3 +199,29 @@ def _integer(value: object) -> bool:
         return not isinstance(value, bool) and int(str(value)) > 1
     except ValueError:
         return False
+
+
+MADV_PAGEOUT = 21  # linux/mman.h (Linux 5.4+): reclaim these pages now; contents are never changed
+
+
+def page_out_weight_files() -> int:
+    """Ask the kernel to reclaim the pages of every ``.safetensors`` file this process maps (a Hugging Face
+    checkpoint's weights, which its torch model reads in place), so that an ONNX Runtime session loaded
+    next does not sit beside them in memory; returns the bytes of the regions asked.
+
+    A clean page of a file is dropped and read again from the file if touched; a page written in memory
+    is kept (there is no swap to page it out to), so no value changes. A no-op where ``/proc/self/maps``
+    or ``madvise`` is missing (not Linux) or refuses (a kernel before 5.4)."""
+    try:
+        maps = Path("/proc/self/maps").read_text().splitlines()
+        madvise = ctypes.CDLL(None, use_errno=True).madvise
+    except (OSError, AttributeError):
+        return 0
+    asked = 0
+    for line in maps:
+        fields = line.split(maxsplit=5)
+        if len(fields) == 6 and fields[5].endswith(".safetensors"):
+            start, end = (int(bound, 16) for bound in fields[0].split("-"))
+            if madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), MADV_PAGEOUT) == 0:
+                asked += end - start
+    return asked

@@ -81,13 +81,15 @@ class Layout:
 
     def build(self, name: str) -> onnx.ModelProto:
         """The serving graph: the adapter's inputs, nodes and outputs around the source graph."""
-        nodes = [_renamed(node, self.renamed) for node in self.proto.graph.node]
+        source = self.proto.graph
+        nodes = [_renamed(node, self.renamed) for node in source.node]
         graph = helper.make_graph(
             [*self.before, *nodes, *self.after],
             name,
             self.inputs,
             self.outputs,
-            initializer=list(self.proto.graph.initializer),
+            initializer=list(source.initializer),
+            value_info=[*source.value_info, *self._renamed_types()],
         )
         model = helper.make_model(
             graph,
@@ -99,6 +101,18 @@ class Layout:
         )
         check(model)
         return model
+
+
+    def _renamed_types(self) -> list[onnx.ValueInfoProto]:
+        """The types of the values that stand for the source graph's inputs and outputs (graph tools, e.g.
+        fp16 converters and quantizers, read a value's type from them)."""
+        typed = []
+        for name, renamed in self.renamed.items():
+            spec = onnx.ValueInfoProto()
+            spec.CopyFrom(self.source(name))
+            spec.name = renamed
+            typed.append(spec)
+        return typed
 
 
 def _renamed(node: onnx.NodeProto, names: dict[str, str]) -> onnx.NodeProto:

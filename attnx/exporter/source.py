@@ -26,6 +26,7 @@ from attnx.exporter.budget import (
     check_needs,
     export_weight_copies,
     meta_build,
+    ort_weight_copies,
     require_memory,
     shrink_hint,
     weights_within,
@@ -136,7 +137,7 @@ class RegisteredModel:
         if spec.weights is not None:  # weights no machine holds are refused before the model is built at all
             floor = spec.weights(config) * (2 if settings.dtype == "fp16" else 4)
             require_memory(
-                self._copies(floor) * floor,
+                int(self._copies(floor) * floor),
                 f"{what} (at least {floor / GiB:.2f} GiB of weights)",
                 fix,
                 available,
@@ -146,11 +147,11 @@ class RegisteredModel:
         def refusal(counted: int) -> AttnxError:
             return AttnxError(
                 f"{what} needs more than {copies * counted / GiB:.1f} GiB of memory, but "
-                f"{available / GiB:.1f} GiB is available ({copies} copies of its weights, "
+                f"{available / GiB:.1f} GiB is available ({copies:g} copies of its weights, "
                 f"{counted / GiB:.2f} GiB each when building stopped); {fix}"
             )
 
-        limit = None if available is None else available // copies
+        limit = None if available is None else int(available // copies)
         with weights_within(limit, refusal), meta_build(f"this {plan.model}"):
             assembly = self._assemble()
         tensors = [*assembly.module.parameters(), *assembly.module.buffers()]  # buffers: e.g. LSH rotations
@@ -159,12 +160,12 @@ class RegisteredModel:
         require_memory(needed, f"{what} ({weights / GiB:.2f} GiB of weights)", fix, available)
         return weights
 
-    def _copies(self, weights: int) -> int:
+    def _copies(self, weights: int) -> float:
         return export_weight_copies(
             shares_weights(self.settings.shared_weights, weights), self.plan.verify.enabled
         )
 
-    def _needs(self, assembly: Assembly, weights: int, copies: int) -> int:
+    def _needs(self, assembly: Assembly, weights: int, copies: float) -> int:
         """The cost model's bytes for the export's trace and the parity check's largest case."""
         checks = self.plan.verify
         roles = {"self": (assembly.variant, assembly.variant_config)}
@@ -253,10 +254,13 @@ class UserModule:
         are counted, no cost model (tied weights once)."""
         tensors = {p.data_ptr(): p for p in self.given.module.parameters()}.values()
         weights = sum(p.numel() * p.element_size() for p in tensors)
-        copies = export_weight_copies(shares_weights(self.settings.shared_weights, weights), self.verified)
+        shared = shares_weights(self.settings.shared_weights, weights)
+        copies = export_weight_copies(shared, False)
+        if self.verified:  # its caller holds the module: ONNX Runtime's copies come on top
+            copies += ort_weight_copies(shared)
         require_memory(
-            copies * weights,
-            f"exporting this module ({weights / GiB:.2f} GiB of weights, {copies} copies at once)",
+            int(copies * weights),
+            f"exporting this module ({weights / GiB:.2f} GiB of weights, {copies:g} copies at once)",
             "export it on a machine with more memory, or without verifying (--no-verify)",
         )
         return weights

@@ -24,6 +24,7 @@ import onnx
 from attnx.api import PARITY_EXTENSIONS
 from attnx.arguments import typed_arguments
 from attnx.atomic import check_output_dir, staged_directory, write_atomic
+from attnx.decode.export import prefill_is_decode, prefill_of
 from attnx.errors import AttnxError
 from attnx.exporter.directory import ExportDir, record_file
 from attnx.exporter.manifest import MANIFEST, FileRecord, Manifest, OptimizedSection, package_versions
@@ -132,16 +133,21 @@ def optimize(
 def _write_files(
     export: ExportDir, staging: Path, steps: list[str], graphs: list[str], report_progress: Progress
 ) -> dict[str, FileRecord]:
-    """Every file of ``export`` into ``staging``: the ``graphs`` transformed, genai.onnx laid out again from
-    the new decode graph, the others copied (a TensorRT engine dropped); their manifest records."""
+    """Every file of ``export`` into ``staging``: the ``graphs`` transformed, genai.onnx and a language
+    model's prefill.onnx made again from the new decode graph, the others copied (a TensorRT engine
+    dropped); their manifest records."""
     kept = float32_ops(export.ops())
+    section = export.manifest.decode
+    derived = {GENAI.name: genai_layout} if section is not None else {}
+    if section is not None and prefill_is_decode(section):
+        derived["prefill"] = prefill_of
     files = {}
-    for key, record in sorted(export.manifest.files.items(), key=lambda item: item[0] == GENAI.name):
+    for key, record in sorted(export.manifest.files.items(), key=lambda item: item[0] in derived):
         if key == "engine":
             continue
-        if key == GENAI.name:  # the decode graph under genai's names: laid out again from the new one
+        if key in derived:  # the new decode graph under genai's names, or from the empty state
             decode = onnx.load(str(staging / export.manifest.files["decode"].path))
-            save_onnx(genai_layout(decode, export.manifest.decode), staging / record.path)
+            save_onnx(derived[key](decode, section), staging / record.path)
         elif key in graphs:
             report_progress(f"{' + '.join(steps)}: {record.path}")
             fused = transform(export.file(key), staging / record.path, steps, kept)

@@ -1,20 +1,27 @@
 """Parity between the torch model and an export, on every backend asked for, by the one rule.
 
-For each backend, fresh random inputs at each sequence length go through the torch model (the
-reference) and the backend's runner on ``model.onnx``; every output is compared with
-:func:`attnx.parity.rule.compare`. Then every weight stored in the export's graphs is matched with
-the torch model's (:mod:`attnx.parity.weights`), which random inputs alone cannot prove. Graphs
-an export carries beside ``model.onnx`` are checked by :class:`ParityExtension` objects the caller
-passes (decode parity: :mod:`attnx.decode.parity`), so this module knows nothing about them. An
-fp16 export is compared with the torch model in fp16 (the computation it exports); the report's
-``fp32_drift`` also shows how far that is from float32.
+Fresh random inputs at each sequence length go through the torch model (the reference) and each
+backend's runner on ``model.onnx``; every output is compared with :func:`attnx.parity.rule.compare`.
+Every weight stored in the export's graphs is matched with the torch model's
+(:mod:`attnx.parity.weights`), which random inputs alone cannot prove. Graphs an export carries beside
+``model.onnx`` are checked by :class:`ParityExtension` objects the caller passes (decode parity:
+:mod:`attnx.decode.parity`), so this module knows nothing about them. An fp16 export is compared with
+the torch model in fp16 (the computation it exports); the report's ``fp32_drift`` also shows how far
+that is from float32.
+
+A check runs in two phases, so that the torch model and a runtime never hold the weights at once:
+:func:`reference_side` does everything the torch model takes part in (its outputs, the backends that
+load the weights themselves, the weight check) and keeps only numbers; :func:`compare_backends` then
+runs the other backends, one session at a time. A caller that drops the model between the two
+(``attnx export``, ``attnx verify``) checks a real-size model in about one copy of its weights at a
+time; :func:`check_parity` runs both for a caller that keeps the model.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import secrets
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import numpy as np
@@ -22,6 +29,7 @@ from polygraphy.backend.base import BaseRunner
 
 from attnx.errors import AttnxError
 from attnx.exporter.assemble import Assembly
+from attnx.exporter.budget import page_out_weight_files
 from attnx.exporter.directory import ExportDir
 from attnx.exporter.inputs import random_feed
 from attnx.exporter.reopen import source_for
@@ -30,7 +38,7 @@ from attnx.parity.backends import REFERENCE, Backend
 from attnx.parity.report import BackendParity, Comparison, Drift, ParityReport
 from attnx.parity.rule import compare
 from attnx.parity.runners import BackendSkipped, Graph, TorchRunner
-from attnx.parity.weights import check_weights
+from attnx.parity.weights import WeightCheck, check_weights
 from attnx.recipes import VerifySettings
 from attnx.variant import Tolerance
 
@@ -82,26 +90,46 @@ def sizes(specs: Sequence[TensorSpec], batch: int, length: int) -> dict[str, int
     return {a: batch if a == "batch" else length for a in axes}
 
 
+Pending = Callable[[Sequence[Backend]], list[BackendParity]]
+"""The rest of an extension's check: given the backends that do not load the weights themselves, every
+one of its results (those already run with the torch model first)."""
+
+
 class ParityExtension(Protocol):
     """Checks the graphs an export carries beside model.onnx (e.g. decode graphs)."""
 
     def applies(self, export: ExportDir) -> bool:
         """Whether the export has what this extension checks."""
 
-    def check(
+    def reference(
         self, export: ExportDir, assembly: Assembly, backends: Sequence[Backend], cases: Cases
-    ) -> list[BackendParity]:
-        """One result per backend (named after the backend and what it checks)."""
+    ) -> Pending:
+        """Run what needs the torch model now (its outputs, ``backends`` that load the weights); the
+        returned call runs the others later, without the model, and gives one result per backend (named
+        after the backend and what it checks)."""
 
 
-def check_parity(
+@dataclasses.dataclass
+class ReferenceSide:
+    """What the torch model gives a parity check, computed while it is loaded; it holds no weights."""
+
+    expected: list[dict[str, np.ndarray]]  # model.onnx's outputs per feed
+    ran: dict[str, BackendParity]  # the backends that load the weights themselves, already run
+    tolerances: dict[str, Tolerance | None]  # a backend's own tolerance (an fp16 TensorRT engine)
+    pending: list[Pending]  # the extensions' checks still to run
+    dtype: str
+    drift: list[Drift]
+    weights: list[WeightCheck]
+
+
+def reference_side(
     export: ExportDir,
     assembly: Assembly,
     backends: Sequence[Backend],
     cases: Cases,
     extensions: Sequence[ParityExtension] = (),
-) -> ParityReport:
-    """Compare ``assembly.module`` (the reference) with the export on each backend.
+) -> ReferenceSide:
+    """Everything of a parity check that runs the torch model (see the module docstring).
 
     Raises:
         AttnxError: a backend that is the reference itself.
@@ -111,17 +139,31 @@ def check_parity(
     manifest = export.manifest
     feeds = cases.feeds(manifest.inputs)
     graph = Graph.of_model(export, assembly.module)
-    results = []
-    for backend in backends:
-        tolerance = engine_tolerance(export, assembly) if backend.name == "trt" else None
-        results.append(run_backend(backend, graph, feeds, cases, tolerance))
-    for extension in extensions:
-        if extension.applies(export):
-            results += extension.check(export, assembly, backends, cases)
+    expected = infer(TorchRunner(graph.module(), graph.inputs, graph.outputs), feeds)
+    ran = {b.name: run_backend(b, graph, feeds, expected, cases) for b in backends if b.loads_weights}
+    tolerances = {b.name: engine_tolerance(export, assembly) if b.name == "trt" else None for b in backends}
+    pending = [e.reference(export, assembly, backends, cases) for e in extensions if e.applies(export)]
     drift = []
     if assembly.dtype != "fp32":
         drift = fp32_drift(assembly, manifest.inputs, manifest.outputs, feeds, cases.seq_lens)
     weights = check_weights(export, assembly.tensors(), assembly.every_tensor_exported)
+    return ReferenceSide(expected, ran, tolerances, pending, assembly.dtype, drift, weights)
+
+
+def compare_backends(
+    export: ExportDir, side: ReferenceSide, backends: Sequence[Backend], cases: Cases
+) -> ParityReport:
+    """The parity report: ``backends`` that do not load the weights run now, against ``side``."""
+    page_out_weight_files()  # a checkpoint the torch model read in place
+    graph = Graph.of_model(export)
+    feeds = cases.feeds(export.manifest.inputs)
+    results = [
+        side.ran.get(b.name) or run_backend(b, graph, feeds, side.expected, cases, side.tolerances[b.name])
+        for b in backends
+    ]
+    others = [b for b in backends if not b.loads_weights]
+    for pending in side.pending:
+        results += pending(others)
     tol = cases.tolerance
     return ParityReport(
         tol.atol,
@@ -130,9 +172,26 @@ def check_parity(
         list(cases.seq_lens),
         cases.seed,
         results,
-        assembly.dtype,
-        drift,
-        weights,
+        side.dtype,
+        side.drift,
+        side.weights,
+    )
+
+
+def check_parity(
+    export: ExportDir,
+    assembly: Assembly,
+    backends: Sequence[Backend],
+    cases: Cases,
+    extensions: Sequence[ParityExtension] = (),
+) -> ParityReport:
+    """Compare ``assembly.module`` (the reference, kept loaded) with the export on each backend.
+
+    Raises:
+        AttnxError: a backend that is the reference itself.
+    """
+    return compare_backends(
+        export, reference_side(export, assembly, backends, cases, extensions), backends, cases
     )
 
 
@@ -140,16 +199,17 @@ def run_backend(
     backend: Backend,
     graph: Graph,
     feeds: Sequence[dict[str, np.ndarray]],
+    expected: Sequence[dict[str, np.ndarray]],
     cases: Cases,
     tolerance: Tolerance | None = None,
 ) -> BackendParity:
-    """The backend's outputs on ``feeds`` against the torch module's (``tolerance``: a backend's own)."""
+    """The backend's outputs on ``feeds`` against the torch module's ``expected`` (``tolerance``: a
+    backend's own)."""
     reason = backend.unavailable(graph.export)
     if reason:
         return BackendParity(backend.name, "skipped", reason)
     limits = tolerance or cases.tolerance
     try:
-        expected = infer(TorchRunner(graph.module(), graph.inputs, graph.outputs), feeds)
         actual = infer(backend.runner(graph, None), feeds)
     except BackendSkipped as exc:
         return BackendParity(backend.name, "skipped", str(exc))

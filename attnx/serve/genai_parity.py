@@ -24,7 +24,7 @@ from attnx.exporter.assemble import Assembly
 from attnx.exporter.directory import ExportDir
 from attnx.exporter.manifest import GenaiState
 from attnx.parity.backends import Backend
-from attnx.parity.check import Cases
+from attnx.parity.check import Cases, Pending
 from attnx.parity.report import BackendParity, Comparison
 from attnx.parity.runners import ORT_NAMES, BackendSkipped, Graph
 from attnx.serve.genai import POSITION_IDS
@@ -68,18 +68,23 @@ class GenaiParity:
     def applies(self, export: ExportDir) -> bool:
         return export.manifest.genai is not None
 
-    def check(
+    def reference(
         self, export: ExportDir, assembly: Assembly, backends: Sequence[Backend], cases: Cases
-    ) -> list[BackendParity]:
-        """One result per ONNX Runtime backend among ``backends`` (genai runs nothing else)."""
-        ort = [b for b in backends if b.name in ORT_NAMES.values()]
-        if not ort:
-            return []
+    ) -> Pending:
+        """The full forward's logits now; one result per ONNX Runtime backend (genai runs nothing else)
+        when the returned call runs."""
+        if not any(b.name in ORT_NAMES.values() for b in backends):
+            return lambda backends: []
         runs = decode_cases(decode_section(export), assembly, cases)
+        return lambda backends: self._check(export, runs, backends, cases)
+
+    def _check(
+        self, export: ExportDir, runs: Sequence[DecodeCase], backends: Sequence[Backend], cases: Cases
+    ) -> list[BackendParity]:
         state = export.manifest.genai.state
-        graph = Graph(export, "genai", (), (), lambda: assembly.module)
+        graph = Graph(export, "genai", (), (), lambda: export.rebuild().module)
         results = []
-        for backend in ort:
+        for backend in (b for b in backends if b.name in ORT_NAMES.values()):
             label = f"{backend.name} genai"
             reason = backend.unavailable(export)
             if reason:

@@ -1,12 +1,19 @@
 """The memory preflight refuses what cannot fit before anything is built, naming what to make smaller:
 weights no machine holds before even the meta-device build, buffers (LSH rotations) counted, the trace's
-example lengths counted (``attnx export`` in-process, nothing written)."""
+example lengths counted (``attnx export`` in-process, nothing written). And the pages of a weights file
+the torch model read in place are paged out before ONNX Runtime loads the graphs, no value changed."""
 
 from __future__ import annotations
 
+import mmap
+import sys
+from pathlib import Path
+
+import numpy as np
 import pytest
 
 from attnx.exporter import source
+from attnx.exporter.budget import page_out_weight_files
 from attnx.models.config import LMConfig, Seq2SeqConfig
 from attnx.models.cost import weights_floor
 from tests.conftest import TINY
@@ -57,3 +64,26 @@ def test_the_weights_floor_is_below_the_built_model(config, floor):
     fields = {k: v for k, v in config.to_dict().items() if v is not None}
     built = assemble("softmax", config.kind, fields)
     assert weights_floor(config) <= sum(p.numel() for p in built.module.parameters())
+
+
+def rss_file() -> int:
+    status = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines())
+    return int(status["RssFile"].split()[0]) * 1024
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="madvise(MADV_PAGEOUT) is Linux's")
+def test_paging_out_a_mapped_weights_file_frees_its_pages_and_changes_no_value(tmp_path):
+    size = 64 * mmap.PAGESIZE * 64
+    path = tmp_path / "model.safetensors"
+    values = np.random.default_rng(0).standard_normal(size // 4).astype(np.float32)
+    values.tofile(path)
+    mapped = np.memmap(path, dtype=np.float32, mode="c")  # private, as safetensors maps a checkpoint
+    assert float(mapped.sum(dtype=np.float64)) == pytest.approx(float(values.sum(dtype=np.float64)))
+    mapped[5] = 123.0  # a page written in memory: it must survive
+    before = rss_file()
+    assert page_out_weight_files() >= size
+    assert rss_file() < before - size // 2, "the mapped file's pages stayed resident"
+    assert mapped[5] == 123.0
+    expected = values.copy()
+    expected[5] = 123.0
+    assert np.array_equal(np.asarray(mapped), expected)
