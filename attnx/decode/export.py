@@ -101,6 +101,10 @@ class DecodeGraphs:
                 "plugins do not carry)"
             )
 
+    def traces(self, assembly: Assembly | ModuleAssembly) -> int:
+        """The decode graph's trace, and a seq2seq prefill's (an lm's is made from decode)."""
+        return 1 if layout_of(assembly).model == "lm" else 2
+
     def export(
         self,
         assembly: Assembly | ModuleAssembly,

@@ -84,6 +84,10 @@ class GraphExtension(Protocol):
     def check(self, job: ExportJob) -> None:
         """Refuse, before any work, a job these graphs cannot serve (one-line AttnxError)."""
 
+    def traces(self, assembly: Assembly) -> int:
+        """How many traces of the model these graphs take, each about as long as model.onnx's (the
+        progress line's estimate); 0: a few seconds."""
+
     def export(
         self, assembly: Assembly, directory: Path, settings: ExportSettings, store: WeightStore | None
     ) -> ExtraGraphs:
@@ -171,7 +175,11 @@ def write(
     sections: dict[str, Any] = {}
     for extension in extensions:
         if extension.wanted(job):
-            report(f"exporting the {extension.name} graphs (model.onnx took {took:.0f} s)")
+            traces = extension.traces(assembly)
+            estimate = (
+                f"{traces} trace{'s' * (traces > 1)}, about {traces * took:.0f} s" if traces else "seconds"
+            )
+            report(f"exporting the {extension.name} graphs ({estimate})")
             extra = extension.export(assembly, directory, settings, store)
             files.update(extra.files)
             used += [op for op in extra.ops if op not in used]

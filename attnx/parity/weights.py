@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
+import os
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -35,8 +36,9 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from attnx.errors import AttnxError
 from attnx.exporter.directory import ExportDir
-from attnx.exporter.files import check_safetensors
+from attnx.exporter.files import REEXPORT, check_safetensors, open_plain
 
 SAMPLE = 256
 QUANTIZED = "_quantized"
@@ -273,18 +275,41 @@ def stored_name(reference: Reference, name: str) -> str:
 
 def check_stored(export: ExportDir, reference: Reference) -> WeightCheck:
     """Every tensor of ``weights.safetensors`` is one of the model's, exactly (read one at a time)."""
-    from safetensors import safe_open
-
     check = WeightCheck(export.manifest.files["weights"].path, 0, 0)
     used: set[str] = set()
-    with safe_open(str(export.file("weights")), framework="np") as stored:
-        for name in stored.keys():  # noqa: SIM118 (a safetensors handle is no dict)
-            array = stored.get_tensor(name)
-            _match(check, used, stored_name(reference, name), array, reference, 0)
-            if check.constants:  # a stored weight that is none of the model's tensors
-                check.constants = 0
-                check.mismatches.append(WeightMismatch(check.graph, name, "", array.size, [], 0.0, 0.0))
+    for name, array in stored_tensors(export.file("weights")):
+        _match(check, used, stored_name(reference, name), array, reference, 0)
+        if check.constants:  # a stored weight that is none of the model's tensors
+            check.constants = 0
+            check.mismatches.append(WeightMismatch(check.graph, name, "", array.size, [], 0.0, 0.0))
     return check
+
+
+_NUMPY_TYPES = {
+    "F32": "<f4", "F16": "<f2", "F64": "<f8", "I64": "<i8", "I32": "<i4", "I8": "i1", "U8": "u1", "BOOL": "?",
+}  # fmt: skip
+
+
+def stored_tensors(path: Path) -> Iterator[tuple[str, np.ndarray]]:
+    """Each tensor of a safetensors file (header checked first), read with plain reads one at a time: a
+    mapped file's pages would stay resident beside the model's until it is closed.
+
+    Raises:
+        AttnxError: a tensor of a dtype attnx does not write (bfloat16: an export stores float32 or float16).
+    """
+    start, header = check_safetensors(path)
+    with os.fdopen(open_plain(path), "rb") as handle:
+        for name, entry in header.items():
+            if name == "__metadata__":
+                continue
+            dtype = _NUMPY_TYPES.get(entry["dtype"])
+            if dtype is None:
+                raise AttnxError(
+                    f"{path.name} holds {name} in {entry['dtype']}, which attnx does not store; {REEXPORT}"
+                )
+            begin, end = entry["data_offsets"]
+            handle.seek(start + begin)
+            yield name, np.frombuffer(handle.read(end - begin), dtype=dtype).reshape(entry["shape"])
 
 
 def graph_tensors(

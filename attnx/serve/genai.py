@@ -294,6 +294,9 @@ class GenaiDecoder:
 
     name = "genai"
 
+    def traces(self, assembly: Assembly | ModuleAssembly) -> int:
+        return 0
+
     def wanted(self, job: ExportJob) -> bool:
         return job.settings.decode and (job.plan.model == "lm" or job.module is not None)
 

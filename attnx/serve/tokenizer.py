@@ -127,6 +127,9 @@ class TokenizerFile:
 
     name = "tokenizer"
 
+    def traces(self, assembly: Assembly) -> int:
+        return 0
+
     def wanted(self, job: ExportJob) -> bool:
         return job.settings.tokenizer is not None
 
