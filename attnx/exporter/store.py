@@ -18,12 +18,14 @@ graph transposes at run time (ONNX Runtime folds it into its pre-packed weights 
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from attnx.errors import AttnxError
 from attnx.exporter.files import check_safetensors
 
 SHARE_FROM_BYTES = 1 << 30  # shared weights by default from 1 GiB of weights: the graphs stay far below 2 GiB
@@ -56,12 +58,11 @@ class WeightStore:
 
     @classmethod
     def save(cls, module: torch.nn.Module, path: Path) -> WeightStore:
-        """Write ``module``'s state (tied tensors once, as ``safetensors.torch.save_model`` does) to the
-        safetensors file ``path``; returns its store."""
-        from safetensors.torch import save_model
-
-        save_model(module, str(path))
-        return cls.index(module.state_dict(), path)
+        """Write ``module``'s state to the safetensors file ``path`` (:func:`write_safetensors`); returns its
+        store."""
+        state = module.state_dict()
+        write_safetensors(state, path)
+        return cls.index(state, path)
 
     @classmethod
     def index(cls, tensors: Mapping[str, torch.Tensor], path: Path) -> WeightStore:
@@ -109,6 +110,59 @@ class WeightStore:
             if tensor is not None and self.find(tensor) is not None:
                 return False
         return None
+
+
+# torch dtype -> safetensors dtype, in the order safetensors lays tensors out (its dtype enum, descending)
+SAFETENSORS_DTYPES = {
+    torch.int64: "I64", torch.float64: "F64", torch.float32: "F32", torch.int32: "I32",
+    torch.bfloat16: "BF16", torch.float16: "F16", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
+    torch.bool: "BOOL",
+}  # fmt: skip
+_LAYOUT = {dtype: rank for rank, dtype in enumerate(SAFETENSORS_DTYPES)}
+
+
+def write_safetensors(tensors: Mapping[str, torch.Tensor], path: Path) -> None:
+    """Write ``tensors`` to the safetensors file ``path`` one at a time, so writing holds no copy of them
+    (``safetensors.torch.save_file`` turns every tensor into bytes first: at real size, a second copy of
+    the weights). Tied tensors (the same bytes under several names) are written once, under the first of
+    their names, the others named in the header's metadata, as ``safetensors.torch.save_model`` does;
+    tensors are laid out by dtype, then by name, as safetensors lays them out.
+
+    Raises:
+        AttnxError: a tensor of a dtype safetensors does not store.
+    """
+    kept: dict[str, torch.Tensor] = {}
+    seen: dict[tuple[int, torch.dtype, tuple[int, ...], tuple[int, ...]], str] = {}
+    metadata: dict[str, str] = {}
+    for name in sorted(tensors):
+        tensor = tensors[name].detach()
+        if tensor.dtype not in SAFETENSORS_DTYPES:
+            raise AttnxError(f"the model's {name} is {tensor.dtype}, which safetensors does not store")
+        alias = (tensor.data_ptr(), tensor.dtype, tuple(tensor.shape), tensor.stride())
+        if tensor.numel() and alias in seen:
+            metadata[name] = seen[alias]
+            continue
+        seen[alias], kept[name] = name, tensor
+    order = sorted(kept, key=lambda n: (_LAYOUT[kept[n].dtype], n))
+    header: dict[str, Any] = {"__metadata__": metadata} if metadata else {}
+    offset = 0
+    for name in order:
+        size = kept[name].numel() * kept[name].element_size()
+        shape = list(kept[name].shape)
+        header[name] = {
+            "dtype": SAFETENSORS_DTYPES[kept[name].dtype],
+            "shape": shape,
+            "data_offsets": [offset, offset + size],
+        }
+        offset += size
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)  # the data starts 8-byte aligned
+    with path.open("wb") as handle:
+        handle.write(len(raw).to_bytes(8, "little") + raw)
+        for name in order:
+            data = kept[name].contiguous().reshape(-1)
+            if data.numel():
+                handle.write(memoryview(data.view(torch.uint8).numpy()))
 
 
 def shares_weights(setting: bool | None, weights_bytes: int) -> bool:
