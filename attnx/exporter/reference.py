@@ -95,7 +95,10 @@ def save_program(program: Any, directory: Path, store: WeightStore | None = None
             f"the traced module holds {objects[0]}, a constant that is not a tensor, which attnx cannot "
             "store without pickling it; keep only tensors in the module's state"
         )
-    document = json.loads(serialize(program).exported_program)
+    # The program as JSON only: its tensors are written below (pickling the state into bytes, torch's
+    # default, would hold a second copy of a real-size model's weights).
+    light = {"serialize_state_dict": False, "serialize_constants": False, "serialize_example_inputs": False}
+    document = json.loads(serialize(program, **light).exported_program)
     _drop(document)
     try:
         check_program(document, PROGRAM_FILE)
