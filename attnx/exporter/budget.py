@@ -225,3 +225,11 @@ def page_out_weight_files() -> int:
             if madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), MADV_PAGEOUT) == 0:
                 asked += end - start
     return asked
+
+
+def return_freed_memory() -> None:
+    """Give the memory this process has freed back to the system (glibc's ``malloc_trim``): freed blocks of
+    a closed ONNX Runtime session otherwise stay in the process, and the next session's weights grow it
+    past them. A no-op without glibc."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).malloc_trim(0)

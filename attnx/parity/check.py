@@ -29,7 +29,7 @@ from polygraphy.backend.base import BaseRunner
 
 from attnx.errors import AttnxError
 from attnx.exporter.assemble import Assembly
-from attnx.exporter.budget import page_out_weight_files
+from attnx.exporter.budget import page_out_weight_files, return_freed_memory
 from attnx.exporter.directory import ExportDir
 from attnx.exporter.inputs import random_feed
 from attnx.exporter.reopen import source_for
@@ -155,6 +155,7 @@ def compare_backends(
 ) -> ParityReport:
     """The parity report: ``backends`` that do not load the weights run now, against ``side``."""
     page_out_weight_files()  # a checkpoint the torch model read in place
+    return_freed_memory()  # and what the torch side's forwards freed
     graph = Graph.of_model(export)
     feeds = cases.feeds(export.manifest.inputs)
     results = [

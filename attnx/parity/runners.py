@@ -22,6 +22,7 @@ from polygraphy.common import TensorMetadata
 from polygraphy.datatype import DataType
 
 from attnx.errors import AttnxError, first_line
+from attnx.exporter.budget import return_freed_memory
 from attnx.exporter.directory import ExportDir
 from attnx.exporter.lowering import attach_functions, strip_plugin_attributes
 from attnx.models.spec import TensorSpec
@@ -225,6 +226,7 @@ class OrtRunner(BaseRunner):
 
     def deactivate_impl(self) -> None:
         del self.sess
+        return_freed_memory()  # the next session (a real-size model's next graph) starts from here
 
     @property
     def providers(self) -> list[str]:
