@@ -103,7 +103,7 @@ class DecodeGraphs:
 
     def traces(self, assembly: Assembly | ModuleAssembly) -> int:
         """The decode graph's trace, and a seq2seq prefill's (an lm's is made from decode)."""
-        return 1 if layout_of(assembly).model == "lm" else 2
+        return 1 if prefill_is_decode(layout_of(assembly).describe()) else 2
 
     def export(
         self,

@@ -113,7 +113,8 @@ class ParityExtension(Protocol):
 class ReferenceSide:
     """What the torch model gives a parity check, computed while it is loaded; it holds no weights."""
 
-    expected: list[dict[str, np.ndarray]]  # model.onnx's outputs per feed
+    feeds: list[dict[str, np.ndarray]]  # model.onnx's inputs, one per sequence length
+    expected: list[dict[str, np.ndarray]]  # the torch model's outputs per feed
     ran: dict[str, BackendParity]  # the backends that load the weights themselves, already run
     tolerances: dict[str, Tolerance | None]  # a backend's own tolerance (an fp16 TensorRT engine)
     pending: list[Pending]  # the extensions' checks still to run
@@ -147,7 +148,7 @@ def reference_side(
     if assembly.dtype != "fp32":
         drift = fp32_drift(assembly, manifest.inputs, manifest.outputs, feeds, cases.seq_lens)
     weights = check_weights(export, assembly.tensors(), assembly.every_tensor_exported)
-    return ReferenceSide(expected, ran, tolerances, pending, assembly.dtype, drift, weights)
+    return ReferenceSide(feeds, expected, ran, tolerances, pending, assembly.dtype, drift, weights)
 
 
 def compare_backends(
@@ -157,9 +158,9 @@ def compare_backends(
     page_out_weight_files()  # a checkpoint the torch model read in place
     return_freed_memory()  # and what the torch side's forwards freed
     graph = Graph.of_model(export)
-    feeds = cases.feeds(export.manifest.inputs)
     results = [
-        side.ran.get(b.name) or run_backend(b, graph, feeds, side.expected, cases, side.tolerances[b.name])
+        side.ran.get(b.name)
+        or run_backend(b, graph, side.feeds, side.expected, cases, side.tolerances[b.name])
         for b in backends
     ]
     others = [b for b in backends if not b.loads_weights]
