@@ -257,6 +257,7 @@ def chunked_feed_forward(tmp_path: Path) -> Path:
     return saved(tmp_path / "lm", transformers.ReformerModelWithLMHead, config)
 
 
+@pytest.mark.slow  # traces a Reformer before its forward refuses; one-line refusals: test_bad_input.py
 def test_lengths_the_hf_model_refuses_are_one_line_and_named(tmp_path):
     """Lengths given that HF's own forward refuses are named with the fix."""
     directory, out = chunked_feed_forward(tmp_path), tmp_path / "out"

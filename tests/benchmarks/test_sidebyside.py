@@ -7,11 +7,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "sidebyside.py"
 ATTNX_ROWS = {"attnx torch", "attnx ort function", "attnx ort decomposed"}
 PEERS = {"linear-attention-transformer", "fast-transformers"}  # the causal linear layer's peers
 
 
+@pytest.mark.slow  # a benchmark script's quick run, as the other benchmark scripts' are
 def test_quick_run_times_attnx_beside_the_peers_and_judges_the_targets(tmp_path: Path) -> None:
     results = tmp_path / "results.json"
     command = [

@@ -203,6 +203,7 @@ def test_broken_plugin_does_not_break_the_cli(tmp_path):
     assert doctor.returncode == 0 and "plugin FAIL  tests.third_party.broken_plugin" in doctor.stdout
 
 
+@pytest.mark.slow  # three processes; test_new_plugin exports and verifies a third-party plugin by default
 def test_third_party_plugin_end_to_end_through_the_cli(tmp_path):
     """Listed, exported and verified (in a second process) with no change to attnx."""
     env = {**os.environ, "ATTNX_PLUGINS": "tests.third_party.sigmoid_plugin", "PYTHONPATH": str(REPO)}

@@ -152,6 +152,7 @@ def seq2seq(variant="linear", cross="softmax", seed=3, **overrides):
     return assemble(variant, "seq2seq", options, seed=seed, cross_variant=cross)
 
 
+@pytest.mark.slow  # a fallback no built-in model takes; the cached path is tested by default
 def test_a_cross_layer_that_cannot_be_cached_falls_back_to_the_encoder_output(tmp_path):
     """The documented fallback: decode takes encoder_hidden_states and re-runs the layer (old contract)."""
     assembly = seq2seq()

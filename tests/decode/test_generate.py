@@ -15,13 +15,14 @@ from attnx.decode.runtime import open_stepper
 from attnx.exporter.directory import ExportDir
 from tests.decode.conftest import DECODERS
 from tests.helpers import assert_one_line_error, run_cli
+from tests.models.cases import one_per_kind
 
 
 def test_public_api_is_lazy_and_points_here():
     assert attnx.generate is generate
 
 
-@pytest.mark.parametrize("variant", DECODERS)
+@pytest.mark.parametrize("variant", one_per_kind(DECODERS))  # every decoder under -m slow
 def test_greedy_ids_are_the_same_on_torch_and_ort_and_follow_the_full_forward(decode_export, variant):
     out, _ = decode_export(variant)
     ort_run = generate(out, [3, 1, 4, 1, 5], 12, backend="ort-cpu")

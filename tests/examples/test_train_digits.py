@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import re
 
+import pytest
 import torch
 
 from tests.examples.example import train_digits
 
 
+@pytest.mark.slow  # trains; the shipped digits-lm it made is tested by default (test_digits_lm)
 def test_quick_run_trains_exports_and_generates_the_same_tokens_in_torch_and_ort(tmp_path, capsys):
     example = train_digits()
     threads = torch.get_num_threads()

@@ -13,6 +13,9 @@ from typing import Any
 
 import pytest
 
+# Two fresh processes per export (about 40 s): the whole module runs under -m slow.
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[2]
 HASH_SEEDS = ("0", "3")  # they order {"num", "den"} and {"inverse", "size"} differently (onnxscript's
 # If outputs and Loop carried values followed such sets)

@@ -44,7 +44,13 @@ def graphs(out):
 # function lowering at every opset; decomposed (no Attention node at any opset) at 24 in the default run,
 # where the function lowering has one, and at every opset under -m slow
 IR_OPSETS = (18, 22, 24, 25)
-IR_CASES = [pytest.param(opset, "function", id=f"function-{opset}") for opset in IR_OPSETS] + [
+IR_DEFAULT = (18, 25)  # the oldest and the newest function-lowered opsets by default; the rest under -m slow
+IR_CASES = [
+    pytest.param(
+        opset, "function", id=f"function-{opset}", marks=[pytest.mark.slow] * (opset not in IR_DEFAULT)
+    )
+    for opset in IR_OPSETS
+] + [
     pytest.param(opset, "decomposed", id=f"decomposed-{opset}", marks=[pytest.mark.slow] * (opset != 24))
     for opset in IR_OPSETS
 ]

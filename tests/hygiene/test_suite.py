@@ -34,6 +34,7 @@ def test_the_default_run_shuffles_the_tests(request):
     assert request.config.getoption("randomly_reorganize")
 
 
+@pytest.mark.slow  # a pytest run in a fresh process: the suite's own plumbing
 def test_a_test_that_leaves_dynamo_config_broken_fails_and_the_seed_is_printed_under_q(tmp_path):
     hooks = 'pytest_plugins = ["tests.suite.hygiene"]  # as tests/conftest.py loads it\n'
     (tmp_path / "conftest.py").write_text(hooks)

@@ -215,7 +215,9 @@ def test_declaration_and_config():
 # -- export ----------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("lowering", ["function", "decomposed", "plugin"])
+@pytest.mark.parametrize(
+    "lowering", ["function", "decomposed", pytest.param("plugin", marks=pytest.mark.slow)]
+)
 def test_export_verifies_in_every_lowering(tmp_path, lowering):
     out = tmp_path / "out"
     options = {**TINY, "max_len": 256} if lowering == "plugin" else TINY

@@ -172,7 +172,7 @@ def test_capabilities_refuse_causal_and_cross():
 @pytest.mark.parametrize(
     ("lowering", "share_qv"),
     [
-        pytest.param("function", False, id="function-qkv"),
+        pytest.param("function", False, id="function-qkv", marks=pytest.mark.slow),
         pytest.param("function", True, id="function-share_qv"),
         pytest.param("decomposed", True, id="decomposed-share_qv"),
         pytest.param("plugin", False, id="plugin-qkv", marks=pytest.mark.slow),

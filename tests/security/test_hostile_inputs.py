@@ -233,6 +233,7 @@ def test_corrupt_hf_safetensors_are_one_line(hf_dir, workdir):
 # --- SIGTERM ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # the same handler as Ctrl-C, which tests/cli/test_bad_input.py runs by default
 def test_sigterm_during_an_export_is_like_ctrl_c_and_exits_143(tmp_path):
     from tests.cli.test_bad_input import snapshot, start_export
 

@@ -171,8 +171,8 @@ def test_a_server_that_exits_fails_with_its_log(triton_build, tmp_path):
 def test_a_server_that_never_gets_ready_fails_with_its_log_in_bounded_time(triton_build, tmp_path):
     repo = repository(tmp_path / "repo", 'backend: "python"\nmax_batch_size: 0\n')  # its stub cannot start
     server = TritonServer(triton_build, [repo], tmp_path / "server.log")
-    with pytest.raises(ServerDied, match="(?s)not ready after 10 s; its log:.*model.py"):
-        server.start(timeout=10)
+    with pytest.raises(ServerDied, match="(?s)not ready after 3 s; its log:.*model.py"):
+        server.start(timeout=3)
     assert not server.alive()  # stopped
 
 

@@ -19,6 +19,7 @@ from attnx.trt.graph import (
 )
 from attnx.trt.spec import describe
 from tests.conftest import TINY
+from tests.models.cases import one_per_kind
 from tests.trt.conftest import VARIANTS, tiny_model
 
 
@@ -30,7 +31,7 @@ def attnx_nodes(model):
     return [n for n in model.graph.node if n.domain == "attnx"]
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("variant", one_per_kind(VARIANTS))  # every variant under -m slow
 def test_exported_nodes_carry_exactly_the_plugin_fields(variant, plugin_export):
     model, ops = load(plugin_export(variant)), assemble(variant, tiny_model(variant), TINY).ops
     assert check_plugin_nodes(model, ops) == TINY["n_layers"]

@@ -186,6 +186,7 @@ def test_property_plugin_model_matches_torch(softmax_pair, batch, n, seed):
     np.testing.assert_allclose(got, expected.numpy(), rtol=1e-3, atol=1e-4)
 
 
+@pytest.mark.slow  # two plugin exports in one process; each variant's kernels are tested by default
 def test_earlier_sessions_survive_kernels_of_another_variant(tmp_path):
     """onnxruntime-extensions crashed (SIGSEGV) when a session ran after a later kernel
     registration; attnx registers every known kernel before the first session."""
