@@ -146,8 +146,9 @@ def _write_files(
         if key == "engine":
             continue
         if key in derived:  # the new decode graph under genai's names, or from the empty state
-            decode = onnx.load(str(staging / export.manifest.files["decode"].path))
-            save_onnx(derived[key](decode, section), staging / record.path)
+            decode_path = export.manifest.files["decode"].path
+            save_onnx(derived[key](onnx.load(str(staging / decode_path)), section), staging / record.path)
+            report_progress(f"{record.path}: made from the new {decode_path}")
         elif key in graphs:
             report_progress(f"{' + '.join(steps)}: {record.path}")
             fused = transform(export.file(key), staging / record.path, steps, kept)
