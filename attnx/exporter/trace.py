@@ -72,7 +72,10 @@ def export_shapes(
     dynamic = set(axes if settings.dynamic_axes is None else settings.dynamic_axes)
     for axis in sorted(dynamic):
         if sizes[axis] < 2:
-            raise AttnxError(f"example length of dynamic axis '{axis}' must be >= 2 (1 would be specialised)")
+            where = f"export setting example_lengths.{axis}={sizes[axis]}: " if axis in given else ""
+            raise AttnxError(
+                f"{where}example length of dynamic axis '{axis}' must be >= 2 (1 would be specialised)"
+            )
 
     def fix(spec: TensorSpec) -> TensorSpec:
         fixed = tuple(sizes[a] if isinstance(a, str) and a not in dynamic else a for a in spec.axes)
