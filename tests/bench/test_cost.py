@@ -310,6 +310,7 @@ def test_every_registered_variant_and_model_declares_its_cost_model() -> None:
 # length first takes the process's one-off costs (lazy initialisation), then the measured peak of
 # the long one must stay under the estimate, on torch and ONNX Runtime.
 WIDE = {"d_model": 32, "n_heads": 2, "n_layers": 1, "d_ff": 64, "vocab_size": 8000}
+WIDE_MODELS = {"lm": ("softmax", {}), "seq2seq": ("linear", {"cross_variant": "linear"})}  # variant, cross
 BENCH_LENGTHS = [64, 1024]
 
 
@@ -322,8 +323,7 @@ def wide_exports(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Pa
 
     @functools.cache
     def made(model: str) -> Path:
-        variant = "softmax" if model == "lm" else "linear"
-        cross = {"cross_variant": "linear"} if model == "seq2seq" else {}
+        variant, cross = WIDE_MODELS[model]
         export(variant, root / model, model=model, options={**WIDE, "verify.enabled": False}, **cross)
         return root / model
 

@@ -41,10 +41,10 @@ def graphs(out):
     return {p.name: onnx.load(str(p), load_external_data=False) for p in sorted(out.glob("*.onnx"))}
 
 
-# function lowering at every opset; decomposed (no Attention node at any opset) at 24 in the default run,
-# where the function lowering has one, and at every opset under -m slow
+# the default run: the function lowering at the oldest and the newest opset, decomposed (no Attention node
+# at any opset) at 24, where the function lowering has one; -m slow: both lowerings at every opset
 IR_OPSETS = (18, 22, 24, 25)
-IR_DEFAULT = (18, 25)  # the oldest and the newest function-lowered opsets by default; the rest under -m slow
+IR_DEFAULT = (18, 25)
 IR_CASES = [
     pytest.param(
         opset, "function", id=f"function-{opset}", marks=[pytest.mark.slow] * (opset not in IR_DEFAULT)
