@@ -77,12 +77,13 @@ def conditional_checkpoint(text_dir: Path, out: Path) -> Path:
     return out
 
 
-def build_with_genai(checkpoint: Path, out: Path) -> float:
-    """onnxruntime-genai's model builder (fp32, CPU) on ``checkpoint``; returns its wall time (s)."""
+def build_with_genai(checkpoint: Path, out: Path, precision: str = "fp32") -> float:
+    """onnxruntime-genai's model builder (``precision``: fp32, fp16 or int4; CPU) on ``checkpoint``; returns
+    its wall time (s)."""
     start = time.perf_counter()
     subprocess.run(
         [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(checkpoint), "-o", str(out)]
-        + ["-p", "fp32", "-e", "cpu", "-c", str(out.parent / "builder-cache")],
+        + ["-p", precision, "-e", "cpu", "-c", str(out.parent / "builder-cache")],
         check=True,
         capture_output=True,
     )

@@ -14,8 +14,8 @@ encoder       the small full model: attnx's default encoder (4 layers, FFN 1024,
 Contenders per case, loaded once and timed round-robin (``attnx.bench.roundrobin``; median of
 ``--repeat`` runs after a warm-up whose peak RSS is the forward's memory): attnx in torch eager, in
 ``torch.compile`` (where it works), in ONNX Runtime in each lowering (function, decomposed; softmax also
-on the standard ``Attention`` op at opset 23), its int8 and fp16 exports (``attnx.optimize``, with the
-accuracy each one measured) and, beside the layers, the
+on the standard ``Attention`` op at opset 23), its dynamic int8 and fp16 exports (``attnx.optimize``, with
+the accuracy each one measured) and, beside the layers, the
 peers' own PyTorch modules (benchmarks/peers.py). A memory guard skips a contender whose estimated peak
 exceeds ``--max-memory``. Decode: ms per token of a one-layer causal LM vs position, per decoding
 variant (``attnx.bench.decode``). It prints every figure, then the issue-14 targets, met or missed.
@@ -157,18 +157,19 @@ def attnx_contenders(
 def optimized_contenders(
     source: ExportDir, case: str, work: Path, threads: int
 ) -> tuple[list[Contender], dict[str, dict[str, Any]]]:
-    """The int8 and fp16 optimised exports of ``source`` (``attnx.optimize``) in ORT, with what each
-    one's accuracy report measured (relative output error, LM next-token agreement)."""
+    """The dynamic int8 and fp16 optimised exports of ``source`` (``attnx.optimize``) in ORT, with what
+    each one's accuracy report measured (relative output error, LM next-token agreement on the text)."""
     variant, rows, reports = source.manifest.variant, [], {}
-    for flag in ("int8", "fp16"):
+    for flag, step in (("int8", "dynamic_int8"), ("fp16", "fp16")):
         name = f"{ORT} {flag}"
         out = work / f"{source.path.name}-{flag}"
         try:
-            result = attnx.optimize(source.path, out, **{flag: True}, force=True)
+            result = attnx.optimize(source.path, out, **{step: True}, force=True)
         except attnx.AttnxError as exc:
             rows.append(skipped(name, case, variant, f"optimize refused: {first_line(exc)}"))
             continue
-        reports[flag] = {"rel_error": result.report.rel_error, "top1": result.report.top1}
+        text = result.report.text
+        reports[flag] = {"rel_error": result.report.rel_error, "top1": None if text is None else text.top1}
         rows.append(backend_contender(name, "ort-cpu", ExportDir.open(out), case, threads))
     return rows, reports
 

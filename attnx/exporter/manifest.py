@@ -296,13 +296,29 @@ class ModuleSection:
 
 
 @dataclasses.dataclass
+class QuantizationSection:
+    """Weight-only block quantisation (``attnx optimize --int4`` / ``--int8``, ONNX Runtime's
+    ``MatMulNBits``): ``precision`` per layer kind ("attention", "recurrent", "mlp", "head": "int4",
+    "int8" or "fp32"; the recurrent rules' decay and gate projections are always fp32), the weights' block
+    size, symmetric (no zero points) or not, the kernel's ``accuracy_level`` (0: float compute, 4: int8
+    activations) and the ``algorithm`` that chose the quantised values ("rtn": round to nearest, "hqq")."""
+
+    precision: dict[str, str]
+    block_size: int
+    symmetric: bool
+    accuracy_level: int
+    algorithm: str
+
+
+@dataclasses.dataclass
 class OptimizedSection:
     """What ``attnx optimize`` did to the export it read (``source``: its path then; ``source_model``:
     the SHA-256 of its model.onnx).
 
     ``steps``: in the order applied, of "slim" (onnxslim), "fuse" (onnxscript's fusions for ONNX
-    Runtime, which inline the op bodies: the manifest's lowering is then ``decomposed``), "int8" (ONNX
-    Runtime's dynamic int8 quantisation of the weights), "fp16" (ONNX Runtime's float16 converter, graph
+    Runtime, which inline the op bodies: the manifest's lowering is then ``decomposed``), "int4" and "int8"
+    (weight-only block quantisation, set out in ``quantization``), "dynamic-int8" (ONNX Runtime's dynamic
+    int8 quantisation of weights and activations), "fp16" (ONNX Runtime's float16 converter, graph
     inputs and outputs kept float32); ``graphs``: the manifest file keys of the graphs transformed;
     ``error_bound``: the largest output error, relative to the largest output magnitude of the float32
     torch model, that the transformation is held to (the manifest's ``tolerance`` states it for
@@ -315,6 +331,7 @@ class OptimizedSection:
     graphs: list[str]
     error_bound: float
     tools: dict[str, str | None]
+    quantization: QuantizationSection | None = None  # with "int4" or "int8"
 
 
 @dataclasses.dataclass

@@ -10,8 +10,11 @@
   export's interface does not change). It does not visit model-local functions; attnx's bodies are
   dtype-generic, so a function-lowered body computes in the dtype it is given. Ops whose schema fixes
   float32 inputs (a decode step's recurrent state) stay float32, with casts around them.
-* ``int8``: ONNX Runtime's dynamic quantisation: int8 weights of MatMul/Gemm, activations quantised
-  per call.
+* ``int4`` / ``int8``: weight-only block quantisation of the weight MatMuls, per layer kind
+  (:mod:`attnx.optimizer.quantize`: ONNX Runtime's ``MatMulNBits``); applied first, while the graph still
+  carries the op functions that tell the layer kinds apart.
+* ``dynamic-int8``: ONNX Runtime's dynamic quantisation: int8 weights of MatMul/Gemm, activations
+  quantised per call.
 
 Every transformed graph states the IR version it had (the opset policy's, :mod:`attnx.exporter.opsets`),
 which the tools would otherwise restamp with their own.
@@ -19,10 +22,7 @@ which the tools would otherwise restamp with their own.
 
 from __future__ import annotations
 
-import contextlib
-import heapq
-import logging
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from importlib import metadata
 from pathlib import Path
 
@@ -30,26 +30,36 @@ import onnx
 
 from attnx.domains import DOMAIN
 from attnx.errors import AttnxError, first_line
+from attnx.exporter.manifest import QuantizationSection
 from attnx.exporter.trace import save_onnx
+from attnx.optimizer.protos import quiet_root_logger, topologically_sorted
+from attnx.optimizer.tensors import SharedData
 
-STEPS = ("slim", "fuse", "int8", "fp16")  # in the order they are applied
-TOOLS = {"slim": "onnxslim", "fuse": "onnxscript", "int8": "onnxruntime", "fp16": "onnxruntime"}
-Fused = dict[str, int]  # fusion name -> how many it made (``fuse``)
+STEPS = ("int4", "int8", "slim", "fuse", "dynamic-int8", "fp16")  # in the order they are applied
+WEIGHT_ONLY = ("int4", "int8")
+PRECISION_STEPS = (*WEIGHT_ONLY, "dynamic-int8", "fp16")  # one at most: each sets the weights' type
+TOOLS = {"slim": "onnxslim", "fuse": "onnxscript", **dict.fromkeys(PRECISION_STEPS, "onnxruntime")}
+Made = dict[str, int]  # what a graph's transformation made, and how many: fusions, quantised MatMuls
 
 
 def check_steps(steps: Sequence[str]) -> list[str]:
     """``steps`` in the order they are applied.
 
     Raises:
-        AttnxError: none given, an unknown one, or int8 with fp16.
+        AttnxError: none given, an unknown one, or two precisions (e.g. int4 with fp16).
     """
     unknown = [s for s in steps if s not in STEPS]
     if unknown:
         raise AttnxError(f"unknown optimisation {unknown[0]!r}; choose from {', '.join(STEPS)}")
     if not steps:
-        raise AttnxError("nothing to do: choose at least one of --int8, --fp16, --slim, --fuse")
-    if "int8" in steps and "fp16" in steps:
-        raise AttnxError("choose --int8 or --fp16, not both (int8 quantisation keeps float32 activations)")
+        flags = ", ".join(f"--{step}" for step in STEPS)
+        raise AttnxError(f"nothing to do: choose at least one of {flags}")
+    precisions = [f"--{s}" for s in PRECISION_STEPS if s in steps]
+    if len(precisions) > 1:
+        raise AttnxError(
+            f"choose one of {' and '.join(precisions)}: each sets the weights' precision (quantisation keeps "
+            "float32 activations); per layer kind, use --layers KIND=int4|int8|fp32"
+        )
     if "slim" in steps:
         try:
             import onnxslim  # noqa: F401
@@ -63,36 +73,56 @@ def tool_versions(steps: Sequence[str]) -> dict[str, str | None]:
     return {TOOLS[s]: _version(TOOLS[s]) for s in steps}
 
 
-def transform(source: Path, target: Path, steps: Sequence[str], float32_ops: Collection[str]) -> Fused:
-    """Write ``source`` with ``steps`` (checked, in order) applied to ``target``; ``float32_ops``: attnx
-    op types that keep float32 under ``fp16``. Returns what ``fuse`` fused (empty without it)."""
-    model = onnx.load(str(source))
+def transform(
+    source: Path,
+    target: Path,
+    steps: Sequence[str],
+    float32_ops: Collection[str],
+    shared: SharedData | None,
+    quantization: QuantizationSection | None = None,
+    op_kinds: Mapping[str, str] | None = None,
+) -> Made:
+    """Write ``source`` with ``steps`` (checked, in order) applied to ``target``, its tensors in ``shared``
+    (None: inside the graph; the export's other files, its weights included, are already beside
+    ``target``); ``float32_ops``: attnx
+    op types that keep float32 under ``fp16``; ``quantization`` and ``op_kinds`` (attnx op type ->
+    "attention" or "recurrent"): what ``int4``/``int8`` do. Weight-only quantisation alone reads only the
+    weights it quantises; the other steps, whole-graph tools, read every tensor. Returns what the steps
+    made: the quantised MatMuls by "kind precision", ``fuse``'s fusions."""
+    model = onnx.load(str(source), load_external_data=not set(steps) <= set(WEIGHT_ONLY))
     ir_version = model.ir_version
-    fused: Fused = {}
+    made: Made = {}
+    if quantization is not None and any(step in WEIGHT_ONLY for step in steps):
+        from attnx.optimizer.quantize import quantize_weights
+
+        model, made = quantize_weights(model, quantization, op_kinds or {}, source)
     if "slim" in steps:
         import onnxslim
 
         model = onnxslim.slim(model)
     if "fuse" in steps:
         model, fused = fuse_for_ort(model, source.name)
+        made.update(fused)
     if "fp16" in steps:
         model = to_fp16(model, float32_ops)
-    if "int8" in steps:
+    if "dynamic-int8" in steps:
         from onnxruntime.quantization import QuantType, quantize_dynamic
 
         save_onnx(model, target)  # quantize_dynamic reads and writes files (external data included)
-        with _quiet_root_logger():  # its advice to pre-process the model is logged on every call
+        with quiet_root_logger():  # its advice to pre-process the model is logged on every call
             # ONNX shape inference leaves the outputs of some attnx nodes untyped; the export is float32
             extra = {"DefaultTensorType": onnx.TensorProto.FLOAT}
             quantize_dynamic(target, target, weight_type=QuantType.QInt8, extra_options=extra)
         model = onnx.load(str(target))
     model.ir_version = ir_version
+    if shared is not None:
+        shared.offload(model)
     save_onnx(model, target)
     check_loads(target, steps)
-    return fused
+    return made
 
 
-def fuse_for_ort(model: onnx.ModelProto, name: str) -> tuple[onnx.ModelProto, Fused]:
+def fuse_for_ort(model: onnx.ModelProto, name: str) -> tuple[onnx.ModelProto, Made]:
     """``model`` (the graph file ``name``) through onnxscript's ONNX Runtime fusions, and the fusions that
     matched.
 
@@ -103,7 +133,7 @@ def fuse_for_ort(model: onnx.ModelProto, name: str) -> tuple[onnx.ModelProto, Fu
     from onnxscript.rewriter import ort_fusions
 
     try:
-        with _quiet_root_logger():  # its shape inference logs a traceback for each body it cannot type
+        with quiet_root_logger():  # its shape inference logs a traceback for each body it cannot type
             fused, counts = ort_fusions.optimize_for_ort(onnx_ir.from_proto(model))
     except Exception as exc:  # the tool's own errors, of any type
         raise AttnxError(
@@ -123,6 +153,9 @@ def check_loads(path: Path, steps: Sequence[str]) -> None:
 
     options = onnxruntime.SessionOptions()
     options.log_severity_level = 3
+    # loading resolves every node's types and kernel; the graph optimisations (seconds at real size) run
+    # when the accuracy check opens it
+    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
     try:
         onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     except Exception as exc:  # ORT raises its own Fail/InvalidGraph/... types
@@ -142,59 +175,7 @@ def to_fp16(model: onnx.ModelProto, float32_ops: Collection[str]) -> onnx.ModelP
         node.name = node.name or f"attnx_node_{index}"
     kept = [node.name for node in model.graph.node if node.domain == DOMAIN and node.op_type in float32_ops]
     converted = convert_float_to_float16(model, keep_io_types=True, node_block_list=kept)
-    return _topologically_sorted(converted)  # the converter appends its input casts at the end
-
-
-def _topologically_sorted(model: onnx.ModelProto) -> onnx.ModelProto:
-    """``model`` with its graph's nodes in an order where every value is made before it is read (ONNX
-    Runtime accepts any order, the checker does not), otherwise in their order; a node's subgraphs
-    count as reading what they read."""
-    nodes = list(model.graph.node)
-    producer = {name: index for index, node in enumerate(nodes) for name in node.output if name}
-    users: list[list[int]] = [[] for _ in nodes]
-    waiting = []
-    for index, node in enumerate(nodes):
-        needs = {producer[name] for name in _reads(node) if name in producer}
-        for need in needs:
-            users[need].append(index)
-        waiting.append(len(needs))
-    ready = [index for index, count in enumerate(waiting) if count == 0]
-    heapq.heapify(ready)
-    order = []
-    while ready:
-        index = heapq.heappop(ready)
-        order.append(nodes[index])
-        for user in users[index]:
-            waiting[user] -= 1
-            if waiting[user] == 0:
-                heapq.heappush(ready, user)
-    if len(order) != len(nodes):
-        raise RuntimeError(f"the graph {model.graph.name} has a cycle")
-    del model.graph.node[:]
-    model.graph.node.extend(order)
-    return model
-
-
-def _reads(node: onnx.NodeProto) -> list[str]:
-    """The values ``node`` reads from its graph: its inputs and what its subgraphs read from outside."""
-    names = list(node.input)
-    for attribute in node.attribute:
-        for subgraph in [attribute.g, *attribute.graphs] if attribute.type in (5, 10) else []:
-            inner = {v.name for v in subgraph.input} | {t.name for t in subgraph.initializer}
-            inner |= {out for n in subgraph.node for out in n.output}
-            names += [name for n in subgraph.node for name in _reads(n) if name not in inner]
-    return names
-
-
-@contextlib.contextmanager
-def _quiet_root_logger() -> Iterator[None]:
-    root = logging.getLogger()
-    level = root.level
-    root.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        root.setLevel(level)
+    return topologically_sorted(converted)  # the converter appends its input casts at the end
 
 
 def _version(package: str) -> str | None:

@@ -1,4 +1,4 @@
-"""``attnx.optimize``: a new export with slimmed, fused, int8 or fp16 graphs, verified against float32 torch.
+"""``attnx.optimize``: a new export with int4/int8, slimmed, fused or fp16 graphs, checked against float32.
 
 The source export is read through :class:`attnx.exporter.directory.ExportDir`; every graph it lists
 (model.onnx, and prefill/decode graphs when present) is transformed (:mod:`attnx.optimizer.graphs`;
@@ -6,20 +6,21 @@ genai.onnx, the decode graph under onnxruntime-genai's names, is laid out again 
 the other files are copied (a TensorRT engine is dropped: it was built from the float32 graph), and the
 manifest records what was done (:class:`attnx.exporter.manifest.OptimizedSection`). Everything goes into
 a staged directory that becomes OUT2 only when complete. The torch model rebuilt from the source (float32
-weights) is the reference of the accuracy report (:mod:`attnx.optimizer.accuracy`) and of the usual
-parity check; the new manifest's tolerance is the transformation's error bound scaled by the largest
-output magnitude measured, so ``attnx verify OUT2`` holds the export to that bound later.
+weights) is the reference of the accuracy report (:mod:`attnx.optimizer.accuracy`: a language model's
+quality on text, any model's relative error on random prompts) and of the usual parity check; the new
+manifest's tolerance is the transformation's error bound scaled by the largest output magnitude measured,
+so ``attnx verify OUT2`` holds the export to that bound later.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import secrets
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import onnx
+from onnx.external_data_helper import uses_external_data
 
 from attnx.api import PARITY_EXTENSIONS
 from attnx.arguments import typed_arguments
@@ -27,22 +28,36 @@ from attnx.atomic import check_output_dir, staged_directory, write_atomic
 from attnx.decode.export import prefill_is_decode, prefill_of
 from attnx.errors import AttnxError
 from attnx.exporter.directory import ExportDir, record_file
-from attnx.exporter.manifest import MANIFEST, FileRecord, Manifest, OptimizedSection, package_versions
+from attnx.exporter.manifest import (
+    MANIFEST,
+    FileRecord,
+    Manifest,
+    OptimizedSection,
+    QuantizationSection,
+    package_versions,
+)
 from attnx.exporter.portable import float32_ops
 from attnx.exporter.trace import save_onnx
-from attnx.optimizer.accuracy import AccuracyReport, measure
-from attnx.optimizer.graphs import check_steps, tool_versions, transform
+from attnx.optimizer.accuracy import AccuracyReport, measure, text_bounds
+from attnx.optimizer.graphs import WEIGHT_ONLY, check_steps, tool_versions, transform
+from attnx.optimizer.layers import mixer_kinds
+from attnx.optimizer.quantize import plan
+from attnx.optimizer.settings import DEFAULT_BLOCK_SIZE, DEFAULT_SEED
+from attnx.optimizer.tensors import DATA_FILE, DATA_KEY, SharedData
+from attnx.optimizer.text import is_language_model
 from attnx.parity.backends import backends
 from attnx.parity.check import Cases, check_parity
 from attnx.parity.report import ParityReport
 from attnx.serve.genai import GENAI, genai_layout
 from attnx.variant import Tolerance
 
-# The largest output error each step is held to, relative to the float32 model's largest output magnitude:
+# The largest output error each step is held to, relative to the float32 model's largest output magnitude
+# on random prompts (the gate of a model that is not a language model, and the new manifest's tolerance):
 # onnxslim and the fusions only reorder float32 arithmetic; fp16 keeps ~3 decimal digits per operation;
 # dynamic int8 quantisation measured 0.9% on a 2-layer d512 encoder with random weights, but 3.6% (model.onnx)
-# and 6.2% (prefill.onnx, which quantises the same weights in another graph) on the trained digits-lm recipe.
-ERROR_BOUNDS = {"slim": 1e-4, "fuse": 1e-4, "fp16": 1e-2, "int8": 1e-1}
+# and 6.2% (prefill.onnx, which quantises the same weights in another graph) on the trained digits-lm recipe;
+# weight-only int8 and int4 (blocks of 32) measured up to 1.7% and 21% on the test models.
+ERROR_BOUNDS = {"slim": 1e-4, "fuse": 1e-4, "fp16": 1e-2, "int8": 5e-2, "dynamic-int8": 1e-1, "int4": 0.5}
 Progress = Callable[[str], None]
 
 
@@ -66,46 +81,93 @@ def optimize(
     source: str | Path,
     out: str | Path,
     *,
+    int4: bool = False,
     int8: bool = False,
+    dynamic_int8: bool = False,
     fp16: bool = False,
     slim: bool = False,
     fuse: bool = False,
+    layers: Mapping[str, str] | None = None,
+    block_size: int = DEFAULT_BLOCK_SIZE,
+    symmetric: bool = True,
+    accuracy_level: int | None = None,
+    algorithm: str = "rtn",
     force: bool = False,
     max_rel_error: float | None = None,
+    max_kl: float | None = None,
     min_top1: float | None = None,
-    seed: int | None = None,
+    text: str | Path | None = None,
+    seed: int = DEFAULT_SEED,
     progress: Progress | None = None,
 ) -> OptimizeResult:
-    """Write ``out``: the export ``source`` with its graphs slimmed (onnxslim), fused for ONNX Runtime
-    (onnxscript's ort_fusions; the graphs are then decomposed: :mod:`attnx.optimizer.graphs`),
-    int8-quantised (ONNX Runtime's dynamic quantisation of the weights) and/or converted to fp16 (inputs
-    and outputs stay float32), then check it against the float32 torch model rebuilt from ``source``.
+    """Write ``out``: the export ``source`` with its weight MatMuls block-quantised (``int4``/``int8``:
+    weight-only, ONNX Runtime's ``MatMulNBits``, :mod:`attnx.optimizer.quantize`; ``layers``: a precision
+    per layer kind, "int4", "int8" or "fp32"; ``block_size``, ``symmetric``, ``accuracy_level``,
+    ``algorithm``: "rtn" or "hqq"), its graphs slimmed (onnxslim), fused for ONNX Runtime (onnxscript's
+    ort_fusions; the graphs are then decomposed: :mod:`attnx.optimizer.graphs`), dynamically int8-quantised
+    (``dynamic_int8``: ONNX Runtime's dynamic quantisation of weights and activations) or converted to fp16
+    (inputs and outputs stay float32), then check it against the float32 torch model rebuilt from
+    ``source``.
 
     ``out`` is written even when a check fails (as ``attnx export`` does); ``result.passed`` says whether
-    the outputs stay within the transformation's error bound (:data:`ERROR_BOUNDS`) and the limits given:
-    ``max_rel_error`` (largest output error relative to the largest output magnitude) and ``min_top1``
-    (next-token top-1 agreement of a language model, 0..1). ``seed``: of the random prompts (default fresh).
+    it holds its gate. A language model's gate is its quality on a fixed text (``text``: a UTF-8 file,
+    default CPython's documentation; :mod:`attnx.optimizer.text`): the mean KL divergence of its next-token
+    distributions from the float32 model's (``max_kl``) and their top-1 agreement (``min_top1``, 0..1),
+    each the steps' default (:data:`attnx.optimizer.accuracy.TEXT_BOUNDS`) unless given, looser or
+    tighter. Other models are held to the transformation's relative output error bound
+    (:data:`ERROR_BOUNDS`); every model to ``max_rel_error`` when given. ``seed``: of the random prompts.
 
     Raises:
-        AttnxError: no step or int8 with fp16, ``source`` not an export (or fp16, or plugin-lowered, or
-            already optimised), ``out`` the same directory or existing without ``force`` (``force``
-            replaces only an attnx export), a limit out of range.
+        AttnxError: no step or two precisions, a quantisation setting out of range, ``source`` not an
+            export (or fp16, or plugin-lowered, or already optimised), ``out`` the same directory or
+            existing without ``force`` (``force`` replaces only an attnx export), a limit out of range or
+            a text gate for a model that is not a language model.
     """
     report_progress = progress or (lambda message: None)
-    wanted = {"int8": int8, "fp16": fp16, "slim": slim, "fuse": fuse}
+    wanted = {
+        "int4": int4,
+        "int8": int8,
+        "dynamic-int8": dynamic_int8,
+        "fp16": fp16,
+        "slim": slim,
+        "fuse": fuse,
+    }
     steps = check_steps([name for name, chosen in wanted.items() if chosen])
-    _check_limits(max_rel_error, min_top1)
+    weight_only = next((step for step in steps if step in WEIGHT_ONLY), None)
+    if weight_only is None and layers:
+        raise AttnxError("--layers sets precisions of --int4 or --int8; add one of them")
+    quantization = None
+    if weight_only is not None:
+        quantization = plan(
+            weight_only,
+            layers,
+            block_size=block_size,
+            symmetric=symmetric,
+            accuracy_level=accuracy_level,
+            algorithm=algorithm,
+        )
+    _check_limits(max_rel_error, max_kl, min_top1)
     export = _open_source(source, out)
+    outputs = [spec.name for spec in export.manifest.outputs]
+    language_model = is_language_model(export.manifest.inputs, outputs)
+    if not language_model and (max_kl is not None or min_top1 is not None or text is not None):
+        raise AttnxError(
+            f"--max-kl, --min-top1 and --text gate a language model on text; '{export.path}' is not one "
+            "(no input_ids in and logits out): use --max-rel-error"
+        )
+    if text is not None and not Path(text).is_file():
+        raise AttnxError(f"--text {text}: no such file")
     check_output_dir(out, force, MANIFEST)  # before the model is rebuilt; checked again when published
-    seed = secrets.randbits(31) if seed is None else seed
-    report_progress(f"rebuilding the float32 torch model of {export.path}")
-    reference = export.rebuild()
     graphs = [key for key, record in export.manifest.files.items() if record.path.endswith(".onnx")]
     bound = max(ERROR_BOUNDS[step] for step in steps)
     with staged_directory(out, force, MANIFEST) as staging:
-        files = _write_files(export, staging, steps, graphs, report_progress)
+        files = _write_files(export, staging, steps, graphs, quantization, report_progress)
+        report_progress(f"rebuilding the float32 torch model of {export.path}")  # after: one copy at a time
+        reference = export.rebuild()
         source_model = export.manifest.files["model"].sha256
-        section = OptimizedSection(str(export.path), source_model, steps, graphs, bound, tool_versions(steps))
+        section = OptimizedSection(
+            str(export.path), source_model, steps, graphs, bound, tool_versions(steps), quantization
+        )
         manifest = dataclasses.replace(
             export.manifest,
             files=files,
@@ -117,8 +179,12 @@ def optimize(
         write_atomic(staging / MANIFEST, manifest.to_json())
         written = ExportDir.open(staging)
         report_progress("measuring accuracy against the float32 torch model (ONNX Runtime CPU)")
-        report = measure(written, reference, steps, bound, seed)
-        report.max_rel_error, report.min_top1 = max_rel_error, min_top1
+        report = measure(written, reference, steps, bound, seed, None if text is None else Path(text))
+        report.max_rel_error = max_rel_error
+        if report.text is not None:
+            default_kl, default_top1 = text_bounds(steps)
+            report.max_kl = default_kl if max_kl is None else max_kl
+            report.min_top1 = default_top1 if min_top1 is None else min_top1
         written = written.write_manifest(
             dataclasses.replace(manifest, tolerance=_tolerance(manifest.tolerance, report, bound))
         )
@@ -131,34 +197,57 @@ def optimize(
 
 
 def _write_files(
-    export: ExportDir, staging: Path, steps: list[str], graphs: list[str], report_progress: Progress
+    export: ExportDir,
+    staging: Path,
+    steps: list[str],
+    graphs: list[str],
+    quantization: QuantizationSection | None,
+    report_progress: Progress,
 ) -> dict[str, FileRecord]:
     """Every file of ``export`` into ``staging``: the ``graphs`` transformed, genai.onnx and a language
     model's prefill.onnx made again from the new decode graph, the others copied (a TensorRT engine
     dropped); their manifest records."""
     kept = float32_ops(export.ops())
+    op_kinds = mixer_kinds() if quantization is not None else {}
     section = export.manifest.decode
     derived = {GENAI.name: genai_layout} if section is not None else {}
     if section is not None and prefill_is_decode(section):
         derived["prefill"] = prefill_of
+    shared = SharedData(staging) if _keeps_external_data(export.file("model")) else None
     files = {}
-    for key, record in sorted(export.manifest.files.items(), key=lambda item: item[0] in derived):
+    order = sorted(export.manifest.files.items(), key=lambda item: (item[0] in derived, item[0] in graphs))
+    for key, record in order:  # the weights first: a graph may keep pointing into them
         if key == "engine":
             continue
         if key in derived:  # the new decode graph under genai's names, or from the empty state
             decode_path = export.manifest.files["decode"].path
-            save_onnx(derived[key](onnx.load(str(staging / decode_path)), section), staging / record.path)
+            decode = onnx.load(str(staging / decode_path), load_external_data=False)
+            laid_out = derived[key](decode, section)
+            if shared is not None:
+                shared.offload(laid_out)
+            save_onnx(laid_out, staging / record.path)
             report_progress(f"{record.path}: made from the new {decode_path}")
         elif key in graphs:
             report_progress(f"{' + '.join(steps)}: {record.path}")
-            fused = transform(export.file(key), staging / record.path, steps, kept)
-            if "fuse" in steps:
-                made = ", ".join(f"{count} {name}" for name, count in sorted(fused.items()))
-                report_progress(f"{record.path}: fused {made or 'nothing (no pattern matched)'}")
+            made = transform(
+                export.file(key), staging / record.path, steps, kept, shared, quantization, op_kinds
+            )
+            if quantization is not None or "fuse" in steps:
+                listed = ", ".join(f"{count} {name}" for name, count in made.items())
+                report_progress(f"{record.path}: made {listed or 'nothing (no fusion pattern matched)'}")
         else:
             shutil.copyfile(export.file(key), staging / record.path)
         files[key] = record_file(staging, record.path)
+    if shared is not None and shared.used:
+        files[DATA_KEY] = record_file(staging, DATA_FILE)
     return files
+
+
+def _keeps_external_data(graph: Path) -> bool:
+    """Whether ``graph`` keeps tensors as external data (a shared-weights or > 2 GiB export): the optimised
+    graphs then share one data file too; a small export's stay self-contained."""
+    model = onnx.load(str(graph), load_external_data=False)
+    return any(uses_external_data(tensor) for tensor in model.graph.initializer)
 
 
 def _open_source(source: str | Path, out: str | Path) -> ExportDir:
@@ -180,9 +269,11 @@ def _open_source(source: str | Path, out: str | Path) -> ExportDir:
     return export
 
 
-def _check_limits(max_rel_error: float | None, min_top1: float | None) -> None:
+def _check_limits(max_rel_error: float | None, max_kl: float | None, min_top1: float | None) -> None:
     if max_rel_error is not None and not max_rel_error >= 0:
         raise AttnxError(f"--max-rel-error must be >= 0 (got {max_rel_error:g})")
+    if max_kl is not None and not max_kl >= 0:
+        raise AttnxError(f"--max-kl must be >= 0 (got {max_kl:g})")
     if min_top1 is not None and not 0 <= min_top1 <= 1:
         raise AttnxError(f"--min-top1 is a fraction in 0..1 (got {min_top1:g})")
 

@@ -13,6 +13,9 @@ export's stored program's), and the stored ``weights.safetensors`` with them too
   not in all is an edited weight: a mismatch naming both and the first differing element;
 * an int8 tensor ``X_quantized`` (ONNX Runtime's dynamic quantisation, with ``X_scale`` and
   ``X_zero_point``) is compared dequantised, to half a quantisation step;
+* a block-quantised weight ``X_Q4`` / ``X_Q8`` (``MatMulNBits``: packed blocks with ``X_scales`` and
+  optional ``X_zero_points``) is compared dequantised (its padding dropped), to its largest block's
+  whole step (HQQ may move a value past the nearest level);
 * anything else is a constant of the model's code (shapes, frequencies), which parity covers.
 
 For attnx's own models every parameter and buffer must also appear in ``model.onnx`` (or its image under
@@ -137,11 +140,16 @@ class Reference:
         for name, tensor in self.tensors.items():
             if tensor.size != array.size:
                 continue
-            for transposed, view in _views(tensor):
-                agree = float(np.mean(_agree(flat[picks], view.reshape(-1)[picks], step)))
+            for transposed in (False, True) if _transpose_shape(tensor) else (False,):
+                agree = float(np.mean(_agree(flat[picks], _sampled(tensor, picks, transposed), step)))
                 if agree >= score:
-                    best, score = (name, transposed, view.reshape(array.shape)), agree
-        return best
+                    best, score = (name, transposed), agree
+        if best is None:
+            return None
+        name, transposed = best
+        tensor = self.tensors[name]
+        view = _transpose(tensor) if transposed else np.ascontiguousarray(tensor)
+        return name, transposed, view.reshape(array.shape)
 
 
 def check_weights(export: ExportDir, tensors: Mapping[str, Any], own_model: bool) -> list[WeightCheck]:
@@ -159,7 +167,8 @@ def check_weights(export: ExportDir, tensors: Mapping[str, Any], own_model: bool
         if record.path.endswith(".onnx"):
             model = onnx.load(str(export.file(key)), load_external_data=False)
             found = graph_tensors(model, export.path, stored)
-            checks.append(check_graph(record.path, found, reference, own_model and key == "model"))
+            complete = own_model and key == "model"
+            checks.append(check_graph(record.path, found, reference, complete, block_lengths(model)))
     checks.append(check_stored(export, reference))
     return checks
 
@@ -205,10 +214,15 @@ _SAFETENSORS_TYPES = {
 
 
 def check_graph(
-    label: str, tensors: Iterable[tuple[str, np.ndarray | str]], reference: Reference, complete: bool
+    label: str,
+    tensors: Iterable[tuple[str, np.ndarray | str]],
+    reference: Reference,
+    complete: bool,
+    lengths: Mapping[str, int] | None = None,
 ) -> WeightCheck:
     """Match the tensors of one graph (``complete``: every model tensor must be among them); a tensor given
-    as a str is the stored weight of that name (:class:`StoredWeights`)."""
+    as a str is the stored weight of that name (:class:`StoredWeights`); ``lengths``: the input length K
+    of each block-quantised weight (:func:`block_lengths`)."""
     check = WeightCheck(label, 0, 0)
     used: set[str] = set()
     found: dict[str, np.ndarray] = {}
@@ -219,6 +233,10 @@ def check_graph(
         else:
             found[name] = value
     for name, array in found.items():
+        blocks = _dequantized_blocks(name, array, found, (lengths or {}).get(name))
+        if blocks is not None:
+            _match(check, used, name, blocks[0], reference, blocks[1])
+            continue
         if name.endswith(QUANTIZED) and array.dtype in (np.int8, np.uint8):
             base = name[: -len(QUANTIZED)]
             scale, zero = found.get(f"{base}_scale"), found.get(f"{base}_zero_point")
@@ -241,6 +259,50 @@ def check_graph(
                 continue
             check.mismatches.append(WeightMismatch(label, name, None, tensor.size, [], math.nan, math.nan))
     return check
+
+
+def block_lengths(model: onnx.ModelProto) -> dict[str, int]:
+    """The input length K of each ``MatMulNBits`` weight of ``model``'s main graph, by its name."""
+    return {
+        node.input[1]: next((a.i for a in node.attribute if a.name == "K"), 0)
+        for node in model.graph.node
+        if node.op_type == "MatMulNBits"
+    }
+
+
+def _dequantized_blocks(
+    name: str, packed: np.ndarray, found: Mapping[str, np.ndarray], length: int | None
+) -> tuple[np.ndarray, float] | None:
+    """A ``MatMulNBits`` weight (``name`` ending ``_Q4``/``_Q8``: (N, blocks, bytes) uint8, with
+    ``<base>_scales``; ``length``: its input length K) as the (K, N) float matrix it stands for and one
+    step of its coarsest block; None: not such a tensor."""
+    bits = {"_Q4": 4, "_Q8": 8}.get(name[-3:])
+    scales = found.get(f"{name[:-3]}_scales")
+    zero_points = found.get(f"{name[:-3]}_zero_points")
+    if bits is None or scales is None or length is None or packed.dtype != np.uint8 or packed.ndim != 3:
+        return None
+    rows, blocks, width = packed.shape
+    if bits == 4:
+        levels = np.stack([packed & 0x0F, packed >> 4], axis=-1).reshape(rows, blocks, 2 * width)
+    else:
+        levels = packed
+    if zero_points is None:
+        zero = np.full((rows, blocks), 1 << (bits - 1), dtype=np.float64)
+    elif zero_points.dtype.kind == "f":  # HQQ's, in the scales' type
+        zero = zero_points.reshape(rows, blocks).astype(np.float64)
+    elif bits == 4:
+        pairs = zero_points.reshape(rows, -1)
+        zero = np.stack([pairs & 0x0F, pairs >> 4], axis=-1).reshape(rows, -1)[:, :blocks].astype(np.float64)
+    else:
+        zero = zero_points.reshape(rows, blocks).astype(np.float64)
+    step = scales.reshape(rows, blocks).astype(np.float32)
+    values = (levels.astype(np.float32) - zero[..., None].astype(np.float32)) * step[..., None]
+    return values.reshape(rows, -1)[:, :length].T.copy(), _one_step(step)
+
+
+def _one_step(step: np.ndarray) -> float:
+    """The tolerance of a dequantised weight: its coarsest block's step (and a rounding's worth)."""
+    return float(np.abs(step).max(initial=0.0)) * (1 + 1e-6) + 1e-12
 
 
 # Element-wise maps the exporter's constant folding applies to a parameter used only through them (a
@@ -389,18 +451,30 @@ def _views(tensor: np.ndarray) -> list[tuple[bool, np.ndarray]]:
 
 def _transpose(tensor: np.ndarray) -> np.ndarray | None:
     """The transpose (contiguous) of a matrix of more than one row and column; None for anything else."""
-    if tensor.ndim == 2 and tensor.shape[0] > 1 and tensor.shape[1] > 1:
-        return np.ascontiguousarray(tensor.T)
-    return None
+    return np.ascontiguousarray(tensor.T) if _transpose_shape(tensor) else None
+
+
+def _transpose_shape(tensor: np.ndarray) -> bool:
+    """Whether ``tensor`` is a matrix of more than one row and column (one whose transpose differs)."""
+    return tensor.ndim == 2 and tensor.shape[0] > 1 and tensor.shape[1] > 1
+
+
+def _sampled(tensor: np.ndarray, picks: np.ndarray, transposed: bool) -> np.ndarray:
+    """The elements at flat positions ``picks`` of ``tensor`` (``transposed``: of its transpose), without
+    making the transpose."""
+    if not transposed:
+        return tensor.reshape(-1)[picks]
+    rows = tensor.shape[0]
+    return tensor[picks % rows, picks // rows]
 
 
 def _agree(a: np.ndarray, b: np.ndarray, step: float) -> np.ndarray:
     """Element-wise: ``a`` (a graph's) is ``b`` (the model's) as stored in ``a``'s dtype (to that dtype's
     rounding where it is narrower: fp16 converters round tiny values up to the smallest subnormal), or
     within ``step`` when ``step`` > 0 (dequantised int8)."""
+    if step > 0:  # in float32: its rounding is far below a quantisation step, and a 1 GB table stays 1 GB
+        return np.abs(a.astype(np.float32, copy=False) - b.astype(np.float32, copy=False)) <= step
     wide, want = a.astype(np.float64), b.astype(np.float64)
-    if step > 0:
-        return np.abs(wide - want) <= step
     same = (a == b.astype(a.dtype)) | (np.isnan(wide) & np.isnan(want))
     if a.dtype.kind == "f" and b.dtype.kind == "f" and a.dtype.itemsize < b.dtype.itemsize:
         same |= np.abs(wide - want) <= np.spacing(np.abs(b).astype(a.dtype)).astype(np.float64)

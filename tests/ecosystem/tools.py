@@ -131,7 +131,7 @@ TOOLS = [
     # onnxruntime's converter is onnxconverter-common's, vendored: one graph each in the default run
     Tool("onnxruntime-fp16-keep-io", onnxruntime_fp16(True), ERROR_BOUNDS["fp16"], expensive=True),
     Tool("onnxruntime-fp16", onnxruntime_fp16(False), ERROR_BOUNDS["fp16"], expensive=True),
-    Tool("quantize-dynamic", quantize_dynamic, ERROR_BOUNDS["int8"]),
+    Tool("quantize-dynamic", quantize_dynamic, ERROR_BOUNDS["dynamic-int8"]),
     Tool("onnxruntime-saved-optimized", onnxruntime_saved),
     Tool("onnx.version_converter", version_converter),
     Tool("onnxslim", onnxslim, expensive=True),

@@ -133,11 +133,11 @@ def test_a_stored_tensor_the_model_lacks_is_named(copy, workdir):
     assert "weights.safetensors tensor aaa_planted is none of the model's tensors" in stdout
 
 
-def test_int8_and_fp16_graphs_match_to_their_rounding(made, tmp_path):
-    """Optimised exports: int8 weights dequantised within half a step, fp16 to fp16 rounding, slimmed
-    graphs (folded constants) exactly."""
+def test_quantised_and_fp16_graphs_match_to_their_rounding(made, tmp_path):
+    """Optimised exports: block-quantised weights (int4, int8) dequantised within a step, dynamic int8
+    within half a step, fp16 to fp16 rounding, slimmed graphs (folded constants) exactly."""
     pytest.importorskip("onnxruntime.quantization")
-    for flag in ("--int8", "--fp16", "--slim"):
+    for flag in ("--int4", "--int8", "--dynamic-int8", "--fp16", "--slim"):
         target = tmp_path / flag.strip("-")
         code, stdout, stderr = run_cli(["optimize", str(made("lm")), "-o", str(target), flag, "--seed", "0"])
         assert code in (0, 1), stderr
@@ -145,6 +145,30 @@ def test_int8_and_fp16_graphs_match_to_their_rounding(made, tmp_path):
         mismatches = [m for c in report["weights"] for m in c["mismatches"]]
         assert mismatches == [], mismatches
         assert Path(target / "attnx.json").is_file()
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_an_edited_block_of_a_quantised_weight_is_a_mismatch(bits):
+    """A ``MatMulNBits`` weight (packed blocks, scales, no zero points: symmetric) stands for the model's
+    weight dequantised; one value moved by a few steps is named, with where it is."""
+    from attnx.parity.weights import Reference, check_graph
+
+    rng = np.random.default_rng(bits)
+    weight = rng.standard_normal((8, 64)).astype(np.float32)  # torch's (out, in): the graph's (64, 8).T
+    blocks = weight.reshape(8, 2, 32)
+    top = (1 << (bits - 1)) - 1
+    scales = np.abs(blocks).max(-1) / top
+    levels = (np.round(blocks / scales[..., None]) + (1 << (bits - 1))).astype(np.uint8)
+    packed = levels[..., 0::2] | (levels[..., 1::2] << 4) if bits == 4 else levels
+    found = {f"w_Q{bits}": packed, "w_scales": scales.astype(np.float32)}
+    reference = Reference({"proj.weight": weight})
+    lengths = {f"w_Q{bits}": 64}
+    assert check_graph("model.onnx", found.items(), reference, True, lengths).passed
+    edited = levels.copy()
+    edited[3, 1, 5] = (int(edited[3, 1, 5]) + 3) % (1 << bits)
+    found[f"w_Q{bits}"] = edited[..., 0::2] | (edited[..., 1::2] << 4) if bits == 4 else edited
+    check = check_graph("model.onnx", found.items(), reference, True, lengths)
+    assert [(m.parameter, m.index) for m in check.mismatches] == [("proj.weight (transposed)", [37, 3])]
 
 
 def test_a_parameter_the_exporter_folds_counts_by_its_image_and_an_edited_image_does_not():

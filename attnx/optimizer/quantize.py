@@ -1,0 +1,176 @@
+"""Weight-only block quantisation of a graph's weight MatMuls (``attnx optimize --int4`` / ``--int8``).
+
+ONNX Runtime's own quantizer (``onnxruntime.quantization.matmul_nbits_quantizer``) does the work: it
+replaces each chosen ``MatMul`` by a ``com.microsoft::MatMulNBits`` holding the weight in blocks of
+``block_size`` values along the input dimension, each block with its scale (and a zero point unless
+symmetric), and ONNX Runtime computes in float32 (``accuracy_level`` 0) or with int8 activations (4).
+The embedding table stays float32: ONNX Runtime's ``GatherBlockQuantized`` takes int4 tensors, which need
+IR version 10, past the IR version of the opsets attnx exports by default.
+Activations, states, decays and gates stay float32; only weights are quantised.
+
+attnx chooses the precision per layer kind (:mod:`attnx.optimizer.layers`), folds a weight read through a
+Transpose (the shared-weights layout) into a transposed copy first (the quantizer takes only constant
+weights), and never quantises the recurrent rules' decay and gate projections.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Mapping
+from pathlib import Path
+
+import onnx
+from onnx import numpy_helper
+from onnx.external_data_helper import load_external_data_for_tensor, uses_external_data
+
+from attnx.errors import AttnxError
+from attnx.exporter.manifest import QuantizationSection
+from attnx.optimizer.layers import GATE, LAYER_KINDS, LayerWeight, classify
+from attnx.optimizer.protos import quiet_root_logger, reads
+from attnx.optimizer.settings import ALGORITHMS, BLOCK_SIZES, DEFAULT_BLOCK_SIZE, PRECISIONS
+
+BITS = {"int4": 4, "int8": 8}
+# 4: int8 activations in the kernel, as the genai builder uses on CPU (its speed, and int4's error dominates);
+# 0: float32 compute for int8 weights (level 4 tripled int8's KL and cost 0.3% top-1 on the trained hybrid)
+DEFAULT_ACCURACY_LEVEL = {"int4": 4, "int8": 0}
+
+
+def plan(
+    precision: str,
+    layers: Mapping[str, str] | None = None,
+    *,
+    block_size: int = DEFAULT_BLOCK_SIZE,
+    symmetric: bool = True,
+    accuracy_level: int | None = None,
+    algorithm: str = "rtn",
+) -> QuantizationSection:
+    """The quantisation of ``--int4``/``--int8`` (``precision``) with per-kind overrides ``layers``
+    (kind -> "int4", "int8" or "fp32").
+
+    Raises:
+        AttnxError: an unknown kind, precision or algorithm, a block size MatMulNBits does not take, an
+            accuracy level outside 0..4, HQQ for int8, or nothing left to quantise.
+    """
+    chosen = dict.fromkeys(LAYER_KINDS, precision)
+    for kind, value in (layers or {}).items():
+        if kind not in LAYER_KINDS:
+            raise AttnxError(f"--layers: unknown layer kind {kind!r}; choose from {', '.join(LAYER_KINDS)}")
+        if value not in PRECISIONS:
+            raise AttnxError(f"--layers {kind}={value}: choose a precision from {', '.join(PRECISIONS)}")
+        chosen[kind] = value
+    if block_size not in BLOCK_SIZES:
+        raise AttnxError(f"--block-size {block_size}: MatMulNBits takes {', '.join(map(str, BLOCK_SIZES))}")
+    if algorithm not in ALGORITHMS:
+        raise AttnxError(f"--algorithm {algorithm}: choose from {', '.join(ALGORITHMS)}")
+    if algorithm == "hqq" and any(value == "int8" for value in chosen.values()):
+        raise AttnxError("--algorithm hqq quantises to int4 only; use rtn for int8 layers")
+    level = DEFAULT_ACCURACY_LEVEL[precision] if accuracy_level is None else accuracy_level
+    if not 0 <= level <= 4:
+        raise AttnxError(f"--accuracy-level {level}: MatMulNBits takes 0 to 4")
+    if all(value == "fp32" for value in chosen.values()):
+        raise AttnxError("--layers keeps every layer kind fp32: nothing to quantise")
+    return QuantizationSection(chosen, block_size, symmetric, level, algorithm)
+
+
+def quantize_weights(
+    model: onnx.ModelProto, section: QuantizationSection, op_kinds: Mapping[str, str], source: Path
+) -> tuple[onnx.ModelProto, dict[str, int]]:
+    """``model`` (read from ``source``, its external data maybe not loaded) with its weight MatMuls
+    quantised as ``section`` says; ``op_kinds``: attnx op type -> "attention" or "recurrent". Only the
+    weights quantised are read. Returns the model and how many MatMuls went to each precision, by "kind
+    precision" (the gates: "gate fp32").
+
+    Raises:
+        AttnxError: no weight MatMul of a kind ``section`` quantises (e.g. a graph without projections).
+    """
+    for index, node in enumerate(model.graph.node):  # the quantizer tells nodes apart by name
+        node.name = node.name or f"attnx_node_{index}"
+    matmuls = classify(model, op_kinds, source.name)
+    chosen = [m for m in matmuls if m.kind != GATE and section.precision[m.kind] != "fp32"]
+    if not chosen:
+        kinds = ", ".join(k for k, v in section.precision.items() if v != "fp32")
+        raise AttnxError(f"{source.name} has no weight MatMul in the layer kinds to quantise ({kinds})")
+    initializers = {tensor.name: tensor for tensor in model.graph.initializer}
+    for matmul in chosen:  # the quantizer reads these; a transposed weight is read into its copy only
+        tensor = initializers[matmul.weight]
+        if not matmul.transposed and uses_external_data(tensor):
+            load_external_data_for_tensor(tensor, str(source.parent))
+            tensor.data_location = onnx.TensorProto.DEFAULT
+            del tensor.external_data[:]
+    _untranspose(model, [m for m in chosen if m.transposed], source.parent)
+    for precision, bits in BITS.items():
+        names = {m.node.name for m in chosen if section.precision[m.kind] == precision}
+        if names:
+            model = _run_quantizer(model, section, bits, names)
+    _drop_unused_initializers(model)
+    counts = collections.Counter(
+        f"{m.kind} {'fp32' if m.kind == GATE else section.precision[m.kind]}" for m in matmuls
+    )
+    return model, dict(sorted(counts.items()))
+
+
+def _run_quantizer(
+    model: onnx.ModelProto, section: QuantizationSection, bits: int, names: set[str]
+) -> onnx.ModelProto:
+    """``model`` with the MatMuls called ``names`` quantised to ``bits`` by ONNX Runtime's quantizer."""
+    from onnxruntime.quantization.matmul_nbits_quantizer import (
+        DefaultWeightOnlyQuantConfig,
+        HQQWeightOnlyQuantConfig,
+        MatMulNBitsQuantizer,
+    )
+
+    if section.algorithm == "hqq":
+        config = HQQWeightOnlyQuantConfig(block_size=section.block_size, bits=bits)
+    else:
+        config = DefaultWeightOnlyQuantConfig(
+            block_size=section.block_size,
+            is_symmetric=section.symmetric,
+            accuracy_level=section.accuracy_level,
+            bits=bits,
+        )
+    others = [n.name for n in model.graph.node if n.op_type == "MatMul" and n.name not in names]
+    quantizer = MatMulNBitsQuantizer(model, nodes_to_exclude=others, algo_config=config)
+    with quiet_root_logger():
+        quantizer.process()
+    quantized = quantizer.model.model
+    if section.algorithm == "hqq":  # the HQQ kernel's accuracy level is not the config's to set
+        for node in quantized.graph.node:
+            if node.op_type == "MatMulNBits":
+                _set_int(node, "accuracy_level", section.accuracy_level)
+    return quantized
+
+
+def _untranspose(model: onnx.ModelProto, matmuls: list[LayerWeight], base: Path) -> None:
+    """Point each of ``matmuls`` (weights read through a Transpose) at a transposed copy of its weight
+    (read from ``base`` when external; the weight itself stays as it was, e.g. for a tied embedding)."""
+    graph = model.graph
+    initializers = {tensor.name: tensor for tensor in graph.initializer}
+    made: dict[str, str] = {}
+    for matmul in matmuls:
+        if matmul.weight not in made:
+            name = f"{matmul.weight}.transposed"
+            array = numpy_helper.to_array(initializers[matmul.weight], str(base)).T.copy()
+            graph.initializer.append(numpy_helper.from_array(array, name))
+            made[matmul.weight] = name
+        matmul.node.input[1] = made[matmul.weight]
+    read = {value for node in graph.node for value in node.input} | {o.name for o in graph.output}
+    kept = [node for node in graph.node if node.op_type != "Transpose" or any(o in read for o in node.output)]
+    del graph.node[:]
+    graph.node.extend(kept)
+
+
+def _drop_unused_initializers(model: onnx.ModelProto) -> None:
+    """Remove the initializers no node of the main graph or its subgraphs reads."""
+    graph = model.graph
+    read = {name for node in graph.node for name in reads(node)} | {o.name for o in graph.output}
+    kept = [tensor for tensor in graph.initializer if tensor.name in read]
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
+
+
+def _set_int(node: onnx.NodeProto, name: str, value: int) -> None:
+    for attribute in node.attribute:
+        if attribute.name == name:
+            attribute.i = value
+            return
+    node.attribute.append(onnx.helper.make_attribute(name, value))
