@@ -2,8 +2,9 @@
 
 torch.onnx records on every node the module path it was traced in (metadata ``pkg.torch.onnx.name_scopes``:
 ``['', 'model', ..., 'model.layers.0.linear_attn', 'model.layers.0.linear_attn.in_proj_qkv', 'linear']``).
-An ``attnx::<Op>`` node marks its mixer (the module that called the op: ``model.layers.0.linear_attn``),
-and the op's variant says what kind of mixer it is. So a MatMul whose weight is a constant is:
+An ``attnx::<Op>`` node marks its mixer, the module whose projections feed it (``model.layers.0.linear_attn``
+for ``in_proj_qkv``), and the op's variant says what kind of mixer it is. So a MatMul whose weight is a
+constant is:
 
 * ``head``: the one the ``logits`` output is computed from (no other MatMul in between);
 * ``gate``: a projection that reaches a recurrent op's decay or gate input (``g``, ``beta``) without
@@ -70,7 +71,9 @@ def classify(model: onnx.ModelProto, op_kinds: Mapping[str, str], name: str) -> 
     for node in graph.node:
         for value in node.input:
             consumers.setdefault(value, []).append(node)
-    mixers = {_module(node): op_kinds.get(node.op_type, "attention") for node in ops}
+    mixers = {
+        mixer: op_kinds.get(node.op_type, "attention") for node in ops for mixer in _mixers(node, producers)
+    }
     head = _head(graph, producers)
     found = []
     for node in graph.node:
@@ -114,6 +117,25 @@ def _module(node: onnx.NodeProto) -> str:
             scopes = ast.literal_eval(prop.value)
             return scopes[-2] if len(scopes) >= 2 else ""
     return ""
+
+
+def _mixers(op: onnx.NodeProto, producers: Mapping[str, onnx.NodeProto]) -> set[str]:
+    """The module paths of the mixers that feed attnx node ``op``: the parents of the projections met
+    walking back from its inputs (the op itself may be called from another module, as a decode step
+    is)."""
+    queue, seen, found = deque(op.input), set(), set()
+    while queue:
+        node = producers.get(queue.popleft())
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        if node.op_type == "MatMul":
+            module = _module(node)
+            if "." in module:
+                found.add(module.rsplit(".", 1)[0])
+            continue
+        queue.extend(node.input)
+    return found
 
 
 def _head(graph: onnx.GraphProto, producers: Mapping[str, onnx.NodeProto]) -> str | None:

@@ -111,51 +111,39 @@ def test_optimised_lm_is_a_verified_export_with_an_accuracy_report(source, tmp_p
     assert verify(out, seq_lens=[1, 9], write=False).passed  # a fresh check at the recorded tolerance
 
 
-def test_a_shared_weights_export_quantises_into_one_file_that_every_graph_shares(tmp_path):
-    """From a shared-weights export, only the quantised tensors are new: each stored once in
-    ``optimized.data`` for all four graphs; what stays float32 still points into ``weights.safetensors``."""
-    options = {**TINY, "export.decode": True, "export.shared_weights": True, "verify.seq_lens": [1, 5]}
-    export("gated_delta", tmp_path / "src", model="lm", options=options)
-    result = optimize(tmp_path / "src", tmp_path / "int4", int4=True)
-    assert result.passed, (result.report.to_dict(), result.parity.to_dict())
-    opened = ExportDir.open(tmp_path / "int4")
-    assert opened.manifest.files[DATA_KEY].path == DATA_FILE
-    spans = {key: shared_spans(opened.file(key)) for key in opened.manifest.optimized.graphs}
-    assert spans["model"] and all(spans[key] == spans["model"] for key in spans), spans
-    for key in spans:
-        model = onnx.load(str(opened.file(key)), load_external_data=False)
-        places = {e.value for t in model.graph.initializer for e in t.external_data if e.key == "location"}
-        assert places == {DATA_FILE, "weights.safetensors"}, (key, places)
-
-
 def shared_spans(path):
-    """The (offset, length) spans of ``optimized.data`` that the graph at ``path`` points into."""
+    """The (offset, length) spans of ``optimized.data`` where the graph at ``path`` keeps its quantised
+    weights (blocks and scales)."""
     model = onnx.load(str(path), load_external_data=False)
     spans = set()
     for tensor in model.graph.initializer:
         info = {entry.key: entry.value for entry in tensor.external_data}
-        if info.get("location") == DATA_FILE:
+        if info.get("location") == DATA_FILE and tensor.name.endswith(("_Q4", "_Q8", "_scales")):
             spans.add((int(info["offset"]), int(info["length"])))
     return spans
 
 
-def test_layer_kinds_take_their_own_precision_and_gates_stay_float32(source, tmp_path):
+def test_layer_kinds_take_their_own_precision_and_gates_stay_float32(tmp_path):
     """``--layers``: the recurrent mixers' projections int8, the head fp32, the MLPs int4; the gated rule's
-    decay and write-strength projections stay plain float32 MatMuls whatever is asked."""
-    src = source("gated_delta")
-    kinds = {m.node.name: m.kind for m in classify(onnx.load(str(src / "model.onnx")), mixer_kinds(), "m")}
+    decay and write-strength projections stay plain float32 MatMuls whatever is asked. From a
+    shared-weights export only the quantised tensors are new: each stored once in ``optimized.data`` for
+    all four graphs, while what stays float32 still points into ``weights.safetensors``."""
+    options = {**TINY, "export.decode": True, "export.shared_weights": True, "verify.seq_lens": [1, 5]}
+    src = tmp_path / "src"
+    export("gated_delta", src, model="lm", options=options)
+    model = onnx.load(str(src / "model.onnx"), load_external_data=False)
+    kinds = {m.node.name: m.kind for m in classify(model, mixer_kinds(), "m")}
     assert set(kinds.values()) == {"recurrent", "gate", "mlp", "head"}
     layers = {"recurrent": "int8", "head": "fp32"}
     result = optimize(src, tmp_path / "mixed", int4=True, layers=layers, block_size=16)
-    assert result.passed, result.report.to_dict()
-    section = ExportDir.open(tmp_path / "mixed").manifest.optimized.quantization
+    assert result.passed, (result.report.to_dict(), result.parity.to_dict())
+    opened = ExportDir.open(tmp_path / "mixed")
+    section = opened.manifest.optimized.quantization
     assert section.precision == {"attention": "int4", "recurrent": "int8", "mlp": "int4", "head": "fp32"}
     assert (section.block_size, section.symmetric, section.accuracy_level) == (16, True, 4)
-    model = onnx.load(str(tmp_path / "mixed" / "model.onnx"))
+    model = onnx.load(str(opened.file("model")), load_external_data=False)
     bits = {
-        node.name.removesuffix("_Q4").removesuffix("_Q8"): next(
-            a.i for a in node.attribute if a.name == "bits"
-        )
+        node.name[: -len("_Q4")]: next(a.i for a in node.attribute if a.name == "bits")
         for node in model.graph.node
         if node.op_type == "MatMulNBits"
     }
@@ -163,6 +151,14 @@ def test_layer_kinds_take_their_own_precision_and_gates_stay_float32(source, tmp
     want = {"recurrent": 8, "mlp": 4}
     assert bits == {name: want[kind] for name, kind in kinds.items() if kind in want}
     assert {name for name, kind in kinds.items() if kind in ("gate", "head")} <= plain
+
+    assert opened.manifest.files[DATA_KEY].path == DATA_FILE
+    spans = {key: shared_spans(opened.file(key)) for key in opened.manifest.optimized.graphs}
+    assert spans["model"] and all(spans[key] == spans["model"] for key in spans), spans
+    for key in spans:
+        graph = onnx.load(str(opened.file(key)), load_external_data=False)
+        places = {e.value for t in graph.graph.initializer for e in t.external_data if e.key == "location"}
+        assert places == {DATA_FILE, "weights.safetensors"}, (key, places)
 
 
 def test_an_encoder_is_gated_on_its_relative_error_and_refuses_the_text_gate(tmp_path):
