@@ -8,7 +8,7 @@ import click
 
 from attnx.cli.common import echo_json, json_option, parity_summary, progress_printer
 from attnx.limits import MAX_SEED
-from attnx.optimizer.settings import ALGORITHMS, DEFAULT_BLOCK_SIZE, DEFAULT_SEED
+from attnx.optimizer.settings import ALGORITHMS, DEFAULT_BLOCK_SIZE, DEFAULT_DECODE_TOKENS, DEFAULT_SEED
 
 EPILOG = """\b
 Examples:
@@ -102,6 +102,14 @@ def _layers(ctx: click.Context, param: click.Parameter, values: tuple[str, ...])
     help="UTF-8 text the language-model gate reads (default: CPython's documentation, pydoc_data).",
 )
 @click.option(
+    "--decode-tokens",
+    type=click.IntRange(min=0),
+    default=DEFAULT_DECODE_TOKENS,
+    show_default=True,
+    help="Greedy steps a decode export takes beside its float32 source (0: none); after --fp16, --slim "
+    "or --fuse its tokens must stay the float32 ones up to a tie.",
+)
+@click.option(
     "--max-rel-error",
     type=float,
     default=None,
@@ -135,6 +143,7 @@ def command(
     max_kl: float | None,
     min_top1: float | None,
     text: str | None,
+    decode_tokens: int,
     max_rel_error: float | None,
     seed: int,
     quiet: bool,
@@ -174,6 +183,7 @@ def command(
         max_kl=max_kl,
         min_top1=min_top1,
         text=text,
+        decode_tokens=decode_tokens,
         seed=seed,
         progress=progress_printer(quiet or as_json),
     )
@@ -189,6 +199,16 @@ def command(
                 f"KL {text_quality.kl:.3g} nats/token (gate {report.max_kl:g}), top-1 agreement "
                 f"{text_quality.top1:.1%} (gate {report.min_top1:g}), perplexity "
                 f"{text_quality.perplexity:.4g} (float32 {text_quality.reference_perplexity:.4g})"
+            )
+        decode = report.decode
+        if decode is not None:
+            step, gap = decode.first_difference, decode.gap
+            where = "never" if step is None else f"first at step {step}"
+            tie = "" if gap is None else f" (float32 top two {gap:.3g} apart{': a tie' * bool(decode.tie)})"
+            click.echo(
+                f"  greedy decode of {decode.tokens} tokens beside float32: KL {decode.mean_kl:.3g} mean, "
+                f"{decode.max_kl:.3g} max; next token differs {where}{tie}, same at "
+                f"{decode.agreement:.1%} of steps"
             )
         for row in report.outputs:
             click.echo(

@@ -182,19 +182,28 @@ def check_positions(manifest: Manifest, positions: int) -> None:
     Raises:
         AttnxError: the prompt and the new tokens need more positions than a limit.
     """
-    roles = [
-        ("", manifest.variant, manifest.variant_config),
-        ("cross.", manifest.cross_variant, manifest.cross_variant_config),
-    ]
-    for scope, name, config in roles:
-        if name is None:
-            continue
-        variant = get_registry().variant(name)
-        limit = variant.position_limit(variant.make_config(config))
-        if limit is not None and positions > limit:
-            option = f"{scope}{variant.position_limit_option}"
+    for option, name, limit in position_limits(manifest):
+        if positions > limit:
             raise AttnxError(
                 f"the prompt and new tokens need {positions} positions, but this {name} model handles "
                 f"{limit} ({option}={limit}); generate fewer tokens or re-export with a larger "
                 f"--set {option}=N"
             )
+
+
+def position_limits(manifest: Manifest) -> list[tuple[str, str, int]]:
+    """(option, variant, positions) for each of the export's variants that handles a limited number of
+    positions."""
+    roles = [
+        ("", manifest.variant, manifest.variant_config),
+        ("cross.", manifest.cross_variant, manifest.cross_variant_config),
+    ]
+    limits = []
+    for scope, name, config in roles:
+        if name is None:
+            continue
+        variant = get_registry().variant(name)
+        limit = variant.position_limit(variant.make_config(config))
+        if limit is not None:
+            limits.append((f"{scope}{variant.position_limit_option}", name, limit))
+    return limits

@@ -5,7 +5,9 @@ Per output, over random prompts: the largest absolute error and the largest refe
 A language model (``input_ids`` in, ``logits`` out) also reads a fixed text (:mod:`attnx.optimizer.text`):
 the KL divergence of its next-token distributions from the float32 model's, their top-1 agreement and
 both perplexities. That is its gate (``max_kl``, ``min_top1``; defaults per step in :data:`TEXT_BOUNDS`);
-the relative error gates the other models, and every model when the user sets ``max_rel_error``.
+the relative error gates the other models, and every model when the user sets ``max_rel_error``. A
+decode export also decodes greedily beside its float32 source (:mod:`attnx.optimizer.longdecode`); after
+the exact steps (fp16, slim, fuse) its tokens must stay the float32 ones up to a tie.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from attnx.atomic import write_atomic
 from attnx.exporter.assemble import Assembly
 from attnx.exporter.directory import ExportDir
 from attnx.exporter.reopen import source_for
+from attnx.optimizer.longdecode import LongDecode
 from attnx.optimizer.text import LOGITS, TextQuality, is_language_model, measure_text, text_rows
 from attnx.parity.backends import backends
 from attnx.parity.check import Cases, infer
@@ -34,6 +37,7 @@ PROMPT_BATCH = 4
 # agreement). Measured on the trained Qwen3.5 test hybrid (width 64) with the default text: int4 RTN blocks
 # of 32 KL 0.006, top-1 90%; weight-only int8 KL 2e-5, top-1 99.3%; the exact steps far below. Steps taken
 # together are held to the loosest of their bounds.
+EXACT_STEPS = ("fp16", "slim", "fuse")  # their long decode keeps the float32 tokens up to a tie
 TEXT_BOUNDS = {
     "int4": (0.05, 0.85),
     "int8": (2e-3, 0.98),
@@ -70,6 +74,7 @@ class AccuracyReport:
     seed: int
     outputs: list[OutputError]
     text: TextQuality | None = None  # a language model's quality on the text
+    decode: LongDecode | None = None  # a decode export's long greedy decode beside the float32 one
     max_kl: float | None = None
     min_top1: float | None = None
     max_rel_error: float | None = None
@@ -93,6 +98,13 @@ class AccuracyReport:
         if text is not None and self.min_top1 is not None and not text.top1 >= self.min_top1:
             problems.append(
                 f"top-1 agreement {text.top1:.1%} on the text is below --min-top1 {self.min_top1:g}"
+            )
+        decode = self.decode
+        exact = set(self.steps) <= set(EXACT_STEPS)
+        if exact and decode is not None and decode.first_difference is not None and not decode.tie:
+            problems.append(
+                f"greedy decode leaves the float32 export's tokens at step {decode.first_difference} (its "
+                f"top two logits {decode.gap:.3g} apart: more than the step's own error)"
             )
         return problems
 

@@ -26,6 +26,7 @@ from attnx.api import PARITY_EXTENSIONS
 from attnx.arguments import typed_arguments
 from attnx.atomic import check_output_dir, staged_directory, write_atomic
 from attnx.decode.export import prefill_is_decode, prefill_of
+from attnx.decode.generate import position_limits
 from attnx.errors import AttnxError
 from attnx.exporter.directory import ExportDir, record_file
 from attnx.exporter.manifest import (
@@ -37,14 +38,16 @@ from attnx.exporter.manifest import (
     package_versions,
 )
 from attnx.exporter.portable import float32_ops
+from attnx.exporter.reopen import source_for
 from attnx.exporter.trace import save_onnx
 from attnx.optimizer.accuracy import AccuracyReport, measure, text_bounds
 from attnx.optimizer.graphs import WEIGHT_ONLY, check_steps, tool_versions, transform
 from attnx.optimizer.layers import mixer_kinds
+from attnx.optimizer.longdecode import TIE_FACTOR, long_decode
 from attnx.optimizer.quantize import plan
-from attnx.optimizer.settings import DEFAULT_BLOCK_SIZE, DEFAULT_SEED
+from attnx.optimizer.settings import DEFAULT_BLOCK_SIZE, DEFAULT_DECODE_TOKENS, DEFAULT_SEED
 from attnx.optimizer.tensors import DATA_FILE, DATA_KEY, SharedData
-from attnx.optimizer.text import is_language_model
+from attnx.optimizer.text import LOGITS, is_language_model, text_rows
 from attnx.parity.backends import backends
 from attnx.parity.check import Cases, check_parity
 from attnx.parity.report import ParityReport
@@ -59,6 +62,7 @@ from attnx.variant import Tolerance
 # weight-only int8 and int4 (blocks of 32) measured up to 1.7% and 21% on the test models.
 ERROR_BOUNDS = {"slim": 1e-4, "fuse": 1e-4, "fp16": 1e-2, "int8": 5e-2, "dynamic-int8": 1e-1, "int4": 0.5}
 Progress = Callable[[str], None]
+LONG_DECODE_PROMPT = 16  # the long decode's prompt: the text's first tokens
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,6 +101,7 @@ def optimize(
     max_kl: float | None = None,
     min_top1: float | None = None,
     text: str | Path | None = None,
+    decode_tokens: int = DEFAULT_DECODE_TOKENS,
     seed: int = DEFAULT_SEED,
     progress: Progress | None = None,
 ) -> OptimizeResult:
@@ -115,7 +120,9 @@ def optimize(
     distributions from the float32 model's (``max_kl``) and their top-1 agreement (``min_top1``, 0..1),
     each the steps' default (:data:`attnx.optimizer.accuracy.TEXT_BOUNDS`) unless given, looser or
     tighter. Other models are held to the transformation's relative output error bound
-    (:data:`ERROR_BOUNDS`); every model to ``max_rel_error`` when given. ``seed``: of the random prompts.
+    (:data:`ERROR_BOUNDS`); every model to ``max_rel_error`` when given. A language model with decode
+    graphs also decodes ``decode_tokens`` greedy steps beside its float32 source (0: not; fewer where the
+    model handles fewer positions; :mod:`attnx.optimizer.longdecode`). ``seed``: of the random prompts.
 
     Raises:
         AttnxError: no step or two precisions, a quantisation setting out of range, ``source`` not an
@@ -157,6 +164,12 @@ def optimize(
         )
     if text is not None and not Path(text).is_file():
         raise AttnxError(f"--text {text}: no such file")
+    if decode_tokens < 0:
+        raise AttnxError(f"--decode-tokens must be >= 0 (got {decode_tokens})")
+    if not language_model or export.manifest.decode is None:
+        decode_tokens = 0
+    limits = [limit for _, _, limit in position_limits(export.manifest)]
+    decode_tokens = min([decode_tokens, *(limit - LONG_DECODE_PROMPT for limit in limits)])
     check_output_dir(out, force, MANIFEST)  # before the model is rebuilt; checked again when published
     graphs = [key for key, record in export.manifest.files.items() if record.path.endswith(".onnx")]
     bound = max(ERROR_BOUNDS[step] for step in steps)
@@ -179,12 +192,25 @@ def optimize(
         write_atomic(staging / MANIFEST, manifest.to_json())
         written = ExportDir.open(staging)
         report_progress("measuring accuracy against the float32 torch model (ONNX Runtime CPU)")
-        report = measure(written, reference, steps, bound, seed, None if text is None else Path(text))
+        text_path = None if text is None else Path(text)
+        report = measure(written, reference, steps, bound, seed, text_path)
         report.max_rel_error = max_rel_error
         if report.text is not None:
             default_kl, default_top1 = text_bounds(steps)
             report.max_kl = default_kl if max_kl is None else max_kl
             report.min_top1 = default_top1 if min_top1 is None else min_top1
+        if decode_tokens > 0:
+            report_progress(f"decoding {decode_tokens} tokens greedily beside the float32 export")
+            rows, _, _ = text_rows(written, source_for(written.manifest).accepted_lengths(), text_path)
+            logits_error = next(o.max_abs for o in report.outputs if o.output == LOGITS)
+            report.decode = long_decode(
+                export,
+                written,
+                rows[0, :LONG_DECODE_PROMPT].tolist(),
+                decode_tokens,
+                TIE_FACTOR * logits_error,
+                report_progress,
+            )
         written = written.write_manifest(
             dataclasses.replace(manifest, tolerance=_tolerance(manifest.tolerance, report, bound))
         )

@@ -3,6 +3,7 @@ torch, and gated on text."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -16,6 +17,7 @@ from attnx.errors import AttnxError
 from attnx.exporter.directory import ExportDir
 from attnx.optimizer.accuracy import TEXT_BOUNDS, AccuracyReport, OutputError
 from attnx.optimizer.layers import LAYER_KINDS, classify, mixer_kinds
+from attnx.optimizer.longdecode import LongDecode
 from attnx.optimizer.optimize import ERROR_BOUNDS, optimize
 from attnx.optimizer.tensors import DATA_FILE, DATA_KEY
 from attnx.optimizer.text import TextQuality
@@ -34,6 +36,7 @@ DYNAMIC_OVER_BOUND = {
     for name in ("retention", "gated_delta")
 }
 STEPS = ["int4", "int8", pytest.param("dynamic-int8", marks=pytest.mark.slow), "fp16"]
+SHORT_DECODE = 60  # greedy steps of the long decode beside float32 in these tests (default 1000)
 QUANTISED_OPS = {"int4": "MatMulNBits", "int8": "MatMulNBits", "dynamic-int8": "DynamicQuantizeLinear"}
 
 
@@ -73,7 +76,7 @@ def relative_error(optimised, source_dir, tokens):
 def test_optimised_lm_is_a_verified_export_with_an_accuracy_report(source, tmp_path, variant, step):
     src = source(variant)
     out = tmp_path / "opt"
-    result = optimize(src, out, **{step.replace("-", "_"): True})
+    result = optimize(src, out, **{step.replace("-", "_"): True}, decode_tokens=SHORT_DECODE)
     if step == "dynamic-int8" and variant in DYNAMIC_OVER_BOUND and not result.passed:
         pytest.xfail(DYNAMIC_OVER_BOUND[variant])
     assert result.passed, (result.report.to_dict(), result.parity.to_dict())
@@ -86,6 +89,10 @@ def test_optimised_lm_is_a_verified_export_with_an_accuracy_report(source, tmp_p
     assert (report["max_kl"], report["min_top1"]) == TEXT_BOUNDS[step]
     assert 0 < text["kl"] <= report["max_kl"] and text["top1"] >= report["min_top1"]
     assert 0 < report["rel_error"] <= ERROR_BOUNDS[step]
+    decode = report["decode"]
+    assert (decode["prompt"], decode["tokens"]) == (16, SHORT_DECODE) and decode["mean_kl"] > 0
+    if step == "fp16":  # an exact step keeps the float32 tokens, up to a tie
+        assert decode["first_difference"] is None or decode["tie"], decode
 
     opened = ExportDir.open(out)
     section = opened.manifest.optimized
@@ -135,7 +142,7 @@ def test_layer_kinds_take_their_own_precision_and_gates_stay_float32(tmp_path):
     kinds = {m.node.name: m.kind for m in classify(model, mixer_kinds(), "m")}
     assert set(kinds.values()) == {"recurrent", "gate", "mlp", "head"}
     layers = {"recurrent": "int8", "head": "fp32"}
-    result = optimize(src, tmp_path / "mixed", int4=True, layers=layers, block_size=16)
+    result = optimize(src, tmp_path / "mixed", int4=True, layers=layers, block_size=16, decode_tokens=0)
     assert result.passed, (result.report.to_dict(), result.parity.to_dict())
     opened = ExportDir.open(tmp_path / "mixed")
     section = opened.manifest.optimized.quantization
@@ -179,7 +186,7 @@ def test_an_encoder_is_gated_on_its_relative_error_and_refuses_the_text_gate(tmp
 @pytest.mark.parametrize("variant", ["softmax", pytest.param("gated_delta", marks=pytest.mark.slow)])
 def test_slim_keeps_float32_accuracy_and_bench_runs_the_result(source, tmp_path, variant):
     out = tmp_path / "slim"
-    result = optimize(source(variant), out, slim=True, seed=1)
+    result = optimize(source(variant), out, slim=True, seed=1, decode_tokens=0)
     assert result.passed, (result.report.to_dict(), result.parity.weight_mismatches)
     assert result.report.rel_error <= ERROR_BOUNDS["slim"]
     code, stdout, stderr = run_cli(
@@ -194,7 +201,7 @@ def test_fuse_inlines_the_bodies_and_keeps_float32_accuracy(source, tmp_path):
     inlined (a decomposed export), within the exact bound, the decode and genai graphs checked too
     (tests/optimizer/test_fuse.py fuses a Hugging Face hybrid's norms)."""
     out = tmp_path / "fused"
-    result = optimize(source("softmax"), out, fuse=True, seed=1)
+    result = optimize(source("softmax"), out, fuse=True, seed=1, decode_tokens=0)
     assert result.passed and result.report.rel_error <= ERROR_BOUNDS["fuse"]
     assert {b.backend for b in result.parity.ran} >= {"ort-cpu", "ort-cpu decode", "ort-cpu genai"}
     opened = ExportDir.open(out)
@@ -215,7 +222,7 @@ def test_fusions_that_fail_are_one_line_and_write_nothing(source, tmp_path, monk
     with pytest.raises(
         AttnxError, match=r"^model.onnx: onnxscript's fusions failed \(no rule for this graph\)"
     ):
-        optimize(source("softmax"), out, fuse=True, seed=1)
+        optimize(source("softmax"), out, fuse=True, seed=1, decode_tokens=0)
     code, _, stderr = run_cli(["optimize", str(source("softmax")), "-o", str(out), "--fuse"])
     assert_one_line_error(code, stderr, "onnxscript's fusions failed", "optimize without --fuse")
     assert not out.exists()
@@ -226,7 +233,7 @@ def test_slim_keeps_an_ort_target_export_on_its_kernels(tmp_path):
     ``scale == 0`` test) to double, which ONNX Runtime refused to load."""
     options = {**TINY, "export.decode": True, "export.target": "ort", "verify.seq_lens": [1, 6]}
     export("softmax", tmp_path / "src", model="lm", options=options)
-    result = optimize(tmp_path / "src", tmp_path / "slim", slim=True, seed=1)
+    result = optimize(tmp_path / "src", tmp_path / "slim", slim=True, seed=1, decode_tokens=0)
     assert result.passed and result.report.rel_error <= ERROR_BOUNDS["slim"]
     assert "GroupQueryAttention" in (tmp_path / "slim" / "model.onnx").read_bytes().decode("latin-1")
 
@@ -243,7 +250,7 @@ def test_a_step_whose_graph_does_not_load_is_one_line_and_writes_nothing(source,
     with pytest.raises(
         AttnxError, match=r"model.onnx after --slim \(onnxslim\) does not load in ONNX Runtime"
     ):
-        optimize(source("softmax"), out, slim=True, seed=1)
+        optimize(source("softmax"), out, slim=True, seed=1, decode_tokens=0)
     assert not out.exists() and not list(tmp_path.iterdir())
     code, _, stderr = run_cli(["optimize", str(source("softmax")), "-o", str(out), "--slim"])
     assert_one_line_error(
@@ -254,12 +261,13 @@ def test_a_step_whose_graph_does_not_load_is_one_line_and_writes_nothing(source,
 
 def test_cli_prints_the_report_the_same_every_run_and_a_missed_gate_exits_1(source, tmp_path):
     out = tmp_path / "int8"
-    args = ["optimize", str(source("softmax")), "-o", str(out), "--int8", "--quiet"]
+    args = ["optimize", str(source("softmax")), "-o", str(out), "--int8", "--decode-tokens", "30", "--quiet"]
     code, stdout, stderr = run_cli(args)
     assert code == 0, stderr
     assert f"wrote {out} (int8)" in stdout
     assert "on 2048 tokens of pydoc_data.topics (bytes modulo 50): KL " in stdout
     assert "top-1 agreement" in stdout and "perplexity" in stdout and "logits: max abs err" in stdout
+    assert "greedy decode of 30 tokens beside float32: KL" in stdout
     assert "parity: PASSED on ort-cpu, torch decode, ort-cpu decode" in stdout
     first = json.loads((out / "accuracy.json").read_text())
 
@@ -273,7 +281,8 @@ def test_cli_prints_the_report_the_same_every_run_and_a_missed_gate_exits_1(sour
 
 def test_text_gate():
     text = TextQuality("t", "bytes", 2048, kl=0.01, top1=0.9, perplexity=20.0, reference_perplexity=19.0)
-    report = AccuracyReport(["int4"], 0.05, 8, 0, [OutputError("logits", 1.0, 10.0)], text, 0.05, 0.85)
+    outputs = [OutputError("logits", 1.0, 10.0)]
+    report = AccuracyReport(["int4"], 0.05, 8, 0, outputs, text=text, max_kl=0.05, min_top1=0.85)
     assert report.passed  # a relative error over the step's bound does not gate a language model
     report.min_top1 = 0.95
     assert report.failures() == ["top-1 agreement 90.0% on the text is below --min-top1 0.95"]
@@ -283,6 +292,19 @@ def test_text_gate():
     assert report.failures() == ["relative output error 0.1 exceeds --max-rel-error 0.05"]
     report.text = None  # not a language model: the step's bound gates
     assert "relative output error 0.1 exceeds the transformation's bound 0.05" in report.failures()
+
+
+def test_a_long_decode_that_leaves_the_float32_tokens_fails_an_exact_step_unless_at_a_tie():
+    drifted = LongDecode(16, 1000, 1e-4, 0.2, 0.97, first_difference=412, gap=0.5, tie=False)
+    fp16 = AccuracyReport(["fp16"], 0.01, 8, 0, [OutputError("logits", 0.01, 10.0)], decode=drifted)
+    assert fp16.failures() == [
+        "greedy decode leaves the float32 export's tokens at step 412 (its top two logits 0.5 apart: more "
+        "than the step's own error)"
+    ]
+    fp16.decode = dataclasses.replace(drifted, gap=0.01, tie=True)
+    assert fp16.passed
+    int4 = AccuracyReport(["int4"], 0.5, 8, 0, [OutputError("logits", 0.1, 10.0)], decode=drifted)
+    assert int4.passed  # reported: quantisation is expected to leave the float32 tokens somewhere
 
 
 BAD = [
@@ -301,6 +323,7 @@ BAD = [
     (["--int8", "--max-kl", "-1"], "--max-kl must be >= 0"),
     (["--int8", "--max-rel-error", "-1"], "--max-rel-error must be >= 0"),
     (["--int8", "--text", "no-such-file.txt"], "--text no-such-file.txt: no such file"),
+    (["--int8", "--decode-tokens", "-1"], "'--decode-tokens'"),
 ]
 
 

@@ -337,7 +337,11 @@ trtp = stub.plugin_module(stub.PluginStub())
 compiler = functools.partial(aot.compile_plan, target=GPUTarget("cuda", 90, 32))
 q, mask = stub.TensorDesc(("batch", 4, "n", 64), stub.HALF), stub.TensorDesc(("batch", "n"), stub.BOOL)
 w, rotations = stub.TensorDesc((4, 64), stub.HALF), stub.TensorDesc((4, 64, 2, 4), stub.HALF)
+decay = stub.TensorDesc(("batch", 4, "n", 1), stub.HALF)  # the gated rules' log-decay, one per head
+strength = stub.TensorDesc(("batch", 4, "n"), stub.HALF)  # the delta rule's write strength
 calls = {
+    "gated_delta": ((q, q, q, decay, strength), (1, 0.125, 64)),
+    "retention": ((q, q, q, decay, strength), (0, 0.125, 64)),
     "softmax": ((q, q, q, mask), (1, 0.125)),
     "linear": ((q, q, q, mask), (1, 1e-6, 64)),
     "cosformer": ((q, q, q, mask), (0, 0, 1e-6, 64)),
