@@ -76,10 +76,18 @@ def text_rows(
 
 def text_ids(text: str, tokenizer_file: Path | None, vocab: int) -> tuple[list[int], str]:
     """The first :data:`TEXT_TOKENS` or so ids of ``text``: tokenised by ``tokenizer_file`` (a Hugging Face
-    ``tokenizer.json``), else each UTF-8 byte modulo ``vocab``; and how it was tokenised."""
-    if tokenizer_file is not None:
-        from tokenizers import Tokenizer  # reads JSON only
+    ``tokenizer.json``), else each UTF-8 byte modulo ``vocab``; and how it was tokenised.
 
+    Raises:
+        AttnxError: a tokenizer to read without the tokenizers package.
+    """
+    if tokenizer_file is not None:
+        try:
+            from tokenizers import Tokenizer  # reads JSON only
+        except ImportError:
+            raise AttnxError(
+                "the text gate reads the export's tokenizer.json with tokenizers: pip install 'attnx[text]'"
+            ) from None
         return Tokenizer.from_file(str(tokenizer_file)).encode(text[: TEXT_TOKENS * 16]).ids, "tokenizer.json"
     return [byte % vocab for byte in text[: TEXT_TOKENS * 4].encode()], f"bytes modulo {vocab}"
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 
 import numpy as np
 import onnx
@@ -359,3 +360,12 @@ def test_the_trained_digits_lm_passes_each_steps_default_gate(tmp_path, step):
     result = optimize(tmp_path / "digits", tmp_path / step, **{step: True})
     assert result.passed, (result.report.to_dict(), result.parity.to_dict())
     assert result.report.rel_error <= ERROR_BOUNDS[step]
+
+
+def test_a_tokenizer_without_the_tokenizers_package_is_one_line(monkeypatch, tmp_path):
+    from attnx.optimizer.text import text_ids
+
+    monkeypatch.setitem(sys.modules, "tokenizers", None)  # importing it raises ImportError
+    with pytest.raises(AttnxError, match=r"^the text gate reads .* pip install 'attnx\[text\]'$"):
+        text_ids("some text", tmp_path / "tokenizer.json", 512)
+    assert text_ids("ab", None, 50) == ([47, 48], "bytes modulo 50")  # no tokenizer: bytes modulo vocab
