@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from hf_hybrid import build_with_genai, conditional_checkpoint, genai_speed  # noqa: E402
 from scale import feed, head_dim_of, session_of  # noqa: E402
 
-from attnx.optimizer.text import WINDOW, Comparison, read_text, text_ids  # noqa: E402
+from attnx.optimizer.text import WINDOW, TokenComparison, read_text, text_ids  # noqa: E402
 from attnx.testing import hf_hybrid  # noqa: E402
 
 CONTENDERS = ("attnx-fp32", "attnx-int8", "attnx-int4", "builder-fp32", "builder-int4")
@@ -112,7 +112,7 @@ def quality(
 ) -> dict[str, Any]:
     """KL, top-1 and perplexity of ``out/model.onnx`` against the reference logits on the text rows."""
     session, head_dim = session_of(out), head_dim_of(str(model_dir))
-    comparison = Comparison()
+    comparison = TokenComparison()
     for row, want in zip(rows, reference, strict=True):
         logits = session.run(["logits"], feed(session, row[None], 0, head_dim, {}))[0][0]
         comparison.add(row, want, logits)

@@ -8,7 +8,13 @@ import click
 
 from attnx.cli.common import echo_json, json_option, parity_summary, progress_printer
 from attnx.limits import MAX_SEED
-from attnx.optimizer.settings import ALGORITHMS, DEFAULT_BLOCK_SIZE, DEFAULT_DECODE_TOKENS, DEFAULT_SEED
+from attnx.optimizer.settings import (
+    ALGORITHMS,
+    DEFAULT_BLOCK_SIZE,
+    DEFAULT_DECODE_TOKENS,
+    DEFAULT_SEED,
+    TEXT_BOUNDS,
+)
 
 EPILOG = """\b
 Examples:
@@ -31,6 +37,11 @@ def _layers(ctx: click.Context, param: click.Parameter, values: tuple[str, ...])
             raise click.BadParameter(f"{value!r} is not KIND=PRECISION (e.g. recurrent=int8)")
         layers[kind.strip()] = precision.strip()
     return layers
+
+
+def _per_step(bound: int) -> str:
+    """The text gate's default ``bound`` (0: KL, 1: top-1) of each step, for the help."""
+    return ", ".join(f"{step} {bounds[bound]:g}" for step, bounds in TEXT_BOUNDS.items())
 
 
 @click.command("optimize", epilog=EPILOG)
@@ -85,15 +96,15 @@ def _layers(ctx: click.Context, param: click.Parameter, values: tuple[str, ...])
     "--max-kl",
     type=float,
     default=None,
-    help="A language model's gate: largest mean KL divergence (nats/token) on the text (default per step: "
-    "int4 0.05, int8 0.002, fp16 0.002, dynamic-int8 0.05, slim/fuse 1e-4).",
+    help=f"A language model's gate: largest mean KL divergence (nats/token) on the text (default per step: "
+    f"{_per_step(0)}).",
 )
 @click.option(
     "--min-top1",
     type=float,
     default=None,
-    help="A language model's gate: smallest next-token top-1 agreement on the text (default per step: "
-    "int4 0.85, int8 and fp16 0.98, slim/fuse 0.99).",
+    help=f"A language model's gate: smallest next-token top-1 agreement on the text (default per step: "
+    f"{_per_step(1)}).",
 )
 @click.option(
     "--text",

@@ -4,10 +4,11 @@ Per output, over random prompts: the largest absolute error and the largest refe
 (``scale``); the relative error is their ratio (an elementwise ratio would blow up at a reference near 0).
 A language model (``input_ids`` in, ``logits`` out) also reads a fixed text (:mod:`attnx.optimizer.text`):
 the KL divergence of its next-token distributions from the float32 model's, their top-1 agreement and
-both perplexities. That is its gate (``max_kl``, ``min_top1``; defaults per step in :data:`TEXT_BOUNDS`);
-the relative error gates the other models, and every model when the user sets ``max_rel_error``. A
-decode export also decodes greedily beside its float32 source (:mod:`attnx.optimizer.longdecode`); after
-the exact steps (fp16, slim, fuse) its tokens must stay the float32 ones up to a tie.
+both perplexities. That is its gate (``max_kl``, ``min_top1``; defaults per step in
+:data:`attnx.optimizer.settings.TEXT_BOUNDS`); the relative error gates the other models, and every model
+when the user sets ``max_rel_error``. A decode export also decodes greedily beside its float32 source
+(:mod:`attnx.optimizer.longdecode`); after the exact steps (fp16, slim, fuse) its tokens must stay the
+float32 ones up to a tie.
 """
 
 from __future__ import annotations
@@ -23,9 +24,9 @@ import numpy as np
 from attnx.atomic import write_atomic
 from attnx.exporter.assemble import Assembly
 from attnx.exporter.directory import ExportDir
-from attnx.exporter.reopen import source_for
 from attnx.optimizer.longdecode import LongDecode
-from attnx.optimizer.text import LOGITS, TextQuality, is_language_model, measure_text, text_rows
+from attnx.optimizer.settings import TEXT_BOUNDS
+from attnx.optimizer.text import LOGITS, EvaluationText, TextQuality, measure_text
 from attnx.parity.backends import backends
 from attnx.parity.check import Cases, infer
 from attnx.parity.runners import Graph, TorchRunner
@@ -33,19 +34,7 @@ from attnx.parity.runners import Graph, TorchRunner
 ACCURACY_FILE = "accuracy.json"
 PROMPT_LENGTHS = (7, 16, 32, 33)  # random prompts of these lengths, ``batch`` of each
 PROMPT_BATCH = 4
-# A language model's default gate per step, on the text: (largest mean KL in nats per token, smallest top-1
-# agreement). Measured on the trained Qwen3.5 test hybrid (width 64) with the default text: int4 RTN blocks
-# of 32 KL 0.006, top-1 90%; weight-only int8 KL 2e-5, top-1 99.3%; the exact steps far below. Steps taken
-# together are held to the loosest of their bounds.
 EXACT_STEPS = ("fp16", "slim", "fuse")  # their long decode keeps the float32 tokens up to a tie
-TEXT_BOUNDS = {
-    "int4": (0.05, 0.85),
-    "int8": (2e-3, 0.98),
-    "dynamic-int8": (0.05, 0.85),
-    "fp16": (2e-3, 0.98),
-    "slim": (1e-4, 0.99),
-    "fuse": (1e-4, 0.99),
-}
 
 
 @dataclasses.dataclass
@@ -134,11 +123,11 @@ def measure(
     steps: Sequence[str],
     error_bound: float,
     seed: int,
-    text: Path | None = None,
+    text: EvaluationText | None = None,
 ) -> AccuracyReport:
     """Run ``export``'s model.onnx in ONNX Runtime (CPU) and the float32 ``reference`` on the same random
     prompts (:data:`PROMPT_LENGTHS` x :data:`PROMPT_BATCH`) and compare them; a language model also on
-    the text (``text``: a UTF-8 file; default: :data:`attnx.optimizer.text.DEFAULT_TEXT`)."""
+    ``text`` (:func:`attnx.optimizer.text.text_rows`)."""
     cases = Cases.make(export, PROMPT_LENGTHS, PROMPT_BATCH, seed=seed)
     feeds = cases.feeds(export.manifest.inputs)
     graph = Graph.of_model(export, reference.module)
@@ -152,17 +141,14 @@ def measure(
         max_abs = max(float(np.abs(g - w).max(initial=0.0)) for g, w in zip(got, want, strict=True))
         outputs.append(OutputError(spec.name, max_abs, max(float(np.abs(w).max(initial=0.0)) for w in want)))
     report = AccuracyReport(list(steps), error_bound, len(feeds) * cases.batch, cases.seed, outputs)
-    if is_language_model(export.manifest.inputs, [spec.name for spec in graph.outputs]):
-        rows, name, tokenizer = text_rows(export, source_for(export.manifest).accepted_lengths(), text)
+    if text is not None:
         torch_runner = TorchRunner(reference.module, graph.inputs, graph.outputs)
         ort_runner = ort.runner(graph, None)
         with torch_runner, ort_runner:
             report.text = measure_text(
-                rows,
+                text,
                 graph.inputs,
                 lambda feed: torch_runner.infer(feed)[LOGITS],
                 lambda feed: ort_runner.infer(feed)[LOGITS],
-                name,
-                tokenizer,
             )
     return report

@@ -32,7 +32,7 @@ from attnx.domains import DOMAIN
 from attnx.errors import AttnxError, first_line
 from attnx.exporter.manifest import QuantizationSection
 from attnx.exporter.trace import save_onnx
-from attnx.optimizer.protos import quiet_root_logger, topologically_sorted
+from attnx.optimizer.protos import name_nodes, quiet_root_logger, topologically_sorted
 from attnx.optimizer.tensors import SharedData
 
 STEPS = ("int4", "int8", "slim", "fuse", "dynamic-int8", "fp16")  # in the order they are applied
@@ -171,8 +171,7 @@ def to_fp16(model: onnx.ModelProto, float32_ops: Collection[str]) -> onnx.ModelP
     """``model`` in float16 inside, float32 at its inputs and outputs (ONNX Runtime's converter)."""
     from onnxruntime.transformers.float16 import convert_float_to_float16
 
-    for index, node in enumerate(model.graph.node):  # the converter tells nodes apart by name
-        node.name = node.name or f"attnx_node_{index}"
+    name_nodes(model)
     kept = [node.name for node in model.graph.node if node.domain == DOMAIN and node.op_type in float32_ops]
     converted = convert_float_to_float16(model, keep_io_types=True, node_block_list=kept)
     return topologically_sorted(converted)  # the converter appends its input casts at the end

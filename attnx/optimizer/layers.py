@@ -29,12 +29,12 @@ import onnx
 
 from attnx.domains import DOMAIN
 from attnx.errors import AttnxError
+from attnx.optimizer.text import LOGITS
 
 LAYER_KINDS = ("attention", "recurrent", "mlp", "head")  # what a user may choose a precision for
 GATE = "gate"  # never quantised
 GATE_INPUTS = frozenset({"g", "beta"})  # the gated rules' log-decay and write strength
 SCOPES = "pkg.torch.onnx.name_scopes"
-LOGITS = "logits"
 
 
 @dataclasses.dataclass(frozen=True)

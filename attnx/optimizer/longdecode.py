@@ -18,7 +18,7 @@ import numpy as np
 
 from attnx.decode.runtime import open_stepper
 from attnx.exporter.directory import ExportDir
-from attnx.optimizer.text import log_softmax
+from attnx.optimizer.text import divergence, log_softmax
 
 TIE_FACTOR = 2.0
 Progress = Callable[[str], None]
@@ -58,10 +58,11 @@ def long_decode(
         want, want_state = reference.prefill(ids)
         got, got_state = candidate.prefill(ids)
         for step in range(tokens):
-            expected, actual = log_softmax(want[0, -1]), log_softmax(got[0, -1])
-            kl.append(float((np.exp(expected) * (expected - actual)).sum()))
+            expected = log_softmax(want[0, -1])
+            step_kl, same = divergence(expected, log_softmax(got[0, -1]))
+            kl.append(float(step_kl))
+            agree.append(bool(same))
             token = int(expected.argmax())
-            agree.append(token == int(actual.argmax()))
             if first is None and not agree[-1]:
                 top_two = np.sort(np.asarray(want[0, -1], dtype=np.float64))[-2:]
                 first, gap = step, float(top_two[1] - top_two[0])

@@ -118,7 +118,7 @@ def optimize(
     it holds its gate. A language model's gate is its quality on a fixed text (``text``: a UTF-8 file,
     default CPython's documentation; :mod:`attnx.optimizer.text`): the mean KL divergence of its next-token
     distributions from the float32 model's (``max_kl``) and their top-1 agreement (``min_top1``, 0..1),
-    each the steps' default (:data:`attnx.optimizer.accuracy.TEXT_BOUNDS`) unless given, looser or
+    each the steps' default (:data:`attnx.optimizer.settings.TEXT_BOUNDS`) unless given, looser or
     tighter. Other models are held to the transformation's relative output error bound
     (:data:`ERROR_BOUNDS`); every model to ``max_rel_error`` when given. A language model with decode
     graphs also decodes ``decode_tokens`` greedy steps beside its float32 source (0: not; fewer where the
@@ -192,21 +192,23 @@ def optimize(
         write_atomic(staging / MANIFEST, manifest.to_json())
         written = ExportDir.open(staging)
         report_progress("measuring accuracy against the float32 torch model (ONNX Runtime CPU)")
-        text_path = None if text is None else Path(text)
-        report = measure(written, reference, steps, bound, seed, text_path)
+        evaluation = None
+        if language_model:
+            lengths = source_for(written.manifest).accepted_lengths()
+            evaluation = text_rows(written, lengths, None if text is None else Path(text))
+        report = measure(written, reference, steps, bound, seed, evaluation)
         report.max_rel_error = max_rel_error
         if report.text is not None:
             default_kl, default_top1 = text_bounds(steps)
             report.max_kl = default_kl if max_kl is None else max_kl
             report.min_top1 = default_top1 if min_top1 is None else min_top1
-        if decode_tokens > 0:
+        if evaluation is not None and decode_tokens > 0:
             report_progress(f"decoding {decode_tokens} tokens greedily beside the float32 export")
-            rows, _, _ = text_rows(written, source_for(written.manifest).accepted_lengths(), text_path)
             logits_error = next(o.max_abs for o in report.outputs if o.output == LOGITS)
             report.decode = long_decode(
                 export,
                 written,
-                rows[0, :LONG_DECODE_PROMPT].tolist(),
+                evaluation.rows[0, :LONG_DECODE_PROMPT].tolist(),
                 decode_tokens,
                 TIE_FACTOR * logits_error,
                 report_progress,

@@ -40,6 +40,12 @@ def topologically_sorted(model: onnx.ModelProto) -> onnx.ModelProto:
     return model
 
 
+def name_nodes(model: onnx.ModelProto) -> None:
+    """Give every unnamed node of ``model``'s graph a name (ONNX Runtime's tools tell nodes apart by it)."""
+    for index, node in enumerate(model.graph.node):
+        node.name = node.name or f"attnx_node_{index}"
+
+
 def reads(node: onnx.NodeProto) -> list[str]:
     """The values ``node`` reads from its graph: its inputs and what its subgraphs read from outside."""
     names = list(node.input)

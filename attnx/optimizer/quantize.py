@@ -26,7 +26,7 @@ from onnx.external_data_helper import load_external_data_for_tensor, uses_extern
 from attnx.errors import AttnxError
 from attnx.exporter.manifest import QuantizationSection
 from attnx.optimizer.layers import GATE, LAYER_KINDS, LayerWeight, classify
-from attnx.optimizer.protos import quiet_root_logger, reads
+from attnx.optimizer.protos import name_nodes, quiet_root_logger, reads
 from attnx.optimizer.settings import ALGORITHMS, BLOCK_SIZES, DEFAULT_BLOCK_SIZE, PRECISIONS
 
 BITS = {"int4": 4, "int8": 8}
@@ -83,8 +83,7 @@ def quantize_weights(
     Raises:
         AttnxError: no weight MatMul of a kind ``section`` quantises (e.g. a graph without projections).
     """
-    for index, node in enumerate(model.graph.node):  # the quantizer tells nodes apart by name
-        node.name = node.name or f"attnx_node_{index}"
+    name_nodes(model)
     matmuls = classify(model, op_kinds, source.name)
     chosen = [m for m in matmuls if m.kind != GATE and section.precision[m.kind] != "fp32"]
     if not chosen:
@@ -153,7 +152,7 @@ def _untranspose(model: onnx.ModelProto, matmuls: list[LayerWeight], base: Path)
             graph.initializer.append(numpy_helper.from_array(array, name))
             made[matmul.weight] = name
         matmul.node.input[1] = made[matmul.weight]
-    read = {value for node in graph.node for value in node.input} | {o.name for o in graph.output}
+    read = {value for node in graph.node for value in reads(node)} | {o.name for o in graph.output}
     kept = [node for node in graph.node if node.op_type != "Transpose" or any(o in read for o in node.output)]
     del graph.node[:]
     graph.node.extend(kept)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -55,10 +56,17 @@ def is_language_model(inputs: Sequence[TensorSpec], outputs: Sequence[str]) -> b
     return any(spec.name == INPUT_IDS for spec in inputs) and LOGITS in outputs
 
 
-def text_rows(
-    export: ExportDir, lengths: Lengths | None, path: Path | None = None
-) -> tuple[np.ndarray, str, str]:
-    """The evaluation text's ids as rows (rows, window), its name and the tokenizer's.
+class EvaluationText(NamedTuple):
+    """The gate's text as ``rows`` of ids (rows, window), its ``name`` and how it was tokenised."""
+
+    rows: np.ndarray
+    name: str
+    tokenizer: str
+
+
+def text_rows(export: ExportDir, lengths: Lengths | None, path: Path | None = None) -> EvaluationText:
+    """The evaluation text of ``export`` (``path``, else :data:`DEFAULT_TEXT`), in rows of :data:`WINDOW`
+    ids (fewer where ``lengths`` caps them).
 
     Raises:
         AttnxError: ``path`` unreadable or not UTF-8, or a text shorter than two windows.
@@ -71,7 +79,8 @@ def text_rows(
     rows = min(len(ids), TEXT_TOKENS) // window
     if rows < 2:
         raise AttnxError(f"--text {name} has {len(ids)} tokens; give a text of at least {2 * window}")
-    return np.asarray(ids[: rows * window], dtype=np.int64).reshape(rows, window), name, tokenizer
+    ids_array = np.asarray(ids[: rows * window], dtype=np.int64).reshape(rows, window)
+    return EvaluationText(ids_array, name, tokenizer)
 
 
 def text_ids(text: str, tokenizer_file: Path | None, vocab: int) -> tuple[list[int], str]:
@@ -106,7 +115,13 @@ def text_feed(specs: Sequence[TensorSpec], row: np.ndarray) -> dict[str, np.ndar
     return feed
 
 
-class Comparison:
+def divergence(want: np.ndarray, got: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per position, from two models' next-token log-probabilities (..., vocab): the KL divergence of
+    ``got``'s distribution from ``want``'s (nats), and whether their most likely tokens agree."""
+    return (np.exp(want) * (want - got)).sum(-1), want.argmax(-1) == got.argmax(-1)
+
+
+class TokenComparison:
     """Per-position KL, top-1 agreement and log-likelihoods of one model against a reference, row by row."""
 
     def __init__(self) -> None:
@@ -118,8 +133,9 @@ class Comparison:
     def add(self, row: np.ndarray, reference: np.ndarray, logits: np.ndarray) -> None:
         """One row of ids (n,) with both models' logits for it (n, vocab)."""
         want, got = log_softmax(reference), log_softmax(logits)
-        self.kl.append((np.exp(want) * (want - got)).sum(-1))
-        self.same.append(want.argmax(-1) == got.argmax(-1))
+        kl, same = divergence(want, got)
+        self.kl.append(kl)
+        self.same.append(same)
         targets = row[1:, None]
         self.nll.append(-np.take_along_axis(got[:-1], targets, -1))
         self.reference_nll.append(-np.take_along_axis(want[:-1], targets, -1))
@@ -137,19 +153,14 @@ class Comparison:
 
 
 def measure_text(
-    rows: np.ndarray,
-    specs: Sequence[TensorSpec],
-    reference: Logits,
-    optimised: Logits,
-    text: str,
-    tokenizer: str,
+    text: EvaluationText, specs: Sequence[TensorSpec], reference: Logits, optimised: Logits
 ) -> TextQuality:
-    """Run both models on each row and compare their next-token distributions."""
-    comparison = Comparison()
-    for row in rows:
+    """Run both models on each row of ``text`` and compare their next-token distributions."""
+    comparison = TokenComparison()
+    for row in text.rows:
         feed = text_feed(specs, row)
         comparison.add(row, reference(feed)[0], optimised(feed)[0])
-    return comparison.quality(text, tokenizer)
+    return comparison.quality(text.name, text.tokenizer)
 
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:

@@ -16,10 +16,11 @@ import torch
 from attnx.api import export, verify
 from attnx.errors import AttnxError
 from attnx.exporter.directory import ExportDir
-from attnx.optimizer.accuracy import TEXT_BOUNDS, AccuracyReport, OutputError
+from attnx.optimizer.accuracy import AccuracyReport, OutputError
 from attnx.optimizer.layers import LAYER_KINDS, classify, mixer_kinds
 from attnx.optimizer.longdecode import LongDecode
 from attnx.optimizer.optimize import ERROR_BOUNDS, optimize
+from attnx.optimizer.settings import TEXT_BOUNDS
 from attnx.optimizer.tensors import DATA_FILE, DATA_KEY
 from attnx.optimizer.text import TextQuality
 from tests.conftest import TINY
