@@ -281,23 +281,22 @@ def _dequantized_blocks(
     zero_points = found.get(f"{name[:-3]}_zero_points")
     if bits is None or scales is None or length is None or packed.dtype != np.uint8 or packed.ndim != 3:
         return None
-    rows, blocks, width = packed.shape
-    if bits == 4:
-        levels = np.stack([packed & 0x0F, packed >> 4], axis=-1).reshape(rows, blocks, 2 * width)
-    else:
-        levels = packed
+    rows, blocks, _ = packed.shape
+    levels = _nibbles(packed) if bits == 4 else packed
     if zero_points is None:
-        zero = np.full((rows, blocks), 1 << (bits - 1), dtype=np.float64)
-    elif zero_points.dtype.kind == "f":  # HQQ's, in the scales' type
-        zero = zero_points.reshape(rows, blocks).astype(np.float64)
-    elif bits == 4:
-        pairs = zero_points.reshape(rows, -1)
-        zero = np.stack([pairs & 0x0F, pairs >> 4], axis=-1).reshape(rows, -1)[:, :blocks].astype(np.float64)
+        zero = np.full((rows, blocks), 1 << (bits - 1))
+    elif zero_points.dtype.kind == "f" or bits == 8:  # HQQ's are in the scales' type; 8-bit ones whole
+        zero = zero_points.reshape(rows, blocks)
     else:
-        zero = zero_points.reshape(rows, blocks).astype(np.float64)
+        zero = _nibbles(zero_points.reshape(rows, -1))[:, :blocks]
     step = scales.reshape(rows, blocks).astype(np.float32)
     values = (levels.astype(np.float32) - zero[..., None].astype(np.float32)) * step[..., None]
     return values.reshape(rows, -1)[:, :length].T.copy(), _one_step(step)
+
+
+def _nibbles(packed: np.ndarray) -> np.ndarray:
+    """4-bit values packed two to a byte (low nibble first) along the last axis, unpacked."""
+    return np.stack([packed & 0x0F, packed >> 4], axis=-1).reshape(*packed.shape[:-1], -1)
 
 
 def _one_step(step: np.ndarray) -> float:
