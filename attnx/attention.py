@@ -9,7 +9,7 @@ needs more than q, k, v (gates from ``x``, a convolution carry, an output gate) 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -41,12 +41,12 @@ class Stepping:
 
     stepping: Step | None = None
 
-    def stepped(self, x: torch.Tensor) -> torch.Tensor:
-        """``step(x)`` after ``stepping.past`` at ``stepping.position``, the state after it kept in
-        ``stepping.present``."""
+    def stepped(self, x: torch.Tensor, **context: Any) -> torch.Tensor:
+        """``step(x, **context)`` after ``stepping.past`` at ``stepping.position``, the state after it
+        kept in ``stepping.present`` (``context``: what else the layer's step takes, e.g. a padding mask)."""
         step = self.stepping
         assert step is not None, "stepped() is called only while stepping"
-        y, step.present = self.step(x, step.past, step.position)  # type: ignore[attr-defined]
+        y, step.present = self.step(x, step.past, step.position, **context)  # type: ignore[attr-defined]
         return y
 
 

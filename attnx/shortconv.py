@@ -28,3 +28,16 @@ def depthwise_conv(
     for tap in range(1, taps):
         out = out + window[..., tap : tap + n] * weight[:, :, tap]
     return out if bias is None else out + bias[:, None]
+
+
+def carried_conv(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, carry: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The depthwise convolution of (batch, C, n) ``x`` after ``carry`` (batch, C, K - 1: the inputs
+    before it; None: zeros, the whole sequence) in ``weight``'s dtype, and the carry after ``x`` (its
+    last K - 1 inputs, ``x``'s dtype)."""
+    width = weight.shape[-1] - 1
+    # zeros before the first token: a Pad (fp16 converters retype it with its input)
+    window = F.pad(x, (width, 0)) if carry is None else torch.cat([carry.to(x.dtype), x], dim=-1)
+    out = depthwise_conv(window.to(weight.dtype), weight, bias, step=carry is not None)
+    return out, window[..., window.shape[-1] - width :]

@@ -1,5 +1,5 @@
-"""Small *trained* Hugging Face hybrid models (Qwen3-Next, Qwen3.5's text models, Kimi Linear, MiniMax) for
-tests and benchmarks.
+"""Small *trained* Hugging Face hybrid models (Qwen3-Next, Qwen3.5's text models, Kimi Linear, MiniMax,
+Mamba2, Bamba, Granite 4.0-H) for tests and benchmarks.
 
 Each recipe is a small config of the architecture (a few layers mixing gated linear attention and
 softmax attention, width 64, MoE with a few experts), a byte-level BPE tokenizer
@@ -48,6 +48,39 @@ _SHARED = {
     "pad_token_id": 0,
     "bos_token_id": 0,
     "eos_token_id": 0,
+}
+
+# a Mamba2 mixer's shape in small (HF's Mamba2Config names; the hybrids prefix them with mamba_)
+_MAMBA_LAYER = {
+    "n_heads": 4,
+    "d_head": 32,
+    "n_groups": 2,
+    "d_state": 16,
+    "d_conv": 4,
+    "expand": 2,
+    "chunk_size": 16,
+}
+_MAMBA2_NAMES = {
+    "n_heads": "num_heads",
+    "d_head": "head_dim",
+    "d_state": "state_size",
+    "d_conv": "conv_kernel",
+}
+_MAMBA2 = {_MAMBA2_NAMES.get(k, k): v for k, v in _MAMBA_LAYER.items()}
+_TRANSFORMER = {
+    k: _SHARED[k]
+    for k in (
+        "vocab_size",
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "max_position_embeddings",
+        "pad_token_id",
+        "bos_token_id",
+        "eos_token_id",
+    )
 }
 
 RECIPES: dict[str, dict[str, Any]] = {
@@ -144,6 +177,50 @@ RECIPES: dict[str, dict[str, Any]] = {
                 "mrope_section": [2, 1, 1],
                 "mrope_interleaved": True,
             },
+        },
+    },
+    # Mamba2 (SSD) in small: 4 heads of 32 over 2 groups of B/C (each serves 2 heads), state 16, and HF's
+    # chunk 16 so its reference scan crosses chunks at the tests' lengths
+    "mamba2": {
+        "class": "Mamba2ForCausalLM",
+        "config": "Mamba2Config",
+        "options": {
+            **{k: _SHARED[k] for k in ("vocab_size", "hidden_size", "num_hidden_layers")},
+            **{k: _SHARED[k] for k in ("pad_token_id", "bos_token_id", "eos_token_id")},
+            **_MAMBA2,
+            "tie_word_embeddings": True,
+        },
+    },
+    # Bamba: Mamba2 mixers and one attention layer (partial rotary, as the released config's 0.5)
+    "bamba": {
+        "class": "BambaForCausalLM",
+        "config": "BambaConfig",
+        "options": {
+            **_TRANSFORMER,
+            **{f"mamba_{k}": v for k, v in _MAMBA_LAYER.items()},
+            "attn_layer_indices": [3],
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+            "tie_word_embeddings": False,
+        },
+    },
+    # Granite 4.0-H in small: Mamba2 mixers, one attention layer without positions (the released
+    # configs' position_embedding_type null), a MoE of 4 experts with a shared MLP, and its multipliers
+    "granitemoehybrid": {
+        "class": "GraniteMoeHybridForCausalLM",
+        "config": "GraniteMoeHybridConfig",
+        "options": {
+            **_TRANSFORMER,
+            **{f"mamba_{k}": v for k, v in _MAMBA_LAYER.items()},
+            "layer_types": ["mamba", "mamba", "mamba", "attention"],
+            "position_embedding_type": None,
+            "num_local_experts": 4,
+            "num_experts_per_tok": 2,
+            "shared_intermediate_size": 64,
+            "embedding_multiplier": 4.0,
+            "residual_multiplier": 0.5,
+            "attention_multiplier": 0.03,
+            "logits_scaling": 2.0,
+            "tie_word_embeddings": True,
         },
     },
 }

@@ -16,7 +16,7 @@ from typing import Any
 
 from torch import nn
 
-from attnx.adapters.hf_hybrid.attention import GatedAttention
+from attnx.adapters.hf_hybrid.attention import GatedAttention, no_positions
 from attnx.adapters.hf_hybrid.model import HybridModel, convert_layers
 from attnx.errors import AttnxError
 
@@ -38,9 +38,12 @@ class Architecture:
         untraceable: HF classes that cannot be exported as they are (refused if left unconverted).
         rotary: the model's rotary embedding class (its cos/sin for positions), which the attention
             layers of a converted model use to step on their own; None: the model has no positions
-            (Kimi Linear).
+            (Kimi Linear, Mamba2). A model built without its rotary module (Granite 4.0-H's
+            ``position_embedding_type`` null) has none either.
         check: refuses, by name, the architecture's own options the adapter does not reproduce
             (after :func:`check_config`'s shared ones).
+        mask_by_layer_type: the model takes a mapping layer type -> mask (the hybrids); False: one 2D
+            padding mask (Mamba2, which has only one layer type).
     """
 
     model_type: str
@@ -51,6 +54,7 @@ class Architecture:
     untraceable: tuple[type, ...]
     rotary: type | None
     check: Callable[[Any], None] | None = None
+    mask_by_layer_type: bool = True
 
     def check_config(self, config: Any) -> None:
         """Refuse, by name, the options of ``config`` that the adapter does not reproduce.
@@ -81,12 +85,12 @@ class Architecture:
         if isinstance(module, self.models):
             self.check_config(module.config)
             converted = convert_layers(module, self.layers)
-            if self.rotary is not None:
-                rotary = next(m for m in module.modules() if isinstance(m, self.rotary))
-                for layer in converted.modules():
-                    if isinstance(layer, GatedAttention):
-                        layer.rotary = rotary.forward
-            return HybridModel(converted, module.config.layer_types)
+            rotary = next((m for m in module.modules() if self.rotary and isinstance(m, self.rotary)), None)
+            for layer in converted.modules():
+                if isinstance(layer, GatedAttention):
+                    layer.rotary = no_positions if rotary is None else rotary.forward
+            kinds = module.config.layer_types if self.mask_by_layer_type else None
+            return HybridModel(converted, kinds)
         make = self.layers.get(type(module))
         return None if make is None else make(module)
 

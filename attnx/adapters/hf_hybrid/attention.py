@@ -120,6 +120,12 @@ class FullAttention(Stepping, nn.Module):
         return self.o_proj(out), present
 
 
+def no_positions(x: torch.Tensor, position_ids: torch.Tensor) -> None:
+    """The cos/sin of a model without positions (no rotary module): None, which :meth:`GatedAttention.project`
+    takes as "do not rotate"."""
+    return None
+
+
 class GatedAttention(FullAttention):
     """An HF full attention layer of Qwen3-Next, Qwen3.5 or MiniMax (same parameters, same names) computed by
     ``attnx::SoftmaxAttention``; ``gated``: Qwen's output gate in ``q_proj`` and q/k norms (False: MiniMax's
@@ -144,8 +150,11 @@ class GatedAttention(FullAttention):
         self.layer_idx = layer.layer_idx
         self.rotary: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None  # set with the model's
 
-    def embeddings_at(self, x: torch.Tensor, position: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos/sin of the new tokens' positions, from the model's own rotary module.
+    def embeddings_at(
+        self, x: torch.Tensor, position: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """cos/sin of the new tokens' positions, from the model's own rotary module (None: the model has
+        none).
 
         Raises:
             AttnxError: a layer converted on its own, without its model's rotary module.
@@ -157,7 +166,7 @@ class GatedAttention(FullAttention):
         return self.rotary(x, (torch.arange(x.shape[1], device=x.device) + position)[None])
 
     def project(
-        self, x: torch.Tensor, position_embeddings: tuple[torch.Tensor, torch.Tensor]
+        self, x: torch.Tensor, position_embeddings: tuple[torch.Tensor, torch.Tensor] | None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
         shape = x.shape[:-1]
         heads = (*shape, -1, self.head_dim)
@@ -173,5 +182,6 @@ class GatedAttention(FullAttention):
                 self.k_proj(x).view(heads).transpose(1, 2),
             )
         value = self.v_proj(x).view(heads).transpose(1, 2)
-        query, key = self.rotate(query, key, *position_embeddings)
+        if position_embeddings is not None:
+            query, key = self.rotate(query, key, *position_embeddings)
         return query, key, value, gate

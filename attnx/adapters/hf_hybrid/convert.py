@@ -8,11 +8,13 @@ from torch import nn
 from attnx.adapter import AdapterImpl, Lengths
 from attnx.adapters.hf_hybrid.architecture import Architecture
 from attnx.adapters.hf_hybrid.kimi import KIMI_LINEAR
+from attnx.adapters.hf_hybrid.mamba import BAMBA, GRANITE_MOE_HYBRID, MAMBA2
 from attnx.adapters.hf_hybrid.minimax import MINIMAX
 from attnx.adapters.hf_hybrid.qwen import QWEN3_5, QWEN3_5_MOE, QWEN3_NEXT
 
 ARCHITECTURES: dict[str, Architecture] = {
-    a.model_type: a for a in (QWEN3_NEXT, QWEN3_5, QWEN3_5_MOE, KIMI_LINEAR, MINIMAX)
+    a.model_type: a
+    for a in (QWEN3_NEXT, QWEN3_5, QWEN3_5_MOE, KIMI_LINEAR, MINIMAX, MAMBA2, BAMBA, GRANITE_MOE_HYBRID)
 }
 
 
@@ -33,10 +35,11 @@ def needs_adapter(module: nn.Module) -> bool:
 
 def lengths(module: nn.Module) -> Lengths | None:
     """A whole model takes up to its config's ``max_position_embeddings`` tokens (the rotary table's
-    reach, and the context its genai config declares); anything else: no limit of its own."""
+    reach, and the context its genai config declares; Mamba2 has none: no limit); anything else: no
+    limit of its own."""
     if not any(isinstance(module, a.models) for a in ARCHITECTURES.values()):
         return None
-    return Lengths(maximum=module.config.max_position_embeddings)
+    return Lengths(maximum=getattr(module.config, "max_position_embeddings", None))
 
 
 IMPL = AdapterImpl(convert=convert, needs_adapter=needs_adapter, lengths=lengths)

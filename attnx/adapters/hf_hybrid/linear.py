@@ -35,7 +35,7 @@ from torch import nn
 
 from attnx.attention import Stepping
 from attnx.plugins.gated.op import l2norm, rule_state, run_rule
-from attnx.shortconv import depthwise_conv
+from attnx.shortconv import carried_conv
 from attnx.state import StateTensor, conv_state
 
 # HF's torch_chunk_gated_delta_rule default, so an export chunks (and rounds) as the model's reference
@@ -80,15 +80,8 @@ class GatedDeltaNet(Stepping, nn.Module):
     def conv(self, qkv: torch.Tensor, past: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """The causal depthwise conv + activation over (b, C, n) channels after ``past`` (b, C, K-1)
         (None: zeros, as HF's left padding of K-1); returns (out, the last K-1 inputs)."""
-        step = past is not None
-        if past is None:
-            past = qkv.new_zeros(qkv.shape[0], qkv.shape[1], self.conv_kernel_size - 1)
-        window = torch.cat([past.to(qkv.dtype), qkv], dim=-1)
-        weight = self.conv1d.weight
-        out = depthwise_conv(window.to(weight.dtype), weight, self.conv1d.bias, step=step)
-        return self.activation(out).to(qkv.dtype), window[
-            :, :, window.shape[-1] - (self.conv_kernel_size - 1) :
-        ]
+        out, carry = carried_conv(qkv, self.conv1d.weight, self.conv1d.bias, past)
+        return self.activation(out).to(qkv.dtype), carry
 
     def forward(
         self,

@@ -36,10 +36,12 @@ def convert_layers(model: nn.Module, layers: Mapping[type, Callable[[nn.Module],
 class HybridModel(nn.Module):
     """An HF hybrid causal LM (or its text model) with attnx layers, called as attnx exports it."""
 
-    def __init__(self, model: nn.Module, layer_types: list[str]):
+    def __init__(self, model: nn.Module, layer_types: list[str] | None):
+        """``layer_types``: the config's, keying the mask mapping the model takes; None: the model takes
+        the 2D mask itself."""
         super().__init__()
         self.model = model
-        self.layer_types = sorted(set(layer_types))
+        self.layer_types = None if layer_types is None else sorted(set(layer_types))
 
     def forward(
         self,
@@ -58,7 +60,9 @@ class HybridModel(nn.Module):
         if position_ids is None:
             start = 0 if past_length is None else past_length
             position_ids = (torch.arange(input_ids.shape[1], device=input_ids.device) + start)[None]
-        masks = {kind: attention_mask for kind in self.layer_types}
+        masks = attention_mask
+        if self.layer_types is not None:
+            masks = {kind: attention_mask for kind in self.layer_types}
         return self.model(
             input_ids=input_ids, attention_mask=masks, position_ids=position_ids, use_cache=False, **kwargs
         )

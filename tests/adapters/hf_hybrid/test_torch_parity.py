@@ -23,6 +23,7 @@ from attnx.adapters.hf_hybrid.latent import LatentAttention
 from attnx.adapters.hf_hybrid.lightning import LightningAttention
 from attnx.adapters.hf_hybrid.linear import GatedDeltaNet
 from attnx.adapters.hf_hybrid.moe import DenseExperts
+from attnx.adapters.hf_hybrid.ssd import StateSpaceDuality
 from attnx.registry import get_registry
 from attnx.state import Step
 from attnx.testing import hf_hybrid
@@ -48,10 +49,15 @@ def assert_close(actual: torch.Tensor, expected: torch.Tensor) -> float:
 
 def layers_of(model, kind: str) -> list:
     """The token mixers of the ``kind`` ("linear_attention" / "full_attention") layers (Qwen keeps the
-    linear ones in ``linear_attn``, MiniMax every kind in ``self_attn``)."""
+    linear ones in ``linear_attn``, Bamba and Granite in ``mamba``, Mamba2 in ``mixer``, MiniMax every kind
+    in ``self_attn``)."""
     return [
-        getattr(layer, "linear_attn", None) or layer.self_attn
-        for layer, layer_type in zip(model.model.layers, model.config.layer_types, strict=True)
+        next(
+            getattr(layer, name)
+            for name in ("linear_attn", "mamba", "mixer", "self_attn")
+            if getattr(layer, name, None) is not None
+        )
+        for layer, layer_type in zip(model.base_model.layers, model.config.layer_types, strict=True)
         if layer_type == kind
     ]
 
@@ -74,7 +80,7 @@ def test_linear_layers_match_hf(hybrid, arch, n):
     model = hybrid(arch)
     for layer in layers_of(model, "linear_attention"):
         adapted = convert(layer)
-        assert isinstance(adapted, (GatedDeltaNet, LightningAttention))
+        assert isinstance(adapted, (GatedDeltaNet, LightningAttention, StateSpaceDuality))
         x = torch.randn(2, n, model.config.hidden_size)
         with torch.no_grad():
             for attention_mask in (None, mask):
@@ -98,8 +104,8 @@ def attention_layers_match_hf(model, layers, x: torch.Tensor, mask: torch.Tensor
     """Each of ``layers`` (full attention of ``model``) converted equals HF's on ``x``; HF given its own 4D
     mask, attnx the 2D one; cos/sin from the model's rotary module where it has one (Kimi's MLA has none)."""
     rotary = {}
-    if hasattr(model.model, "rotary_emb"):
-        rotary["position_embeddings"] = model.model.rotary_emb(x, positions)
+    if getattr(model.base_model, "rotary_emb", None) is not None:
+        rotary["position_embeddings"] = model.base_model.rotary_emb(x, positions)
     full = create_causal_mask(
         config=model.config, inputs_embeds=x, attention_mask=mask, cache=None, position_ids=positions
     )
