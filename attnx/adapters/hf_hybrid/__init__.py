@@ -8,8 +8,10 @@ exports; everything else (embeddings, norms, rotary tables, routers, MLPs, head)
 own code. Kimi Linear (``kimi_linear``): its Kimi Delta Attention layers the same rule with a decay per
 key channel, its multi-head latent attention layers attnx's softmax attention (no positions), the
 experts of its DeepSeek-V3-style MoE the same dense sum. MiniMax (``minimax``): its lightning attention
-layers the gated rule without the delta update. One module per architecture family (``qwen.py``,
-``kimi.py``, ``minimax.py``), shared layers beside it.
+layers the gated rule without the delta update. Mamba2 (``mamba2``), Bamba (``bamba``) and Granite
+4.0-H (``granitemoehybrid``): their Mamba2 (SSD) mixers the additive rule with a decay per head (q = C,
+k = B, v = dt x) and a D skip. One module per architecture family (``qwen.py``, ``kimi.py``,
+``minimax.py``, ``mamba.py``), shared layers beside it.
 See docs/importing.md.
 """
 
@@ -20,7 +22,7 @@ from attnx.hookspecs import hookimpl
 
 ADAPTER = Adapter(
     name="hf_hybrid",
-    summary="HF Qwen3-Next, Qwen3.5(-MoE), Kimi Linear, MiniMax (linear + full attention) -> gated_delta",
+    summary="HF Qwen3-Next, Qwen3.5(-MoE), Kimi Linear, MiniMax, Mamba2, Bamba, Granite-H -> gated_delta",
     library="transformers",
     impl="attnx.adapters.hf_hybrid.convert:IMPL",
 )

@@ -12,6 +12,7 @@ import pytest
 
 from attnx.decode.generate import generate
 from attnx.registry import get_registry
+from attnx.serve.genai import DEFAULT_CONTEXT
 from attnx.testing import hf_hybrid
 from tests.adapters.hf_hybrid.conftest import ARCHS
 from tests.adapters.hf_hybrid.test_torch_parity import layers_of
@@ -51,11 +52,13 @@ def test_genai_config_names_each_layers_state(decode_export, trained, arch):
 
     out = decode_export(arch)
     genai_model = json.loads((out / "genai_config.json").read_text())["model"]
-    assert genai_model["context_length"] == trained(arch).config.max_position_embeddings
+    limit = getattr(trained(arch).config, "max_position_embeddings", DEFAULT_CONTEXT)  # Mamba2: none
+    assert genai_model["context_length"] == limit
     decoder = genai_model["decoder"]
     assert decoder["inputs"]["past_recurrent_names"] == "past.%d.recurrent"
     assert decoder["inputs"]["past_conv_names"] == "past.%d.conv"
-    assert decoder["inputs"]["past_key_names"] == "past_key_values.%d.key"
+    if "full_attention" in trained(arch).config.layer_types:  # Mamba2 has no KV cache to name
+        assert decoder["inputs"]["past_key_names"] == "past_key_values.%d.key"
     graph = onnx.load(str(out / "genai.onnx"), load_external_data=False).graph
     dims = {i.name: [d.dim_value or d.dim_param for d in i.type.tensor_type.shape.dim] for i in graph.input}
     model = trained(arch)

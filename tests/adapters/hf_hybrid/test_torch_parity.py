@@ -216,6 +216,52 @@ def test_a_kimi_key_with_its_shared_part_first_is_caught(hybrid):
             assert_close(SharedFirst(layer)(x)[0], expected)
 
 
+@pytest.mark.parametrize("arch", ["mamba2", "bamba"])
+def test_a_mamba_mixer_that_skips_the_mask_after_its_conv_is_caught(hybrid, arch):
+    """Seeded defect: the Mamba2 mixer masking padded tokens only before its conv (the conv's bias then
+    gives them non-zero x, B, C that reach the state) fails the padded parity the layer test checks, while
+    an unpadded batch still matches (so the test sees the mask, not a broken layer)."""
+
+    class MaskedOnce(StateSpaceDuality):
+        def mix(self, x, mask, state):
+            return super().mix((x * mask[:, :, None]) if mask is not None else x, None, state)
+
+    layer = copy.deepcopy(layers_of(hybrid(arch), "linear_attention")[0])
+    torch.manual_seed(0)
+    torch.nn.init.normal_(layer.conv1d.bias)  # HF initialises it to zeros, which hides the defect
+    x = torch.randn(2, 20, hybrid(arch).config.hidden_size)
+    mask, _ = padded(20)
+    with torch.no_grad():
+        assert_close(MaskedOnce(layer)(x), layer(x))
+        with pytest.raises(AssertionError):
+            assert_close(MaskedOnce(layer)(x, attention_mask=mask), layer(x, attention_mask=mask))
+
+
+def test_a_mamba_decay_shared_by_a_group_is_caught(hybrid):
+    """Seeded defect: dt A taken per B/C group (the first head's decay for every head of the group)
+    instead of per head fails the layer parity."""
+
+    class GroupDecay(StateSpaceDuality):
+        def mix(self, x, mask, state):
+            heads_per_group = self.heads // self.groups
+            log = self.A_log.data.clone()
+            self.A_log.data = (
+                log.reshape(self.groups, heads_per_group)[:, :1].expand(-1, heads_per_group).flatten()
+            )
+            try:
+                return super().mix(x, mask, state)
+            finally:
+                self.A_log.data = log
+
+    layer = layers_of(hybrid("mamba2"), "linear_attention")[0]
+    torch.manual_seed(0)
+    x = torch.randn(1, 33, layer.hidden_size)
+    with torch.no_grad():
+        assert_close(StateSpaceDuality(layer)(x), layer(x))
+        with pytest.raises(AssertionError):
+            assert_close(GroupDecay(layer)(x), layer(x))
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("prompt", [pytest.param(p, marks=pytest.mark.slow) for p in (1, 9)] + [66])
 def test_prefill_then_steps_equal_the_full_forward(hybrid, arch, prompt):
