@@ -1,5 +1,5 @@
 """Small *trained* Hugging Face hybrid models (Qwen3-Next, Qwen3.5's text models, Kimi Linear, MiniMax,
-Mamba2, Bamba, Granite 4.0-H) for tests and benchmarks.
+Mamba2, Bamba, Granite 4.0-H, Nemotron-H, Mamba, Falcon-Mamba, Jamba) for tests and benchmarks.
 
 Each recipe is a small config of the architecture (a few layers mixing gated linear attention and
 softmax attention, width 64, MoE with a few experts), a byte-level BPE tokenizer
@@ -67,6 +67,20 @@ _MAMBA2_NAMES = {
     "d_conv": "conv_kernel",
 }
 _MAMBA2 = {_MAMBA2_NAMES.get(k, k): v for k, v in _MAMBA_LAYER.items()}
+_MAMBA1 = {
+    **{k: _SHARED[k] for k in ("vocab_size", "hidden_size", "num_hidden_layers")},
+    **{k: _SHARED[k] for k in ("pad_token_id", "bos_token_id", "eos_token_id")},
+    "state_size": 16,
+    "expand": 2,
+    "time_step_rank": 8,
+    "conv_kernel": 4,
+}
+_JAMBA_NAMES = {
+    "d_state": "state_size",
+    "d_conv": "conv_kernel",
+    "expand": "expand",
+    "dt_rank": "time_step_rank",
+}
 _TRANSFORMER = {
     k: _SHARED[k]
     for k in (
@@ -221,6 +235,57 @@ RECIPES: dict[str, dict[str, Any]] = {
             "attention_multiplier": 0.03,
             "logits_scaling": 2.0,
             "tie_word_embeddings": True,
+        },
+    },
+    # Nemotron-H in small: Mamba2 mixers, attention without positions, relu² MLP and MoE blocks (4 non-gated
+    # experts, DeepSeek-V3 routing over 2 groups with a shared expert), one block type per layer
+    "nemotron_h": {
+        "class": "NemotronHForCausalLM",
+        "config": "NemotronHConfig",
+        "options": {
+            **{k: v for k, v in _TRANSFORMER.items() if k != "num_hidden_layers"},
+            "layers_block_type": ["linear_attention", "moe", "linear_attention", "full_attention", "mlp"],
+            "head_dim": 16,
+            "mamba_num_heads": _MAMBA2["num_heads"],
+            "mamba_head_dim": _MAMBA2["head_dim"],
+            **{k: _MAMBA2[k] for k in ("n_groups", "conv_kernel", "expand", "chunk_size")},
+            "ssm_state_size": _MAMBA2["state_size"],
+            "n_routed_experts": 4,
+            "num_experts_per_tok": 2,
+            "n_group": 2,
+            "topk_group": 1,
+            "moe_intermediate_size": 32,
+            "moe_shared_expert_intermediate_size": 32,
+            "tie_word_embeddings": False,
+        },
+    },
+    # Mamba1 in small: 128 channels (expand 2), state 16, dt rank 8, conv kernel 4, tied embeddings
+    "mamba": {
+        "class": "MambaForCausalLM",
+        "config": "MambaConfig",
+        "options": {**_MAMBA1, "tie_word_embeddings": True},
+    },
+    # Falcon-Mamba: Mamba1 with weightless RMSNorms on dt, B and C
+    "falcon_mamba": {
+        "class": "FalconMambaForCausalLM",
+        "config": "FalconMambaConfig",
+        "options": {**_MAMBA1, "tie_word_embeddings": True},
+    },
+    # Jamba in small: Mamba1 mixers with learnt dt/B/C norms, the last layer attention (no positions), a
+    # Mixtral-style MoE of 4 experts (top-2) every second layer
+    "jamba": {
+        "class": "JambaForCausalLM",
+        "config": "JambaConfig",
+        "options": {
+            **_TRANSFORMER,
+            "attn_layer_period": 4,
+            "attn_layer_offset": 3,
+            "expert_layer_period": 2,
+            "expert_layer_offset": 1,
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            **{f"mamba_{k}": _MAMBA1[v] for k, v in _JAMBA_NAMES.items()},
+            "tie_word_embeddings": False,
         },
     },
 }

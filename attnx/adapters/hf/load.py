@@ -31,6 +31,10 @@ LOADERS: dict[str, str] = {
     "mamba2": "attnx.adapters.hf_hybrid.load:load",
     "bamba": "attnx.adapters.hf_hybrid.load:load",
     "granitemoehybrid": "attnx.adapters.hf_hybrid.load:load",
+    "nemotron_h": "attnx.adapters.hf_hybrid.load:load",
+    "mamba": "attnx.adapters.hf_hybrid.load:load",
+    "falcon_mamba": "attnx.adapters.hf_hybrid.load:load",
+    "jamba": "attnx.adapters.hf_hybrid.load:load",
 }
 PICKLES = ("pytorch_model.bin", "pytorch_model.bin.index.json", "model.pt", "model.pth")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")

@@ -1,5 +1,7 @@
-"""The Mamba2 (SSD) models as transformers 5.24 writes them: Mamba2 (``mamba2``), Bamba (``bamba``) and
-IBM's Granite 4.0-H (``granitemoehybrid``).
+"""The Mamba models as transformers 5.24 writes them. Mamba2 (SSD): Mamba2 (``mamba2``), Bamba
+(``bamba``), IBM's Granite 4.0-H (``granitemoehybrid``) and NVIDIA's Nemotron-H (``nemotron_h``).
+Mamba1 (selective scan): Mamba (``mamba``), TII's Falcon-Mamba (``falcon_mamba``) and AI21's Jamba
+(``jamba``).
 
 Their Mamba2 mixers (one torch path in the three modeling files) become
 :class:`~attnx.adapters.hf_hybrid.ssd.StateSpaceDuality`; Bamba's and Granite's attention layers (plain:
@@ -8,28 +10,40 @@ with ``position_embedding_type`` null has no rotary at all)
 :class:`~attnx.adapters.hf_hybrid.attention.GatedAttention` with ``gated=False``; Granite's MoE experts
 :class:`~attnx.adapters.hf_hybrid.moe.DenseExperts` (its router and shared MLP run as they are). Granite's
 embedding, residual and logit multipliers are HF's own code. Mamba2 has one layer type and takes its
-2D padding mask itself.
+2D padding mask itself. Nemotron-H's blocks hold one mixer each (Mamba2, attention without positions,
+an MLP or a MoE: its ``layer_types`` add ``mlp`` and ``moe``); its experts have no gate (``up_proj``,
+relu²), which :class:`~attnx.adapters.hf_hybrid.moe.DenseExperts` takes too, and its DeepSeek-V3-style
+router and shared expert run as they are.
+
+The Mamba1 mixers (one torch path, Falcon-Mamba's and Jamba's with RMSNorms on dt, B and C) become
+:class:`~attnx.adapters.hf_hybrid.scan.SelectiveScan`; Mamba and Falcon-Mamba take their 2D padding
+mask themselves; Jamba's attention layers have no positions and its Mixtral-style experts become
+:class:`~attnx.adapters.hf_hybrid.moe.DenseExperts`.
 """
 
 from __future__ import annotations
 
+import functools
+from typing import Any
+
 from torch import nn
 from transformers.models.bamba import modeling_bamba as bamba
+from transformers.models.falcon_mamba import modeling_falcon_mamba as falcon_mamba
 from transformers.models.granitemoehybrid import modeling_granitemoehybrid as granite
+from transformers.models.jamba import modeling_jamba as jamba
+from transformers.models.mamba import modeling_mamba as mamba
 from transformers.models.mamba2 import modeling_mamba2 as mamba2
+from transformers.models.nemotron_h import modeling_nemotron_h as nemotron
 
-from attnx.adapters.hf_hybrid.architecture import Architecture
+from attnx.adapters.hf_hybrid.architecture import LAYER_TYPES, Architecture
 from attnx.adapters.hf_hybrid.attention import GatedAttention
 from attnx.adapters.hf_hybrid.moe import DenseExperts
+from attnx.adapters.hf_hybrid.scan import SelectiveScan
 from attnx.adapters.hf_hybrid.ssd import StateSpaceDuality
 
 
-def _bamba_attention(layer: nn.Module) -> GatedAttention:
-    return GatedAttention(layer, bamba.apply_rotary_pos_emb, gated=False)
-
-
-def _granite_attention(layer: nn.Module) -> GatedAttention:
-    return GatedAttention(layer, granite.apply_rotary_pos_emb, gated=False)
+def _attention(module: Any, layer: nn.Module) -> GatedAttention:
+    return GatedAttention(layer, module.apply_rotary_pos_emb, gated=False)
 
 
 MAMBA2 = Architecture(
@@ -48,7 +62,7 @@ BAMBA = Architecture(
     config_class="BambaConfig",
     classes=("BambaForCausalLM", "BambaModel"),
     models=(bamba.BambaForCausalLM, bamba.BambaModel),
-    layers={bamba.BambaMixer: StateSpaceDuality, bamba.BambaAttention: _bamba_attention},
+    layers={bamba.BambaMixer: StateSpaceDuality, bamba.BambaAttention: functools.partial(_attention, bamba)},
     untraceable=(bamba.BambaMixer,),
     rotary=bamba.BambaRotaryEmbedding,
 )
@@ -60,9 +74,60 @@ GRANITE_MOE_HYBRID = Architecture(
     models=(granite.GraniteMoeHybridForCausalLM, granite.GraniteMoeHybridModel),
     layers={
         granite.GraniteMoeHybridMambaLayer: StateSpaceDuality,
-        granite.GraniteMoeHybridAttention: _granite_attention,
+        granite.GraniteMoeHybridAttention: functools.partial(_attention, granite),
         granite.GraniteMoeHybridExperts: DenseExperts,
     },
     untraceable=(granite.GraniteMoeHybridMambaLayer, granite.GraniteMoeHybridExperts),
     rotary=granite.GraniteMoeHybridRotaryEmbedding,
+)
+
+NEMOTRON_H = Architecture(
+    model_type="nemotron_h",
+    config_class="NemotronHConfig",
+    classes=("NemotronHForCausalLM", "NemotronHModel"),
+    models=(nemotron.NemotronHForCausalLM, nemotron.NemotronHModel),
+    layers={
+        nemotron.NemotronHMamba2Mixer: StateSpaceDuality,
+        nemotron.NemotronHAttention: functools.partial(_attention, nemotron),
+        nemotron.NemotronHExperts: DenseExperts,
+    },
+    untraceable=(nemotron.NemotronHMamba2Mixer, nemotron.NemotronHExperts),
+    rotary=None,
+    layer_types=(*LAYER_TYPES, "mlp", "moe"),
+)
+
+MAMBA = Architecture(
+    model_type="mamba",
+    config_class="MambaConfig",
+    classes=("MambaForCausalLM", "MambaModel"),
+    models=(mamba.MambaForCausalLM, mamba.MambaModel),
+    layers={mamba.MambaMixer: SelectiveScan},
+    untraceable=(mamba.MambaMixer,),
+    rotary=None,
+    mask_by_layer_type=False,
+)
+
+FALCON_MAMBA = Architecture(
+    model_type="falcon_mamba",
+    config_class="FalconMambaConfig",
+    classes=("FalconMambaForCausalLM", "FalconMambaModel"),
+    models=(falcon_mamba.FalconMambaForCausalLM, falcon_mamba.FalconMambaModel),
+    layers={falcon_mamba.FalconMambaMixer: SelectiveScan},
+    untraceable=(falcon_mamba.FalconMambaMixer,),
+    rotary=None,
+    mask_by_layer_type=False,
+)
+
+JAMBA = Architecture(
+    model_type="jamba",
+    config_class="JambaConfig",
+    classes=("JambaForCausalLM", "JambaModel"),
+    models=(jamba.JambaForCausalLM, jamba.JambaModel),
+    layers={
+        jamba.JambaMambaMixer: SelectiveScan,
+        jamba.JambaAttention: functools.partial(_attention, jamba),
+        jamba.JambaExperts: DenseExperts,
+    },
+    untraceable=(jamba.JambaMambaMixer, jamba.JambaExperts),
+    rotary=None,
 )

@@ -23,6 +23,7 @@ from attnx.adapters.hf_hybrid.latent import LatentAttention
 from attnx.adapters.hf_hybrid.lightning import LightningAttention
 from attnx.adapters.hf_hybrid.linear import GatedDeltaNet
 from attnx.adapters.hf_hybrid.moe import DenseExperts
+from attnx.adapters.hf_hybrid.scan import SelectiveScan
 from attnx.adapters.hf_hybrid.ssd import StateSpaceDuality
 from attnx.registry import get_registry
 from attnx.state import Step
@@ -80,7 +81,7 @@ def test_linear_layers_match_hf(hybrid, arch, n):
     model = hybrid(arch)
     for layer in layers_of(model, "linear_attention"):
         adapted = convert(layer)
-        assert isinstance(adapted, (GatedDeltaNet, LightningAttention, StateSpaceDuality))
+        assert isinstance(adapted, (GatedDeltaNet, LightningAttention, StateSpaceDuality, SelectiveScan))
         x = torch.randn(2, n, model.config.hidden_size)
         with torch.no_grad():
             for attention_mask in (None, mask):
@@ -131,23 +132,22 @@ def test_kimi_latent_attention_with_a_low_rank_query_matches_hf(n):
     attention_layers_match_hf(model, layers, torch.randn(2, n, model.config.hidden_size), mask, positions)
 
 
-@pytest.mark.parametrize("arch", ["qwen3_next", "kimi_linear"])
+@pytest.mark.parametrize("arch", ["qwen3_next", "kimi_linear", "nemotron_h"])
 @pytest.mark.parametrize("implementation", ["eager", "grouped_mm"])
 def test_dense_experts_match_hf_experts(hybrid, arch, implementation):
     """DenseExperts computes HF's sparse sum over each token's chosen experts (both HF paths), for Qwen's
-    softmax router and Kimi's DeepSeek-V3 one (grouped top-k, scaled weights)."""
+    softmax router, Kimi's and Nemotron-H's DeepSeek-V3 one (grouped top-k, scaled weights; Nemotron-H's
+    experts without a gate)."""
     model = copy.deepcopy(hybrid(arch))
     model.set_experts_implementation(implementation)
-    for layer in model.model.layers:
-        if not hasattr(layer.mlp, "experts"):
-            continue
+    blocks = [m for m in model.modules() if hasattr(m, "experts") and hasattr(m, "gate")]
+    assert blocks
+    for block in blocks:
         torch.manual_seed(0)
         x = torch.randn(37, model.config.hidden_size)
-        _, weights, index = layer.mlp.gate(x)
+        _, weights, index = block.gate(x)
         with torch.no_grad():
-            assert_close(
-                DenseExperts(layer.mlp.experts)(x, index, weights), layer.mlp.experts(x, index, weights)
-            )
+            assert_close(DenseExperts(block.experts)(x, index, weights), block.experts(x, index, weights))
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -164,6 +164,23 @@ def test_whole_models_match_hf_forward(hybrid, arch, n):
         expected = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False).logits
         actual = adapted(input_ids=ids, attention_mask=mask.bool(), position_ids=positions).logits
     assert_close(actual, expected)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_a_left_padded_row_equals_the_row_alone(hybrid, arch):
+    """The padded tokens of a left-padded row never reach a layer's conv, state or keys: its logits at the
+    real tokens equal the same tokens run alone (no mask, positions from 0)."""
+    adapted = convert(copy.deepcopy(hybrid(arch)))
+    torch.manual_seed(1)
+    n, pad = 21, 8
+    ids = torch.randint(0, hybrid(arch).config.vocab_size, (2, n))
+    mask = torch.ones(2, n, dtype=torch.long)
+    mask[1, :pad] = 0
+    positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
+    with torch.no_grad():
+        batch = adapted(input_ids=ids, attention_mask=mask.bool(), position_ids=positions).logits
+        alone = adapted(input_ids=ids[1:, pad:]).logits
+    assert_close(batch[1:, pad:], alone)
 
 
 def test_a_wrong_projection_split_is_caught(hybrid):
@@ -260,6 +277,28 @@ def test_a_mamba_decay_shared_by_a_group_is_caught(hybrid):
         assert_close(StateSpaceDuality(layer)(x), layer(x))
         with pytest.raises(AssertionError):
             assert_close(GroupDecay(layer)(x), layer(x))
+
+
+def test_a_selective_scan_decay_per_channel_only_is_caught(hybrid):
+    """Seeded defect: Mamba1's decay exp(dt A) taken per channel (A averaged over the state dimension, a
+    scalar decay per head as in Mamba2) instead of per channel and state dimension fails the layer parity."""
+
+    class PerChannel(SelectiveScan):
+        def mix(self, x, mask, state):
+            log = self.A_log.data.clone()
+            self.A_log.data = log.exp().mean(-1, keepdim=True).log().expand_as(log)
+            try:
+                return super().mix(x, mask, state)
+            finally:
+                self.A_log.data = log
+
+    layer = layers_of(hybrid("mamba"), "linear_attention")[0]
+    torch.manual_seed(0)
+    x = torch.randn(1, 33, hybrid("mamba").config.hidden_size)
+    with torch.no_grad():
+        assert_close(SelectiveScan(layer)(x), layer(x))
+        with pytest.raises(AssertionError):
+            assert_close(PerChannel(layer)(x), layer(x))
 
 
 @pytest.mark.parametrize("arch", ARCHS)

@@ -1,0 +1,110 @@
+"""Mamba1 mixers of Hugging Face models (the selective scan) on attnx's gated rule.
+
+What HF computes (``MambaMixer.forward``, ``FalconMambaMixer``, ``JambaMambaMixer``, transformers 5.24),
+for hidden states x (batch, n, width):
+
+1. x times the 2D padding mask; ``in_proj`` gives the channels u and the gate z (``intermediate_size``
+   each);
+2. a causal depthwise conv (kernel ``conv_kernel``, with bias) and the activation over u, times the
+   padding mask again;
+3. ``x_proj``(u) splits into dt (``time_step_rank``), B and C (``state_size`` each); Falcon-Mamba and
+   Jamba pass the three through RMSNorms (``dt_layernorm``, ``b_layernorm``, ``c_layernorm``: weightless
+   in Falcon-Mamba, learnt in Jamba); dt = softplus(``dt_proj``(dt)) per channel (its bias inside);
+4. A = -exp(A_log) per channel *and* state dimension; per channel c, S_t = exp(dt_{t,c} A_c) * S_{t-1} +
+   dt_{t,c} u_{t,c} B_t (a vector of ``state_size``), y_{t,c} = S_t . C_t + D_c u_{t,c}, in float32;
+5. y silu(z), ``out_proj``.
+
+Step 4 is ``attnx::GatedDeltaRule`` with ``delta=False`` and a decay per key dimension: one value head
+of width 1 per channel (v = dt u), the key dimension the state (k = B, q = C, one q/k head shared by
+every channel, the op's grouped layout), g = dt A (batch, channels, n, state), beta = 1, scale 1; the D
+skip and the gate are outside. A padded token is a no-op on the state at the start (left padding): its
+u is zero (the second mask), so only its decay touches the zero state.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from attnx.adapters.hf_hybrid.ssd import masked
+from attnx.attention import Stepping
+from attnx.plugins.gated.op import rule_state, run_rule
+from attnx.shortconv import carried_conv
+from attnx.state import StateTensor, conv_state
+
+
+class SelectiveScan(Stepping, nn.Module):
+    """An HF Mamba1 mixer (same parameters, same names) computed by ``attnx::GatedDeltaRule``.
+
+    A :class:`attnx.state.DecodableLayer` as :class:`attnx.adapters.hf_hybrid.ssd.StateSpaceDuality`: a
+    conv carry over the channels and the rule's state (state_size x 1) per channel.
+    """
+
+    def __init__(self, layer: nn.Module):
+        super().__init__()
+        for name, child in layer.named_children():
+            self.add_module(name, child)
+        for name, parameter in layer.named_parameters(recurse=False):
+            self.register_parameter(name, parameter)
+        self.inner, self.state_size = layer.intermediate_size, layer.ssm_state_size
+        self.rank, self.act, self.layer_idx = layer.time_step_rank, layer.act, layer.layer_idx
+        self.normed = hasattr(layer, "dt_layernorm")  # Falcon-Mamba, Jamba
+
+    def decode_state(self) -> list[StateTensor]:
+        """The conv carry over the channels and the rule's state (state_size x 1) per channel."""
+        carry = conv_state(self.inner, self.conv1d.weight.shape[-1])
+        return rule_state(self.inner, self.state_size, 1, carry)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        cache: Any = None,
+        attention_mask: torch.Tensor | None = None,
+        **kwargs: Any,
+    ) -> torch.Tensor:
+        """HF's call: the whole sequence, or (while ``stepping`` holds a Step) new tokens after its state."""
+        if cache is not None:
+            raise ValueError("an attnx Mamba mixer keeps its state through attnx decoding, not HF's cache")
+        if self.stepping is not None:
+            return self.stepped(hidden_states, mask=attention_mask)
+        return self.mix(hidden_states, attention_mask, None)[0]
+
+    def step(
+        self,
+        x: torch.Tensor,
+        state: tuple[torch.Tensor, ...] | None,
+        position: torch.Tensor,
+        mask: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        """The output for new tokens ``x`` (``mask``: their 2D padding mask) after ``state`` ((conv,
+        recurrent); None: nothing before) and the state after them (no dependence on ``position``)."""
+        return self.mix(x, mask, state or (None, None))
+
+    def mix(
+        self,
+        x: torch.Tensor,
+        mask: torch.Tensor | None,
+        state: tuple[torch.Tensor | None, torch.Tensor | None] | None,
+    ) -> tuple[torch.Tensor, Any]:
+        """The layer on (batch, n, width) ``x``: with ``state`` None the full-sequence op, else the step op
+        from ``state`` (its tensors None: empty), returning the state after ``x`` too."""
+        batch, n, _ = x.shape
+        channels, gate = self.in_proj(masked(x, mask)).chunk(2, dim=-1)
+        past_conv, past = (None, None) if state is None else state
+        u, carry = carried_conv(channels.transpose(1, 2), self.conv1d.weight, self.conv1d.bias, past_conv)
+        u = masked(self.act(u).transpose(1, 2).to(x.dtype), mask)
+        dt, b, c = torch.split(self.x_proj(u), [self.rank, self.state_size, self.state_size], dim=-1)
+        if self.normed:
+            dt, b, c = self.dt_layernorm(dt), self.b_layernorm(b), self.c_layernorm(c)
+        dt = F.softplus(self.dt_proj(dt).float())  # (b, n, channels), dt_proj's bias inside as HF adds it
+        g = dt.transpose(1, 2)[..., None] * -self.A_log.float().exp()[None, :, None, :]
+        q, k = (t.float()[:, None] for t in (c, b))  # one q/k head for every channel
+        v = (u.float() * dt).transpose(1, 2)[..., None]
+        beta = torch.ones(batch, self.inner, n, dtype=torch.float32, device=x.device)
+        step = state is not None
+        out, recurrent = run_rule(q, k, v, g, beta, past, delta=False, scale=1.0, step=step)
+        y = (out[..., 0].transpose(1, 2) + u.float() * self.D.float()) * F.silu(gate.float())
+        return self.out_proj(y.to(x.dtype)), (carry, recurrent) if step else None
