@@ -1,5 +1,6 @@
 """Small *trained* Hugging Face hybrid models (Qwen3-Next, Qwen3.5's text models, Kimi Linear, MiniMax,
-Mamba2, Bamba, Granite 4.0-H, Nemotron-H, Mamba, Falcon-Mamba, Jamba) for tests and benchmarks.
+Mamba2, Bamba, Granite 4.0-H, Nemotron-H, Falcon-H1, Mamba, Falcon-Mamba, Jamba) for tests and
+benchmarks.
 
 Each recipe is a small config of the architecture (a few layers mixing gated linear attention and
 softmax attention, width 64, MoE with a few experts), a byte-level BPE tokenizer
@@ -256,6 +257,31 @@ RECIPES: dict[str, dict[str, Any]] = {
             "topk_group": 1,
             "moe_intermediate_size": 32,
             "moe_shared_expert_intermediate_size": 32,
+            "tie_word_embeddings": False,
+        },
+    },
+    # Falcon-H1 in small: a Mamba2 mixer beside an attention layer in each of 3 layers, every µP multiplier
+    # away from 1 (the five of in_proj's parts too), the gated norm after the gate as released
+    "falcon_h1": {
+        "class": "FalconH1ForCausalLM",
+        "config": "FalconH1Config",
+        "options": {
+            **{k: v for k, v in _TRANSFORMER.items() if k != "num_hidden_layers"},
+            "num_hidden_layers": 3,
+            **{f"mamba_{k}": v for k, v in _MAMBA_LAYER.items()},
+            "mamba_d_ssm": _MAMBA_LAYER["n_heads"] * _MAMBA_LAYER["d_head"],
+            "mamba_norm_before_gate": False,
+            "mamba_rms_norm": True,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+            "embedding_multiplier": 2.0,
+            "lm_head_multiplier": 0.5,
+            "key_multiplier": 0.7,
+            "attention_in_multiplier": 0.8,
+            "attention_out_multiplier": 0.9,
+            "ssm_in_multiplier": 1.2,
+            "ssm_out_multiplier": 0.6,
+            "ssm_multipliers": [0.5, 1.5, 0.8, 1.3, 0.9],
+            "mlp_multipliers": [0.7, 1.4],
             "tie_word_embeddings": False,
         },
     },

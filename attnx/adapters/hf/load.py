@@ -32,6 +32,7 @@ LOADERS: dict[str, str] = {
     "bamba": "attnx.adapters.hf_hybrid.load:load",
     "granitemoehybrid": "attnx.adapters.hf_hybrid.load:load",
     "nemotron_h": "attnx.adapters.hf_hybrid.load:load",
+    "falcon_h1": "attnx.adapters.hf_hybrid.load:load",
     "mamba": "attnx.adapters.hf_hybrid.load:load",
     "falcon_mamba": "attnx.adapters.hf_hybrid.load:load",
     "jamba": "attnx.adapters.hf_hybrid.load:load",

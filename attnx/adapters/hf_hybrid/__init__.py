@@ -8,10 +8,12 @@ exports; everything else (embeddings, norms, rotary tables, routers, MLPs, head)
 own code. Kimi Linear (``kimi_linear``): its Kimi Delta Attention layers the same rule with a decay per
 key channel, its multi-head latent attention layers attnx's softmax attention (no positions), the
 experts of its DeepSeek-V3-style MoE the same dense sum. MiniMax (``minimax``): its lightning attention
-layers the gated rule without the delta update. Mamba2 (``mamba2``), Bamba (``bamba``) and Granite
-4.0-H (``granitemoehybrid``): their Mamba2 (SSD) mixers the additive rule with a decay per head (q = C,
-k = B, v = dt x) and a D skip. One module per architecture family (``qwen.py``, ``kimi.py``,
-``minimax.py``, ``mamba.py``), shared layers beside it.
+layers the gated rule without the delta update. Mamba2 (``mamba2``), Bamba (``bamba``), Granite 4.0-H
+(``granitemoehybrid``), Nemotron-H (``nemotron_h``) and Falcon-H1 (``falcon_h1``): their Mamba2 (SSD)
+mixers the additive rule with a decay per head (q = C, k = B, v = dt x) and a D skip; Mamba
+(``mamba``), Falcon-Mamba (``falcon_mamba``) and Jamba (``jamba``): their Mamba1 selective scans the
+additive rule with a decay per key dimension (a value of width 1 per channel). One module per
+architecture family (``qwen.py``, ``kimi.py``, ``minimax.py``, ``mamba.py``), shared layers beside it.
 See docs/importing.md.
 """
 
@@ -22,7 +24,7 @@ from attnx.hookspecs import hookimpl
 
 ADAPTER = Adapter(
     name="hf_hybrid",
-    summary="HF Qwen3-Next, Qwen3.5(-MoE), Kimi Linear, MiniMax, Mamba2, Bamba, Granite-H -> gated_delta",
+    summary="HF Qwen3.5/Qwen3-Next, Kimi Linear, MiniMax, Mamba1/2 hybrids (Granite-H, ...) -> gated_delta",
     library="transformers",
     impl="attnx.adapters.hf_hybrid.convert:IMPL",
 )

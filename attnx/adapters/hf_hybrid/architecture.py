@@ -92,7 +92,9 @@ class Architecture:
             for layer in converted.modules():
                 if isinstance(layer, GatedAttention):
                     layer.rotary = no_positions if rotary is None else rotary.forward
-            kinds = module.config.layer_types if self.mask_by_layer_type else None
+            # the model's mask mapping: its layer types and the two mask kinds (Falcon-H1's "hybrid" layers
+            # read both)
+            kinds = [*module.config.layer_types, *LAYER_TYPES] if self.mask_by_layer_type else None
             return HybridModel(converted, kinds)
         make = self.layers.get(type(module))
         return None if make is None else make(module)

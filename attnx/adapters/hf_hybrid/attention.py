@@ -148,6 +148,7 @@ class GatedAttention(FullAttention):
         self.scaling = float(layer.scaling)
         self.kv_heads = layer.config.num_key_value_heads
         self.layer_idx = layer.layer_idx
+        self.key_multiplier = getattr(layer, "key_multiplier", 1.0)  # Falcon-H1's keys before the rotary
         self.rotary: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None  # set with the model's
 
     def embeddings_at(
@@ -179,7 +180,7 @@ class GatedAttention(FullAttention):
         else:
             query, key = (
                 self.q_proj(x).view(heads).transpose(1, 2),
-                self.k_proj(x).view(heads).transpose(1, 2),
+                self.k_proj(x).view(heads).transpose(1, 2) * self.key_multiplier,
             )
         value = self.v_proj(x).view(heads).transpose(1, 2)
         if position_embeddings is not None:

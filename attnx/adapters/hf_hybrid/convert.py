@@ -10,6 +10,7 @@ from attnx.adapters.hf_hybrid.architecture import Architecture
 from attnx.adapters.hf_hybrid.kimi import KIMI_LINEAR
 from attnx.adapters.hf_hybrid.mamba import (
     BAMBA,
+    FALCON_H1,
     FALCON_MAMBA,
     GRANITE_MOE_HYBRID,
     JAMBA,
@@ -23,7 +24,7 @@ from attnx.adapters.hf_hybrid.qwen import QWEN3_5, QWEN3_5_MOE, QWEN3_NEXT
 ARCHITECTURES: dict[str, Architecture] = {
     a.model_type: a
     for a in (QWEN3_NEXT, QWEN3_5, QWEN3_5_MOE, KIMI_LINEAR, MINIMAX)
-    + (MAMBA2, BAMBA, GRANITE_MOE_HYBRID, NEMOTRON_H, MAMBA, FALCON_MAMBA, JAMBA)
+    + (MAMBA2, BAMBA, GRANITE_MOE_HYBRID, NEMOTRON_H, FALCON_H1, MAMBA, FALCON_MAMBA, JAMBA)
 }
 
 

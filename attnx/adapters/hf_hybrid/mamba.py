@@ -1,5 +1,6 @@
 """The Mamba models as transformers 5.24 writes them. Mamba2 (SSD): Mamba2 (``mamba2``), Bamba
-(``bamba``), IBM's Granite 4.0-H (``granitemoehybrid``) and NVIDIA's Nemotron-H (``nemotron_h``).
+(``bamba``), IBM's Granite 4.0-H (``granitemoehybrid``), NVIDIA's Nemotron-H (``nemotron_h``) and TII's
+Falcon-H1 (``falcon_h1``).
 Mamba1 (selective scan): Mamba (``mamba``), TII's Falcon-Mamba (``falcon_mamba``) and AI21's Jamba
 (``jamba``).
 
@@ -13,7 +14,9 @@ embedding, residual and logit multipliers are HF's own code. Mamba2 has one laye
 2D padding mask itself. Nemotron-H's blocks hold one mixer each (Mamba2, attention without positions,
 an MLP or a MoE: its ``layer_types`` add ``mlp`` and ``moe``); its experts have no gate (``up_proj``,
 relu²), which :class:`~attnx.adapters.hf_hybrid.moe.DenseExperts` takes too, and its DeepSeek-V3-style
-router and shared expert run as they are.
+router and shared expert run as they are. Falcon-H1's layers run a Mamba2 mixer and an attention
+layer side by side (its one layer type ``hybrid``), with µP multipliers the mixer and the attention
+(``key_multiplier``) take in, the rest HF's own code.
 
 The Mamba1 mixers (one torch path, Falcon-Mamba's and Jamba's with RMSNorms on dt, B and C) become
 :class:`~attnx.adapters.hf_hybrid.scan.SelectiveScan`; Mamba and Falcon-Mamba take their 2D padding
@@ -28,6 +31,7 @@ from typing import Any
 
 from torch import nn
 from transformers.models.bamba import modeling_bamba as bamba
+from transformers.models.falcon_h1 import modeling_falcon_h1 as falcon_h1
 from transformers.models.falcon_mamba import modeling_falcon_mamba as falcon_mamba
 from transformers.models.granitemoehybrid import modeling_granitemoehybrid as granite
 from transformers.models.jamba import modeling_jamba as jamba
@@ -130,4 +134,18 @@ JAMBA = Architecture(
     },
     untraceable=(jamba.JambaMambaMixer, jamba.JambaExperts),
     rotary=None,
+)
+
+FALCON_H1 = Architecture(
+    model_type="falcon_h1",
+    config_class="FalconH1Config",
+    classes=("FalconH1ForCausalLM", "FalconH1Model"),
+    models=(falcon_h1.FalconH1ForCausalLM, falcon_h1.FalconH1Model),
+    layers={
+        falcon_h1.FalconH1Mixer: StateSpaceDuality,
+        falcon_h1.FalconH1Attention: functools.partial(_attention, falcon_h1),
+    },
+    untraceable=(falcon_h1.FalconH1Mixer,),
+    rotary=falcon_h1.FalconH1RotaryEmbedding,
+    layer_types=("hybrid",),
 )

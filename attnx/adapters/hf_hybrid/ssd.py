@@ -13,6 +13,10 @@ What HF computes (``Mamba2Mixer.forward``, ``BambaMixer``, ``GraniteMoeHybridMam
 4. HF's gated RMSNorm (norm(y silu(z)) per group of ``intermediate_size / n_groups`` channels) and
    ``out_proj``.
 
+Falcon-H1's ``FalconH1Mixer`` is this with µP multipliers (x times ``ssm_in_multiplier`` before
+``in_proj``, its output times the buffer ``mup_vector``), a gated norm that may normalise before the
+gate (its own module decides) and, with ``mamba_rms_norm`` false, no norm: y silu(z).
+
 Step 3 is ``attnx::GatedDeltaRule`` with ``delta=False``: q = C, k = B (d_k = d_state), v = dt x
 (d_v = head_dim), g = dt A per head, beta = 1, scale 1; the D skip is added outside. A padded token
 is then a no-op on the state at the start (left padding): its x, B, C are zeros, so only its decay
@@ -63,6 +67,11 @@ class StateSpaceDuality(Stepping, nn.Module):
         self.conv_dim, self.act = layer.conv_dim, layer.act
         self.time_step_limit = tuple(layer.time_step_limit)
         self.layer_idx = layer.layer_idx
+        # Falcon-H1's multipliers and optional norm (1, no vector and a norm for the others)
+        self.in_multiplier = getattr(layer, "ssm_in_multiplier", 1.0)
+        self.normed = getattr(layer, "mamba_rms_norm", True)
+        for name, buffer in layer.named_buffers(recurse=False):  # mup_vector
+            self.register_buffer(name, buffer)
 
     def decode_state(self) -> list[StateTensor]:
         """The conv carry over [x, B, C] and the rule's state (d_state x head_dim) per head."""
@@ -103,7 +112,10 @@ class StateSpaceDuality(Stepping, nn.Module):
         """The layer on (batch, n, width) ``x``: with ``state`` None the full-sequence op, else the step op
         from ``state`` (its tensors None: empty), returning the state after ``x`` too."""
         batch, n, _ = x.shape
-        gate, channels, dt = self.in_proj(masked(x, mask)).split([self.inner, self.conv_dim, self.heads], -1)
+        projected = self.in_proj(masked(x, mask) * self.in_multiplier)
+        if hasattr(self, "mup_vector"):
+            projected = projected * self.mup_vector
+        gate, channels, dt = projected.split([self.inner, self.conv_dim, self.heads], -1)
         past_conv, past = (None, None) if state is None else state
         mixed, carry = carried_conv(channels.transpose(1, 2), self.conv1d.weight, self.conv1d.bias, past_conv)
         mixed = masked(self.act(mixed).transpose(1, 2).to(x.dtype), mask)
@@ -118,5 +130,6 @@ class StateSpaceDuality(Stepping, nn.Module):
         step = state is not None
         out, recurrent = run_rule(q, k, v, g, beta, past, delta=False, scale=1.0, step=step)
         y = out.transpose(1, 2) + xs * self.D.float()[:, None]
-        y = self.norm(y.reshape(batch, n, -1), gate)
+        y = y.reshape(batch, n, -1)
+        y = self.norm(y, gate) if self.normed else y * F.silu(gate)
         return self.out_proj(y.to(x.dtype)), (carry, recurrent) if step else None

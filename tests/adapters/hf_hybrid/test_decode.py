@@ -63,7 +63,13 @@ def test_genai_config_names_each_layers_state(decode_export, trained, arch):
     graph = onnx.load(str(out / "genai.onnx"), load_external_data=False).graph
     dims = {i.name: [d.dim_value or d.dim_param for d in i.type.tensor_type.shape.dim] for i in graph.input}
     model = trained(arch)
-    kinds = [kind for kind in model.config.layer_types if kind in LAYER_TYPES]  # Nemotron-H: not mlp, moe
+    # the stateful layers in order: Nemotron-H's mlp and moe blocks hold none, Falcon-H1's hybrid two
+    kinds = [
+        k
+        for t in model.config.layer_types
+        for k in (LAYER_TYPES if t == "hybrid" else (t,))
+        if k in LAYER_TYPES
+    ]
     mixers = {kind: iter(layers_of(model, kind)) for kind in set(kinds)}
     for i, kind in enumerate(kinds):
         mixer = next(mixers[kind])

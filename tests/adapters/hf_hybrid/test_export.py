@@ -14,6 +14,7 @@ from transformers.models.kimi_linear import modeling_kimi_linear as kimi
 from attnx.registry import get_registry
 from attnx.testing import hf_hybrid
 from tests.adapters.hf_hybrid.conftest import ARCHS
+from tests.adapters.hf_hybrid.test_torch_parity import layers_of
 from tests.helpers import run_cli
 
 TOLERANCE = get_registry().variant("softmax").tolerance
@@ -92,8 +93,7 @@ def test_trained_hybrid_exports_and_matches_hf(trained, saved_dir, tmp_path, arc
     assert code == 0, stderr
     assert "parity: PASSED" in stdout
     manifest = json.loads((out / "attnx.json").read_text())
-    kinds = set(trained(arch).config.layer_types)
-    expected = ["gated_delta", "softmax"] if "full_attention" in kinds else ["gated_delta"]
+    expected = ["gated_delta", "softmax"] if layers_of(trained(arch), "full_attention") else ["gated_delta"]
     assert manifest["module"]["variants"] == expected
     ort_matches_hf_on_left_padded_batches(trained(arch), out / "model.onnx", LENGTHS)
     code, stdout, stderr = run_cli(["verify", str(out)])

@@ -48,18 +48,22 @@ def assert_close(actual: torch.Tensor, expected: torch.Tensor) -> float:
     return float((actual - expected).abs().max())
 
 
+# where each kind's mixer sits in a decoder layer: Qwen keeps the linear ones in ``linear_attn``, Bamba,
+# Granite, Jamba and Falcon-H1 in ``mamba``, Mamba2 and Nemotron-H every kind in ``mixer``, MiniMax every
+# kind in ``self_attn``
+MIXERS = {
+    "linear_attention": ("linear_attn", "mamba", "mixer", "self_attn"),
+    "full_attention": ("self_attn", "mixer"),
+}
+
+
 def layers_of(model, kind: str) -> list:
-    """The token mixers of the ``kind`` ("linear_attention" / "full_attention") layers (Qwen keeps the
-    linear ones in ``linear_attn``, Bamba and Granite in ``mamba``, Mamba2 in ``mixer``, MiniMax every kind
-    in ``self_attn``)."""
+    """The token mixers of the ``kind`` ("linear_attention" / "full_attention") layers (Falcon-H1's
+    "hybrid" layers hold one of each)."""
     return [
-        next(
-            getattr(layer, name)
-            for name in ("linear_attn", "mamba", "mixer", "self_attn")
-            if getattr(layer, name, None) is not None
-        )
+        next(getattr(layer, name) for name in MIXERS[kind] if getattr(layer, name, None) is not None)
         for layer, layer_type in zip(model.base_model.layers, model.config.layer_types, strict=True)
-        if layer_type == kind
+        if layer_type in (kind, "hybrid")
     ]
 
 
