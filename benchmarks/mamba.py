@@ -12,7 +12,14 @@ exports), then measured at each context: prefill (s) and decode ms/token after i
 own cache) against attnx's export in onnxruntime-genai and in ``attnx generate``, all on 2 threads.
 A recurrent model's decode costs the same at any position; the ratio 4096 / 256 shows it.
 
+``--peers``: the small trained models of every Mamba type (``attnx.testing.hf_hybrid``) built by attnx
+(``attnx export --from hf:DIR --no-verify``) and by Microsoft's mobius-onnx (``mobius.build(DIR).save``)
+where it takes them: build time, and each ``model.onnx``'s logits from the empty state against HF's
+forward at several lengths (one unpadded row: mobius's graphs take no padding mask), or the first line
+of the peer's error.
+
     python benchmarks/mamba.py [--layers 12] [--contexts 256,4096] [--steps 32]
+    python benchmarks/mamba.py --peers [--lengths 1,7,65,130]
 
 Prints one JSON object per measurement and a summary table.
 """
@@ -27,10 +34,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from hf_hybrid import attnx_generate_speed, export_with_attnx, genai_speed, hf_speed  # noqa: E402
+from hf_hybrid import attnx_generate_speed, export_with_attnx, genai_speed, hf_speed, run_attnx  # noqa: E402
 
 from attnx.testing import hf_hybrid  # noqa: E402
 
@@ -62,15 +70,115 @@ def build(arch: str, layers: int, out: Path) -> Any:
     return model
 
 
+PEER_ARCHS = (
+    "mamba2",
+    "bamba",
+    "granitemoehybrid",
+    "nemotron_h",
+    "falcon_h1",
+    "mamba",
+    "falcon_mamba",
+    "jamba",
+)
+
+
+def empty_state_feed(session: Any, ids: np.ndarray) -> dict[str, np.ndarray]:
+    """A feed of ``session``'s inputs for ``ids`` (1, n) from the empty state, whatever the graph names
+    them: zeros for each past state (its past-length axes 0), a mask of ones, positions 0..n-1."""
+    n = ids.shape[1]
+    feed: dict[str, np.ndarray] = {}
+    for graph_input in session.get_inputs():
+        name = graph_input.name
+        dtype = (
+            np.int64
+            if "int64" in graph_input.type
+            else np.bool_
+            if "bool" in graph_input.type
+            else np.float32
+        )
+        if name == "input_ids":
+            feed[name] = ids
+        elif name == "attention_mask":
+            feed[name] = np.ones((1, n), dtype)
+        elif name == "position_ids":
+            feed[name] = np.arange(n, dtype=np.int64)[None]
+        else:
+            dims = [d if isinstance(d, int) else 1 if "batch" in str(d) else 0 for d in graph_input.shape]
+            feed[name] = np.zeros(dims, dtype)
+    return feed
+
+
+def logit_errors(onnx_path: Path, model: Any, lengths: list[int]) -> float:
+    """The largest |logits - HF's| of ``onnx_path`` from the empty state over ``lengths`` (seeded ids)."""
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    worst = 0.0
+    for n in lengths:
+        ids = np.random.default_rng(n).integers(0, model.config.vocab_size, (1, n))
+        with torch.no_grad():
+            expected = model(input_ids=torch.from_numpy(ids), use_cache=False).logits.numpy()
+        actual = session.run(["logits"], empty_state_feed(session, ids))[0]
+        worst = max(worst, float(np.abs(actual - expected).max()))
+    return worst
+
+
+def build_with_mobius(saved: Path, out: Path) -> float:
+    """mobius-onnx's build of ``saved`` into ``out``; its wall time (s)."""
+    import mobius
+
+    start = time.perf_counter()
+    mobius.build(str(saved)).save(str(out))
+    return time.perf_counter() - start
+
+
+def peers(lengths: list[int], work: Path) -> list[dict[str, Any]]:
+    """Every Mamba type's trained model through attnx and mobius-onnx (module docstring)."""
+    import transformers
+
+    from attnx.errors import first_line
+
+    rows = []
+    for arch in PEER_ARCHS:
+        saved = hf_hybrid.make(arch)
+        model = getattr(transformers, hf_hybrid.RECIPES[arch]["class"]).from_pretrained(saved).eval()
+        for tool, build_it in (("attnx", export_with_attnx_plain), ("mobius-onnx", build_with_mobius)):
+            out = work / f"{arch}-{tool}"
+            row: dict[str, Any] = {"arch": arch, "tool": tool}
+            try:
+                row["build_s"] = round(build_it(saved, out), 1)
+                row["max_abs_error"] = logit_errors(out / "model.onnx", model, lengths)
+            except Exception as exc:  # a peer that fails is a result, reported by its first line
+                row["error"] = first_line(exc, limit=160)
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    return rows
+
+
+def export_with_attnx_plain(saved: Path, out: Path) -> float:
+    """``attnx export --from hf:DIR --no-verify`` (the tests verify it); wall time (s)."""
+    return run_attnx("export", "--from", f"hf:{saved}", "--no-verify", "-o", str(out))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, default=12)
     parser.add_argument("--contexts", default="256,4096")
     parser.add_argument("--steps", type=int, default=32)
+    parser.add_argument("--peers", action="store_true", help="attnx beside mobius-onnx on every Mamba type")
+    parser.add_argument("--lengths", default="1,7,65,130")
     args = parser.parse_args()
     contexts = [int(c) for c in args.contexts.split(",")]
     torch.set_num_threads(2)
     hf_hybrid.pure_torch_gated_delta()
+    if args.peers:
+        with tempfile.TemporaryDirectory() as tmp:
+            rows = peers([int(n) for n in args.lengths.split(",")], Path(tmp))
+        print(f"\n{'arch':17} {'tool':12} {'build s':>8} {'max |logits - HF|':>18}")
+        for row in rows:
+            result = f"{row['max_abs_error']:18.2e}" if "error" not in row else f"  fails: {row['error']}"
+            print(f"{row['arch']:17} {row['tool']:12} {row.get('build_s', float('nan')):8.1f} {result}")
+        return
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for arch in SHAPES:

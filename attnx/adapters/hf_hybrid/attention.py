@@ -127,10 +127,11 @@ def no_positions(x: torch.Tensor, position_ids: torch.Tensor) -> None:
 
 
 class GatedAttention(FullAttention):
-    """An HF full attention layer of Qwen3-Next, Qwen3.5 or MiniMax (same parameters, same names) computed by
-    ``attnx::SoftmaxAttention``; ``gated``: Qwen's output gate in ``q_proj`` and q/k norms (False: MiniMax's
-    plain layer). Stepping takes cos/sin from the model's own rotary module (``rotary``, set with the
-    model's).
+    """An HF full attention layer of Qwen3-Next, Qwen3.5, MiniMax or the Mamba hybrids (same parameters, same
+    names) computed by ``attnx::SoftmaxAttention``; ``gated``: Qwen's output gate in ``q_proj`` and q/k
+    norms (False: the plain layer of MiniMax, Bamba, Granite, Nemotron-H, Falcon-H1 and Jamba, whose keys
+    take Falcon-H1's ``key_multiplier`` where the layer has one). Stepping takes cos/sin from the model's
+    own rotary module (``rotary``, set with the model's; :func:`no_positions` for a model without one).
     """
 
     def __init__(
