@@ -10,7 +10,9 @@ training), the trained tokenizer's 512-token vocabulary:
 Each is exported with ``attnx export --from hf:DIR --decode --no-verify`` (the tests verify these
 exports), then measured at each context: prefill (s) and decode ms/token after it, HF eager torch (its
 own cache) against attnx's export in onnxruntime-genai and in ``attnx generate``, all on 2 threads.
-A recurrent model's decode costs the same at any position; the ratio 4096 / 256 shows it.
+A recurrent model's decode costs the same at any position; the ratio 4000 / 256 shows it (4000 + the
+decoded tokens stay within the 4096-token context attnx's genai config declares for a model without a
+position limit).
 
 ``--peers``: the small trained models of every Mamba type (``attnx.testing.hf_hybrid``) built by attnx
 (``attnx export --from hf:DIR --no-verify``) and by Microsoft's mobius-onnx (``mobius.build(DIR).save``)
@@ -18,7 +20,7 @@ where it takes them: build time, and each ``model.onnx``'s logits from the empty
 forward at several lengths (one unpadded row: mobius's graphs take no padding mask), or the first line
 of the peer's error.
 
-    python benchmarks/mamba.py [--layers 12] [--contexts 256,4096] [--steps 32]
+    python benchmarks/mamba.py [--layers 12] [--contexts 256,4000] [--steps 32]
     python benchmarks/mamba.py --peers [--lengths 1,7,65,130]
 
 Prints one JSON object per measurement and a summary table.
@@ -163,7 +165,7 @@ def export_with_attnx_plain(saved: Path, out: Path) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, default=12)
-    parser.add_argument("--contexts", default="256,4096")
+    parser.add_argument("--contexts", default="256,4000")
     parser.add_argument("--steps", type=int, default=32)
     parser.add_argument("--peers", action="store_true", help="attnx beside mobius-onnx on every Mamba type")
     parser.add_argument("--lengths", default="1,7,65,130")

@@ -1,5 +1,5 @@
 """Small *trained* Hugging Face hybrid models (Qwen3-Next, Qwen3.5's text models, Kimi Linear, MiniMax,
-Mamba2, Bamba, Granite 4.0-H, Nemotron-H, Falcon-H1, Mamba, Falcon-Mamba, Jamba) for tests and
+Mamba2, Bamba, Granite 4.0-H, Nemotron-H, Falcon-H1, Zamba2, Mamba, Falcon-Mamba, Jamba) for tests and
 benchmarks.
 
 Each recipe is a small config of the architecture (a few layers mixing gated linear attention and
@@ -283,6 +283,29 @@ RECIPES: dict[str, dict[str, Any]] = {
             "ssm_multipliers": [0.5, 1.5, 0.8, 1.3, 0.9],
             "mlp_multipliers": [0.7, 1.4],
             "tie_word_embeddings": False,
+        },
+    },
+    # Zamba2 in small: 5 layers, the 2nd and 4th hybrid (one shared transformer block each: 2 memory
+    # blocks, so no weights tied between them here), LoRA adapters of rank 8 on the shared attention,
+    # rotary on it, Mamba2 mixers of the shape above
+    "zamba2": {
+        "class": "Zamba2ForCausalLM",
+        "config": "Zamba2Config",
+        "options": {
+            **{k: v for k, v in _TRANSFORMER.items() if k not in ("num_hidden_layers", "intermediate_size")},
+            "num_hidden_layers": 5,
+            "layers_block_type": ["mamba", "hybrid", "mamba", "hybrid", "mamba"],
+            "intermediate_size": 128,
+            "n_mamba_heads": _MAMBA_LAYER["n_heads"],
+            "mamba_ngroups": _MAMBA_LAYER["n_groups"],
+            **{f"mamba_{k}": _MAMBA_LAYER[k] for k in ("d_state", "d_conv", "expand")},
+            "chunk_size": _MAMBA_LAYER["chunk_size"],
+            "num_mem_blocks": 2,
+            "use_shared_attention_adapter": True,
+            "adapter_rank": 8,
+            "use_mem_rope": True,
+            "num_key_value_heads": _SHARED["num_attention_heads"],  # HF's adapters need as many as queries
+            "tie_word_embeddings": True,
         },
     },
     # Mamba1 in small: 128 channels (expand 2), state 16, dt rank 8, conv kernel 4, tied embeddings

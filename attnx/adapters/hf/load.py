@@ -33,6 +33,7 @@ LOADERS: dict[str, str] = {
     "granitemoehybrid": "attnx.adapters.hf_hybrid.load:load",
     "nemotron_h": "attnx.adapters.hf_hybrid.load:load",
     "falcon_h1": "attnx.adapters.hf_hybrid.load:load",
+    "zamba2": "attnx.adapters.hf_hybrid.load:load",
     "mamba": "attnx.adapters.hf_hybrid.load:load",
     "falcon_mamba": "attnx.adapters.hf_hybrid.load:load",
     "jamba": "attnx.adapters.hf_hybrid.load:load",

@@ -46,6 +46,8 @@ class Architecture:
             padding mask (Mamba2, which has only one layer type).
         layer_types: the config's ``layer_types`` the adapter reproduces (Nemotron-H's blocks add
             ``mlp`` and ``moe``, which hold no token mixer).
+        prepare: runs on the whole model (the walk's private copy) before its layers are converted, to
+            record what a layer's converter needs from the model around it (Zamba2's call sites).
     """
 
     model_type: str
@@ -58,6 +60,7 @@ class Architecture:
     check: Callable[[Any], None] | None = None
     mask_by_layer_type: bool = True
     layer_types: tuple[str, ...] = LAYER_TYPES
+    prepare: Callable[[nn.Module], None] | None = None
 
     def check_config(self, config: Any) -> None:
         """Refuse, by name, the options of ``config`` that the adapter does not reproduce.
@@ -87,6 +90,8 @@ class Architecture:
         """The attnx replacement of a whole model or of one layer of this architecture, or None."""
         if isinstance(module, self.models):
             self.check_config(module.config)
+            if self.prepare is not None:
+                self.prepare(module)
             converted = convert_layers(module, self.layers)
             rotary = next((m for m in module.modules() if self.rotary and isinstance(m, self.rotary)), None)
             for layer in converted.modules():

@@ -167,6 +167,10 @@ class GatedAttention(FullAttention):
             )
         return self.rotary(x, (torch.arange(x.shape[1], device=x.device) + position)[None])
 
+    def projections(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The plain layer's flat query, key and value projections of ``x``."""
+        return self.q_proj(x), self.k_proj(x), self.v_proj(x)
+
     def project(
         self, x: torch.Tensor, position_embeddings: tuple[torch.Tensor, torch.Tensor] | None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
@@ -178,12 +182,14 @@ class GatedAttention(FullAttention):
             query = self.q_norm(query.view(heads)).transpose(1, 2)
             key = self.k_norm(self.k_proj(x).view(heads)).transpose(1, 2)
             gate = gate.reshape(*shape, -1)
+            value = self.v_proj(x)
         else:
+            query, key, value = self.projections(x)
             query, key = (
-                self.q_proj(x).view(heads).transpose(1, 2),
-                self.k_proj(x).view(heads).transpose(1, 2) * self.key_multiplier,
+                query.view(heads).transpose(1, 2),
+                key.view(heads).transpose(1, 2) * self.key_multiplier,
             )
-        value = self.v_proj(x).view(heads).transpose(1, 2)
+        value = value.view(heads).transpose(1, 2)
         if position_embeddings is not None:
             query, key = self.rotate(query, key, *position_embeddings)
         return query, key, value, gate

@@ -17,6 +17,7 @@ from attnx.adapters.hf_hybrid.mamba import (
     MAMBA,
     MAMBA2,
     NEMOTRON_H,
+    ZAMBA2,
 )
 from attnx.adapters.hf_hybrid.minimax import MINIMAX
 from attnx.adapters.hf_hybrid.qwen import QWEN3_5, QWEN3_5_MOE, QWEN3_NEXT
@@ -24,7 +25,7 @@ from attnx.adapters.hf_hybrid.qwen import QWEN3_5, QWEN3_5_MOE, QWEN3_NEXT
 ARCHITECTURES: dict[str, Architecture] = {
     a.model_type: a
     for a in (QWEN3_NEXT, QWEN3_5, QWEN3_5_MOE, KIMI_LINEAR, MINIMAX)
-    + (MAMBA2, BAMBA, GRANITE_MOE_HYBRID, NEMOTRON_H, FALCON_H1, MAMBA, FALCON_MAMBA, JAMBA)
+    + (MAMBA2, BAMBA, GRANITE_MOE_HYBRID, NEMOTRON_H, FALCON_H1, ZAMBA2, MAMBA, FALCON_MAMBA, JAMBA)
 }
 
 

@@ -1,6 +1,6 @@
 """The Mamba models as transformers 5.24 writes them. Mamba2 (SSD): Mamba2 (``mamba2``), Bamba
-(``bamba``), IBM's Granite 4.0-H (``granitemoehybrid``), NVIDIA's Nemotron-H (``nemotron_h``) and TII's
-Falcon-H1 (``falcon_h1``).
+(``bamba``), IBM's Granite 4.0-H (``granitemoehybrid``), NVIDIA's Nemotron-H (``nemotron_h``), TII's
+Falcon-H1 (``falcon_h1``) and Zyphra's Zamba2 (``zamba2``).
 Mamba1 (selective scan): Mamba (``mamba``), TII's Falcon-Mamba (``falcon_mamba``) and AI21's Jamba
 (``jamba``).
 
@@ -18,6 +18,11 @@ router and shared expert run as they are. Falcon-H1's layers run a Mamba2 mixer 
 layer side by side (its one layer type ``hybrid``), with µP multipliers the mixer and the attention
 (``key_multiplier``) take in, the rest HF's own code.
 
+Zamba2's hybrid layers call a transformer block whose weights are tied across every
+``num_mem_blocks``-th call (one module per call site, so each keeps its own KV cache) with LoRA adapters
+chosen by the calling layer's index: :class:`SiteAttention` adds its site's adapters; the block's MLP
+(its adapters too) and the concatenation with the embeddings are HF's own code.
+
 The Mamba1 mixers (one torch path, Falcon-Mamba's and Jamba's with RMSNorms on dt, B and C) become
 :class:`~attnx.adapters.hf_hybrid.scan.SelectiveScan`; Mamba and Falcon-Mamba take their 2D padding
 mask themselves; Jamba's attention layers have no positions and its Mixtral-style experts become
@@ -29,6 +34,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+import torch
 from torch import nn
 from transformers.models.bamba import modeling_bamba as bamba
 from transformers.models.falcon_h1 import modeling_falcon_h1 as falcon_h1
@@ -38,6 +44,7 @@ from transformers.models.jamba import modeling_jamba as jamba
 from transformers.models.mamba import modeling_mamba as mamba
 from transformers.models.mamba2 import modeling_mamba2 as mamba2
 from transformers.models.nemotron_h import modeling_nemotron_h as nemotron
+from transformers.models.zamba2 import modeling_zamba2 as zamba2
 
 from attnx.adapters.hf_hybrid.architecture import LAYER_TYPES, Architecture
 from attnx.adapters.hf_hybrid.attention import GatedAttention
@@ -48,6 +55,39 @@ from attnx.adapters.hf_hybrid.ssd import StateSpaceDuality
 
 def _attention(module: Any, layer: nn.Module) -> GatedAttention:
     return GatedAttention(layer, module.apply_rotary_pos_emb, gated=False)
+
+
+class SiteAttention(GatedAttention):
+    """Zamba2's attention at one call site of its shared transformer block (HF's ``Zamba2Attention``: the
+    plain layer on 2 x width inputs, scale (head_dim / 2)^-1/2, its q/k/v plus the LoRA adapters of the
+    site, HF's rotary only with ``use_mem_rope``). ``layer.call_site`` (set by :func:`_record_sites`) is the
+    index of the model layer that calls it, which HF passes at every call."""
+
+    def __init__(self, layer: nn.Module):
+        super().__init__(layer, zamba2.apply_rotary_pos_emb, gated=False)
+        config = layer.config
+        self.adapter = layer.layer_dic[layer.call_site] if config.use_shared_attention_adapter else None
+        self.rotates = config.use_mem_rope
+
+    def projections(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        query, key, value = super().projections(x)
+        if self.adapter is None:
+            return query, key, value
+        adapters = (self.linear_q_adapter_list, self.linear_k_adapter_list, self.linear_v_adapter_list)
+        q, k, v = (adapter[self.adapter](x) for adapter in adapters)
+        return query + q, key + k, value + v
+
+    def project(
+        self, x: torch.Tensor, position_embeddings: Any
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        return super().project(x, position_embeddings if self.rotates else None)
+
+
+def _record_sites(model: nn.Module) -> None:
+    """Tell each Zamba2 hybrid layer's attention which model layer calls it (:class:`SiteAttention`)."""
+    for index, layer in enumerate(model.base_model.layers):
+        if isinstance(layer, zamba2.Zamba2HybridLayer):
+            layer.shared_transformer.self_attn.call_site = index
 
 
 MAMBA2 = Architecture(
@@ -148,4 +188,16 @@ FALCON_H1 = Architecture(
     untraceable=(falcon_h1.FalconH1Mixer,),
     rotary=falcon_h1.FalconH1RotaryEmbedding,
     layer_types=("hybrid",),
+)
+
+ZAMBA2 = Architecture(
+    model_type="zamba2",
+    config_class="Zamba2Config",
+    classes=("Zamba2ForCausalLM", "Zamba2Model"),
+    models=(zamba2.Zamba2ForCausalLM, zamba2.Zamba2Model),
+    layers={zamba2.Zamba2MambaMixer: StateSpaceDuality, zamba2.Zamba2Attention: SiteAttention},
+    untraceable=(zamba2.Zamba2MambaMixer,),
+    rotary=zamba2.Zamba2RotaryEmbedding,
+    layer_types=("hybrid", "linear_attention"),
+    prepare=_record_sites,
 )
