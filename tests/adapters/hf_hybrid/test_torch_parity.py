@@ -22,6 +22,7 @@ from attnx.adapters.hf_hybrid.kimi import KimiDeltaAttention
 from attnx.adapters.hf_hybrid.latent import LatentAttention
 from attnx.adapters.hf_hybrid.lightning import LightningAttention
 from attnx.adapters.hf_hybrid.linear import GatedDeltaNet
+from attnx.adapters.hf_hybrid.mamba import SiteAttention
 from attnx.adapters.hf_hybrid.moe import DenseExperts
 from attnx.adapters.hf_hybrid.scan import SelectiveScan
 from attnx.adapters.hf_hybrid.ssd import StateSpaceDuality
@@ -314,6 +315,21 @@ def test_a_selective_scan_decay_per_channel_only_is_caught(hybrid):
         assert_close(SelectiveScan(layer)(x), layer(x))
         with pytest.raises(AssertionError):
             assert_close(PerChannel(layer)(x), layer(x))
+
+
+def test_a_zamba2_attention_with_another_sites_adapters_is_caught(hybrid):
+    """Seeded defect: Zamba2's two shared-attention call sites with each other's LoRA adapters (HF picks
+    them by the calling layer's index) fail the whole-model parity."""
+    model = hybrid("zamba2")
+    adapted = convert(copy.deepcopy(model))
+    first, second = [m for m in adapted.modules() if isinstance(m, SiteAttention)]
+    ids = torch.randint(0, model.config.vocab_size, (1, 19), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected = model(input_ids=ids, use_cache=False).logits
+        assert_close(adapted(input_ids=ids).logits, expected)
+        first.adapter, second.adapter = second.adapter, first.adapter
+        with pytest.raises(AssertionError):
+            assert_close(adapted(input_ids=ids).logits, expected)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
