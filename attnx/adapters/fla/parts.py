@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from attnx.errors import AttnxError
-from attnx.shortconv import depthwise_conv
+from attnx.shortconv import carried_conv
 
 ACTIVATIONS = {
     "swish": F.silu,
@@ -140,16 +140,12 @@ class ShortConv(nn.Module):
         """Convolve (batch, n, channels_i) inputs after ``state`` (None: zeros); returns the outputs and
         the last kernel - 1 inputs."""
         x = torch.cat(xs, dim=-1).transpose(1, 2)
-        step = state is not None
-        if state is None:
-            state = x.new_zeros(x.shape[0], x.shape[1], self.kernel - 1)
-        x = torch.cat([state.to(x.dtype), x], dim=-1)
         weight = torch.cat(list(self.weights), dim=0)
         bias = torch.cat(list(self.biases), dim=0) if len(self.biases) else None
-        y = depthwise_conv(x, weight, bias, step=step).transpose(1, 2)
-        outs = list(torch.split(y, self.split, dim=-1))
+        y, carry = carried_conv(x, weight, bias, state)
+        outs = list(torch.split(y.transpose(1, 2), self.split, dim=-1))
         outs = [F.silu(o) if silu else o for o, silu in zip(outs, self.silu, strict=True)]
-        return outs, x[:, :, x.shape[-1] - (self.kernel - 1) :]
+        return outs, carry
 
 
 def rotate(x: torch.Tensor, inv_freq: torch.Tensor, start: torch.Tensor | int) -> torch.Tensor:

@@ -37,7 +37,7 @@ from attnx.plugins.gated.op import (
     run_rule,
     split_state,
 )
-from attnx.shortconv import depthwise_conv
+from attnx.shortconv import carried_conv
 from attnx.state import StateTensor, conv_state
 from attnx.variant import AttentionSpec
 
@@ -130,13 +130,8 @@ class GatedLayer(Stepping, nn.Module):
     def _convolve(self, mixed: torch.Tensor, carry: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """The causal depthwise convolution of ``mixed`` (b, n, C) after ``carry`` (b, C, K - 1; None: zeros):
         (output (b, n, C), the carry after it: the last K - 1 inputs)."""
-        inputs, width = mixed.transpose(1, 2), self.config.conv_kernel - 1
-        if carry is None:  # zeros before the first token: a Pad (fp16 converters retype it with its input)
-            inputs = F.pad(inputs, (width, 0))
-        else:
-            inputs = torch.cat((carry.to(inputs.dtype), inputs), dim=-1)
-        out = depthwise_conv(inputs, self.conv1d.weight, step=carry is not None)
-        return out.transpose(1, 2), inputs[..., inputs.shape[-1] - width :]
+        out, carry = carried_conv(mixed.transpose(1, 2), self.conv1d.weight, None, carry)
+        return out.transpose(1, 2), carry
 
     def log_decay(self, x: torch.Tensor) -> torch.Tensor:
         """g (b, hv, n, 1 or d_k) <= 0, in float32 at least."""
