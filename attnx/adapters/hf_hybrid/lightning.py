@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from attnx.adapters.hf_hybrid.linear import CHUNK_SIZE
+from attnx.adapters.hf_hybrid.model import adopt
 from attnx.attention import Stepping
 from attnx.plugins.gated.op import rule_state, run_rule
 from attnx.state import StateTensor
@@ -38,10 +39,7 @@ class LightningAttention(Stepping, nn.Module):
 
     def __init__(self, layer: nn.Module):
         super().__init__()
-        for name, child in layer.named_children():
-            self.add_module(name, child)
-        for name, buffer in layer.named_buffers(recurse=False):  # slope_rate, and HF's decay tables, unused
-            self.register_buffer(name, buffer)  # here but in its state dict: the export's stored weights
+        adopt(self, layer)  # its buffers (slope_rate, HF's decay tables) are in its state dict
         self.heads, self.head_dim, self.layer_idx = layer.num_attention_heads, layer.head_dim, layer.layer_idx
 
     def decode_state(self) -> list[StateTensor]:

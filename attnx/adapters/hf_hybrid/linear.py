@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from attnx.adapters.hf_hybrid.model import adopt
 from attnx.attention import Stepping
 from attnx.plugins.gated.op import l2norm, rule_state, run_rule
 from attnx.shortconv import carried_conv
@@ -57,10 +58,7 @@ class GatedDeltaNet(Stepping, nn.Module):
         self, layer: nn.Module, project: Projector, activation: Callable[[torch.Tensor], torch.Tensor]
     ):
         super().__init__()
-        for name, child in layer.named_children():
-            self.add_module(name, child)
-        for name, parameter in layer.named_parameters(recurse=False):
-            self.register_parameter(name, parameter)
+        adopt(self, layer)
         self.project, self.activation = project, activation
         self.conv_kernel_size, self.layer_idx = layer.conv_kernel_size, layer.layer_idx
         self.read_heads(layer)

@@ -33,6 +33,17 @@ def convert_layers(model: nn.Module, layers: Mapping[type, Callable[[nn.Module],
     return model
 
 
+def adopt(module: nn.Module, layer: nn.Module) -> None:
+    """Register HF ``layer``'s submodules, own parameters and own buffers on its attnx replacement
+    ``module`` under the same names (shared, not copied), so the replacement loads and stores HF's weights."""
+    for name, child in layer.named_children():
+        module.add_module(name, child)
+    for name, parameter in layer.named_parameters(recurse=False):
+        module.register_parameter(name, parameter)
+    for name, buffer in layer.named_buffers(recurse=False):
+        module.register_buffer(name, buffer)
+
+
 class HybridModel(nn.Module):
     """An HF hybrid causal LM (or its text model) with attnx layers, called as attnx exports it."""
 

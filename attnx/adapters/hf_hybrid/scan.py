@@ -29,28 +29,20 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attnx.adapters.hf_hybrid.ssd import masked
-from attnx.attention import Stepping
+from attnx.adapters.hf_hybrid.ssd import MambaMixer, masked
 from attnx.plugins.gated.op import rule_state, run_rule
 from attnx.shortconv import carried_conv
 from attnx.state import StateTensor, conv_state
 
 
-class SelectiveScan(Stepping, nn.Module):
-    """An HF Mamba1 mixer (same parameters, same names) computed by ``attnx::GatedDeltaRule``.
-
-    A :class:`attnx.state.DecodableLayer` as :class:`attnx.adapters.hf_hybrid.ssd.StateSpaceDuality`: a
-    conv carry over the channels and the rule's state (state_size x 1) per channel.
-    """
+class SelectiveScan(MambaMixer):
+    """An HF Mamba1 mixer (same parameters, same names) computed by ``attnx::GatedDeltaRule``: a conv carry
+    over the channels and the rule's state (state_size x 1) per channel."""
 
     def __init__(self, layer: nn.Module):
-        super().__init__()
-        for name, child in layer.named_children():
-            self.add_module(name, child)
-        for name, parameter in layer.named_parameters(recurse=False):
-            self.register_parameter(name, parameter)
+        super().__init__(layer)
         self.inner, self.state_size = layer.intermediate_size, layer.ssm_state_size
-        self.rank, self.act, self.layer_idx = layer.time_step_rank, layer.act, layer.layer_idx
+        self.rank, self.act = layer.time_step_rank, layer.act
         self.normed = hasattr(layer, "dt_layernorm")  # Falcon-Mamba, Jamba
 
     def decode_state(self) -> list[StateTensor]:
@@ -58,39 +50,13 @@ class SelectiveScan(Stepping, nn.Module):
         carry = conv_state(self.inner, self.conv1d.weight.shape[-1])
         return rule_state(self.inner, self.state_size, 1, carry)
 
-    def forward(
-        self,
-        hidden_states: torch.Tensor,
-        cache: Any = None,
-        attention_mask: torch.Tensor | None = None,
-        **kwargs: Any,
-    ) -> torch.Tensor:
-        """HF's call: the whole sequence, or (while ``stepping`` holds a Step) new tokens after its state."""
-        if cache is not None:
-            raise ValueError("an attnx Mamba mixer keeps its state through attnx decoding, not HF's cache")
-        if self.stepping is not None:
-            return self.stepped(hidden_states, mask=attention_mask)
-        return self.mix(hidden_states, attention_mask, None)[0]
-
-    def step(
-        self,
-        x: torch.Tensor,
-        state: tuple[torch.Tensor, ...] | None,
-        position: torch.Tensor,
-        mask: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-        """The output for new tokens ``x`` (``mask``: their 2D padding mask) after ``state`` ((conv,
-        recurrent); None: nothing before) and the state after them (no dependence on ``position``)."""
-        return self.mix(x, mask, state or (None, None))
-
     def mix(
         self,
         x: torch.Tensor,
         mask: torch.Tensor | None,
         state: tuple[torch.Tensor | None, torch.Tensor | None] | None,
     ) -> tuple[torch.Tensor, Any]:
-        """The layer on (batch, n, width) ``x``: with ``state`` None the full-sequence op, else the step op
-        from ``state`` (its tensors None: empty), returning the state after ``x`` too."""
+        """:meth:`~attnx.adapters.hf_hybrid.ssd.MambaMixer.mix` of the selective scan (module docstring)."""
         batch, n, _ = x.shape
         channels, gate = self.in_proj(masked(x, mask)).chunk(2, dim=-1)
         past_conv, past = (None, None) if state is None else state

@@ -36,6 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from attnx.adapters.hf_hybrid.model import adopt
 from attnx.attention import Stepping
 from attnx.plugins.gated.op import rule_state, run_rule
 from attnx.shortconv import carried_conv
@@ -48,35 +49,20 @@ def masked(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     return x if mask is None else (x * mask[:, :, None]).to(x.dtype)
 
 
-class StateSpaceDuality(Stepping, nn.Module):
-    """An HF Mamba2 mixer (same parameters, same names) computed by ``attnx::GatedDeltaRule``.
+class MambaMixer(Stepping, nn.Module):
+    """What the Mamba mixers share (Mamba2's SSD, Mamba1's scan):
+    HF's parameters under their names, HF's call, and the step with the padding mask.
 
     A :class:`attnx.state.DecodableLayer`: ``step(x, state, position, mask)`` continues its conv carry and
     its recurrent state (``attnx::GatedDeltaRuleStep``); while ``stepping`` holds a Step, HF's call of the
     layer is that step (with the padding mask: a prefill from the empty state masks as the forward does).
+    Subclasses implement ``decode_state`` and :meth:`mix`.
     """
 
     def __init__(self, layer: nn.Module):
         super().__init__()
-        for name, child in layer.named_children():
-            self.add_module(name, child)
-        for name, parameter in layer.named_parameters(recurse=False):
-            self.register_parameter(name, parameter)
-        self.heads, self.head_dim, self.groups = layer.num_heads, layer.head_dim, layer.n_groups
-        self.state_size, self.inner = layer.ssm_state_size, layer.intermediate_size
-        self.conv_dim, self.act = layer.conv_dim, layer.act
-        self.time_step_limit = tuple(layer.time_step_limit)
+        adopt(self, layer)  # Falcon-H1's mup_vector buffer too
         self.layer_idx = layer.layer_idx
-        # Falcon-H1's multipliers and optional norm (1, no vector and a norm for the others)
-        self.in_multiplier = getattr(layer, "ssm_in_multiplier", 1.0)
-        self.normed = getattr(layer, "mamba_rms_norm", True)
-        for name, buffer in layer.named_buffers(recurse=False):  # mup_vector
-            self.register_buffer(name, buffer)
-
-    def decode_state(self) -> list[StateTensor]:
-        """The conv carry over [x, B, C] and the rule's state (d_state x head_dim) per head."""
-        carry = conv_state(self.conv_dim, self.conv1d.weight.shape[-1])
-        return rule_state(self.heads, self.state_size, self.head_dim, carry)
 
     def forward(
         self,
@@ -87,7 +73,7 @@ class StateSpaceDuality(Stepping, nn.Module):
     ) -> torch.Tensor:
         """HF's call: the whole sequence, or (while ``stepping`` holds a Step) new tokens after its state."""
         if cache is not None:
-            raise ValueError("an attnx Mamba2 mixer keeps its state through attnx decoding, not HF's cache")
+            raise ValueError("an attnx Mamba mixer keeps its state through attnx decoding, not HF's cache")
         if self.stepping is not None:
             return self.stepped(hidden_states, mask=attention_mask)
         return self.mix(hidden_states, attention_mask, None)[0]
@@ -111,6 +97,34 @@ class StateSpaceDuality(Stepping, nn.Module):
     ) -> tuple[torch.Tensor, Any]:
         """The layer on (batch, n, width) ``x``: with ``state`` None the full-sequence op, else the step op
         from ``state`` (its tensors None: empty), returning the state after ``x`` too."""
+        raise NotImplementedError
+
+
+class StateSpaceDuality(MambaMixer):
+    """An HF Mamba2 mixer (same parameters, same names) computed by ``attnx::GatedDeltaRule``."""
+
+    def __init__(self, layer: nn.Module):
+        super().__init__(layer)
+        self.heads, self.head_dim, self.groups = layer.num_heads, layer.head_dim, layer.n_groups
+        self.state_size, self.inner = layer.ssm_state_size, layer.intermediate_size
+        self.conv_dim, self.act = layer.conv_dim, layer.act
+        self.time_step_limit = tuple(layer.time_step_limit)
+        # Falcon-H1's multipliers and optional norm (1, no vector and a norm for the others)
+        self.in_multiplier = getattr(layer, "ssm_in_multiplier", 1.0)
+        self.normed = getattr(layer, "mamba_rms_norm", True)
+
+    def decode_state(self) -> list[StateTensor]:
+        """The conv carry over [x, B, C] and the rule's state (d_state x head_dim) per head."""
+        carry = conv_state(self.conv_dim, self.conv1d.weight.shape[-1])
+        return rule_state(self.heads, self.state_size, self.head_dim, carry)
+
+    def mix(
+        self,
+        x: torch.Tensor,
+        mask: torch.Tensor | None,
+        state: tuple[torch.Tensor | None, torch.Tensor | None] | None,
+    ) -> tuple[torch.Tensor, Any]:
+        """:meth:`MambaMixer.mix` of the SSD (module docstring)."""
         batch, n, _ = x.shape
         projected = self.in_proj(masked(x, mask) * self.in_multiplier)
         if hasattr(self, "mup_vector"):

@@ -270,51 +270,34 @@ def test_a_mamba_mixer_that_skips_the_mask_after_its_conv_is_caught(hybrid, arch
             assert_close(MaskedOnce(layer)(x, attention_mask=mask), layer(x, attention_mask=mask))
 
 
-def test_a_mamba_decay_shared_by_a_group_is_caught(hybrid):
-    """Seeded defect: dt A taken per B/C group (the first head's decay for every head of the group)
-    instead of per head fails the layer parity."""
+def _first_head_of_each_group(layer) -> torch.Tensor:
+    """Mamba2's A_log (heads,) with every head of a B/C group given its group's first head's decay."""
+    per_group = layer.num_heads // layer.n_groups
+    return layer.A_log.data.reshape(layer.n_groups, per_group)[:, :1].expand(-1, per_group).flatten()
 
-    class GroupDecay(StateSpaceDuality):
-        def mix(self, x, mask, state):
-            heads_per_group = self.heads // self.groups
-            log = self.A_log.data.clone()
-            self.A_log.data = (
-                log.reshape(self.groups, heads_per_group)[:, :1].expand(-1, heads_per_group).flatten()
-            )
-            try:
-                return super().mix(x, mask, state)
-            finally:
-                self.A_log.data = log
 
-    layer = layers_of(hybrid("mamba2"), "linear_attention")[0]
+def _mean_over_the_state(layer) -> torch.Tensor:
+    """Mamba1's A_log (channels, state) averaged over the state dimension: one decay per channel."""
+    log = layer.A_log.data
+    return log.exp().mean(-1, keepdim=True).log().expand_as(log)
+
+
+@pytest.mark.parametrize(
+    ("arch", "wrong"), [("mamba2", _first_head_of_each_group), ("mamba", _mean_over_the_state)]
+)
+def test_a_mamba_decay_of_the_wrong_shape_is_caught(hybrid, arch, wrong):
+    """Seeded defects: Mamba2's dt A taken per B/C group instead of per head, Mamba1's per channel (a scalar
+    decay per head as in Mamba2) instead of per channel and state dimension: each fails the layer parity
+    the right layer passes."""
+    layer = layers_of(hybrid(arch), "linear_attention")[0]
+    broken = copy.deepcopy(layer)
+    broken.A_log.data = wrong(layer).clone()
     torch.manual_seed(0)
-    x = torch.randn(1, 33, layer.hidden_size)
+    x = torch.randn(1, 33, hybrid(arch).config.hidden_size)
     with torch.no_grad():
-        assert_close(StateSpaceDuality(layer)(x), layer(x))
+        assert_close(convert(layer)(x), layer(x))
         with pytest.raises(AssertionError):
-            assert_close(GroupDecay(layer)(x), layer(x))
-
-
-def test_a_selective_scan_decay_per_channel_only_is_caught(hybrid):
-    """Seeded defect: Mamba1's decay exp(dt A) taken per channel (A averaged over the state dimension, a
-    scalar decay per head as in Mamba2) instead of per channel and state dimension fails the layer parity."""
-
-    class PerChannel(SelectiveScan):
-        def mix(self, x, mask, state):
-            log = self.A_log.data.clone()
-            self.A_log.data = log.exp().mean(-1, keepdim=True).log().expand_as(log)
-            try:
-                return super().mix(x, mask, state)
-            finally:
-                self.A_log.data = log
-
-    layer = layers_of(hybrid("mamba"), "linear_attention")[0]
-    torch.manual_seed(0)
-    x = torch.randn(1, 33, hybrid("mamba").config.hidden_size)
-    with torch.no_grad():
-        assert_close(SelectiveScan(layer)(x), layer(x))
-        with pytest.raises(AssertionError):
-            assert_close(PerChannel(layer)(x), layer(x))
+            assert_close(convert(broken)(x), layer(x))
 
 
 def test_a_zamba2_attention_with_another_sites_adapters_is_caught(hybrid):
