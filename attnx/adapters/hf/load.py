@@ -28,6 +28,7 @@ LOADERS: dict[str, str] = {
     "qwen3_5_moe_text": "attnx.adapters.hf_hybrid.load:load",
     "kimi_linear": "attnx.adapters.hf_hybrid.load:load",
     "minimax": "attnx.adapters.hf_hybrid.load:load",
+    "lfm2": "attnx.adapters.hf_hybrid.load:load",
 }
 PICKLES = ("pytorch_model.bin", "pytorch_model.bin.index.json", "model.pt", "model.pth")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")

@@ -1,4 +1,5 @@
-"""``hf_hybrid``: Hugging Face hybrid LLMs (gated linear attention + a few softmax layers) on attnx ops.
+"""``hf_hybrid``: Hugging Face hybrid LLMs (gated linear attention, Mamba2 or short convolutions + a few
+softmax layers) on attnx ops.
 
 Qwen3-Next (``qwen3_next``) and the text models of Qwen3.5 (``qwen3_5``) and Qwen3.5-MoE
 (``qwen3_5_moe``): their Gated DeltaNet layers become attnx's gated delta rule
@@ -8,8 +9,12 @@ exports; everything else (embeddings, norms, rotary tables, routers, MLPs, head)
 own code. Kimi Linear (``kimi_linear``): its Kimi Delta Attention layers the same rule with a decay per
 key channel, its multi-head latent attention layers attnx's softmax attention (no positions), the
 experts of its DeepSeek-V3-style MoE the same dense sum. MiniMax (``minimax``): its lightning attention
-layers the gated rule without the delta update. One module per architecture family (``qwen.py``,
-``kimi.py``, ``minimax.py``), shared layers beside it.
+layers the gated rule without the delta update. Mamba2 (``mamba2``), Bamba (``bamba``) and Granite 4.0-H
+(``granitemoehybrid``): their Mamba2 mixers the gated rule's additive form (``ssd.py``). Liquid's LFM2
+(``lfm2``): its gated short convolutions (C * conv(B * x)) an attnx module with no attnx op whose decode
+state is the conv carry alone, its attention layers (q/k RMSNorms) attnx's softmax attention. One module
+per architecture family (``qwen.py``, ``kimi.py``, ``minimax.py``, ``mamba.py``, ``lfm2.py``), shared
+layers beside it.
 See docs/importing.md.
 """
 
@@ -20,7 +25,8 @@ from attnx.hookspecs import hookimpl
 
 ADAPTER = Adapter(
     name="hf_hybrid",
-    summary="HF Qwen3-Next, Qwen3.5(-MoE), Kimi Linear, MiniMax (linear + full attention) -> gated_delta",
+    summary="HF Qwen3-Next, Qwen3.5(-MoE), Kimi Linear, MiniMax, Mamba2, Bamba, Granite 4.0-H, LFM2 "
+    "(linear/SSM/short-conv + full attention) -> gated_delta, softmax",
     library="transformers",
     impl="attnx.adapters.hf_hybrid.convert:IMPL",
 )

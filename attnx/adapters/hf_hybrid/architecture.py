@@ -44,6 +44,8 @@ class Architecture:
             (after :func:`check_config`'s shared ones).
         mask_by_layer_type: the model takes a mapping layer type -> mask (the hybrids); False: one 2D
             padding mask (Mamba2, which has only one layer type).
+        layer_types: the config's ``layer_types`` the adapter converts (LFM2's are "conv" and
+            "full_attention"); any other is refused by name.
     """
 
     model_type: str
@@ -55,6 +57,7 @@ class Architecture:
     rotary: type | None
     check: Callable[[Any], None] | None = None
     mask_by_layer_type: bool = True
+    layer_types: tuple[str, ...] = LAYER_TYPES
 
     def check_config(self, config: Any) -> None:
         """Refuse, by name, the options of ``config`` that the adapter does not reproduce.
@@ -62,7 +65,7 @@ class Architecture:
         Raises:
             AttnxError: see :func:`check_config` and the architecture's own ``check``.
         """
-        check_config(config, self.model_type)
+        check_config(config, self.model_type, self.layer_types)
         if self.check is not None:
             self.check(config)
 
@@ -95,12 +98,12 @@ class Architecture:
         return None if make is None else make(module)
 
 
-def check_config(config: Any, model_type: str) -> None:
+def check_config(config: Any, model_type: str, layer_types: tuple[str, ...]) -> None:
     """Refuse, by name, the options of a hybrid config that the adapter does not reproduce.
 
     Raises:
-        AttnxError: a rotary type HF rescales per forward, a layer type other than linear/full attention,
-            or a sliding window on the full attention layers (MiniMax's ``sliding_window``).
+        AttnxError: a rotary type HF rescales per forward, a layer type not in ``layer_types`` (the
+            architecture's), or a sliding window on the full attention layers (MiniMax's ``sliding_window``).
     """
     if getattr(config, "sliding_window", None) is not None:
         raise AttnxError(
@@ -114,9 +117,9 @@ def check_config(config: Any, model_type: str) -> None:
             "frequencies from the input length at every forward, which an exported graph cannot follow; "
             f"attnx exports the other rotary types (not {', '.join(RESCALED_ROPE)})"
         )
-    unknown = sorted(set(config.layer_types) - set(LAYER_TYPES))
+    unknown = sorted(set(config.layer_types) - set(layer_types))
     if unknown:
         raise AttnxError(
             f"{model_type} with layer_types {', '.join(unknown)}: attnx adapts "
-            f"{' and '.join(LAYER_TYPES)} layers"
+            f"{' and '.join(layer_types)} layers"
         )

@@ -8,13 +8,14 @@ from torch import nn
 from attnx.adapter import AdapterImpl, Lengths
 from attnx.adapters.hf_hybrid.architecture import Architecture
 from attnx.adapters.hf_hybrid.kimi import KIMI_LINEAR
+from attnx.adapters.hf_hybrid.lfm2 import LFM2
 from attnx.adapters.hf_hybrid.mamba import BAMBA, GRANITE_MOE_HYBRID, MAMBA2
 from attnx.adapters.hf_hybrid.minimax import MINIMAX
 from attnx.adapters.hf_hybrid.qwen import QWEN3_5, QWEN3_5_MOE, QWEN3_NEXT
 
 ARCHITECTURES: dict[str, Architecture] = {
     a.model_type: a
-    for a in (QWEN3_NEXT, QWEN3_5, QWEN3_5_MOE, KIMI_LINEAR, MINIMAX, MAMBA2, BAMBA, GRANITE_MOE_HYBRID)
+    for a in (QWEN3_NEXT, QWEN3_5, QWEN3_5_MOE, KIMI_LINEAR, MINIMAX, MAMBA2, BAMBA, GRANITE_MOE_HYBRID, LFM2)
 }
 
 

@@ -23,6 +23,12 @@ from torch import nn
 from attnx.errors import AttnxError
 
 
+def mask_padding(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """(batch, n, C) ``x`` with padded tokens (2D ``mask`` False or 0) zeroed, in ``x``'s dtype: HF's
+    ``apply_mask_to_padding_states``, which the linear, Mamba2 and short-conv layers apply to their input."""
+    return x if mask is None else (x * mask[:, :, None]).to(x.dtype)
+
+
 def convert_layers(model: nn.Module, layers: Mapping[type, Callable[[nn.Module], nn.Module]]) -> nn.Module:
     """``model`` (the walk's private copy) with every submodule of a class in ``layers`` replaced."""
     for parent in list(model.modules()):

@@ -32,16 +32,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from attnx.adapters.hf_hybrid.model import mask_padding
 from attnx.attention import Stepping
 from attnx.plugins.gated.op import rule_state, run_rule
 from attnx.shortconv import carried_conv
 from attnx.state import StateTensor, conv_state
-
-
-def _masked(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    """(batch, n, C) ``x`` with padded tokens (``mask`` False) zeroed, as HF's
-    ``apply_mask_to_padding_states``."""
-    return x if mask is None else (x * mask[:, :, None]).to(x.dtype)
 
 
 class StateSpaceDuality(Stepping, nn.Module):
@@ -103,10 +98,12 @@ class StateSpaceDuality(Stepping, nn.Module):
         """The layer on (batch, n, width) ``x``: with ``state`` None the full-sequence op, else the step op
         from ``state`` (its tensors None: empty), returning the state after ``x`` too."""
         batch, n, _ = x.shape
-        gate, channels, dt = self.in_proj(_masked(x, mask)).split([self.inner, self.conv_dim, self.heads], -1)
+        gate, channels, dt = self.in_proj(mask_padding(x, mask)).split(
+            [self.inner, self.conv_dim, self.heads], -1
+        )
         past_conv, past = (None, None) if state is None else state
         mixed, carry = carried_conv(channels.transpose(1, 2), self.conv1d.weight, self.conv1d.bias, past_conv)
-        mixed = _masked(self.act(mixed).transpose(1, 2).to(x.dtype), mask)
+        mixed = mask_padding(self.act(mixed).transpose(1, 2).to(x.dtype), mask)
         width = self.groups * self.state_size
         xs, b, c = torch.split(mixed, [self.inner, width, width], dim=-1)
         xs = xs.reshape(batch, n, self.heads, self.head_dim).float()

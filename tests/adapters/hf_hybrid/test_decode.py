@@ -10,6 +10,7 @@ import json
 
 import pytest
 
+from attnx.adapters.hf_hybrid.convert import convert
 from attnx.decode.generate import generate
 from attnx.registry import get_registry
 from attnx.testing import hf_hybrid
@@ -46,7 +47,9 @@ def test_genai_config_names_each_layers_state(decode_export, trained, arch):
     """genai_config.json: the KV cache names of the attention layers and the conv/recurrent names of the
     linear layers, as onnxruntime-genai 0.18 reads them, and genai.onnx takes those per layer: a linear
     layer's conv carry beside its recurrent state, a (batch, 1, 1) placeholder where the layer has no
-    short conv (MiniMax's lightning layers; genai 0.18 requires a conv next to every recurrent state)."""
+    short conv (MiniMax's lightning layers; genai 0.18 requires a conv next to every recurrent state), a
+    (batch, 1, 1, 1) recurrent placeholder where the layer's state is its conv carry alone (LFM2's convs:
+    genai finds its recurrent layers by their recurrent inputs)."""
     import onnx
 
     out = decode_export(arch)
@@ -71,6 +74,8 @@ def test_genai_config_names_each_layers_state(decode_export, trained, arch):
             placeholder = dims[f"past.{i}.conv"][1:] == [1, 1]
             convolves = any("conv" in name for name, _ in mixer.named_children())  # Kimi: q/k/v_conv1d
             assert placeholder != convolves, (i, dims[f"past.{i}.conv"])
+            recurs = any(s.role == "recurrent" for s in convert(mixer).decode_state())
+            assert (dims[f"past.{i}.recurrent"][1:] == [1, 1, 1]) != recurs, (i, dims[f"past.{i}.recurrent"])
 
 
 @pytest.mark.slow
