@@ -12,7 +12,9 @@ constant is:
   a head's width, and their error compounds through every step of the recurrence;
 * ``attention``: inside a mixer whose op keeps a KV cache (or none: an encoder's softmax, LSH attention);
 * ``recurrent``: inside a mixer whose op keeps a recurrent state (linear attention, the gated rules);
-* ``mlp``: any other (the feed-forward blocks, MoE experts).
+* ``mlp``: any other (the feed-forward blocks, MoE experts, and a mixer without an attnx op: LFM2's gated
+  short convolution, whose decode state is only a conv carry, so an error in its projections reaches at
+  most kernel - 1 later tokens and no recurrence compounds it, as in a feed-forward block).
 
 The ops' formal input names come from the model-local functions of a function-lowered graph, so the
 classification needs that lowering; :func:`classify` refuses others in one line.

@@ -16,9 +16,12 @@ through a :class:`attnx.exporter.layout.Layout`:
   D_k, D_v) in and ``present.<layer>.recurrent`` out: a single 4-d state as it is, several
   concatenated along the last axis (linear/cosFormer: S (batch, heads, F, d) and Z (batch, heads, F)
   as (batch, heads, F, d + 1)); its ``conv`` carry is ``past.<layer>.conv`` (batch, channels,
-  kernel - 1). genai 0.18 requires a conv next to every recurrent state (without one it stops with
-  "Model input was not found: past.0.conv"), every dim but batch static and > 0: a layer without a
-  convolution gets a (batch, 1, 1) placeholder the graph passes through unchanged.
+  kernel - 1). genai 0.18 finds its recurrent layers by their ``past.<layer>.recurrent`` inputs and
+  requires a conv next to every one (without one it stops with "Model input was not found:
+  past.0.conv"), every dim but batch static and > 0: a layer without a convolution gets a (batch, 1, 1)
+  placeholder the graph passes through unchanged, and a layer whose state is a conv carry alone (LFM2's
+  gated short convolutions) a (batch, 1, 1, 1) recurrent placeholder, without which genai would not
+  bind its conv at all.
 
 genai on CPU binds a recurrent or conv state's input and output to one buffer, so the graph reads
 each such input once, by Slice nodes (copies) that every node writing its output depends on: the
@@ -60,7 +63,9 @@ PAST = {
     "conv": "past.%d.conv",
 }
 PRESENT = {role: f"present.%d.{role}" for role in PAST}
-PLACEHOLDER_CONV = (1, 1)  # (channels, kernel - 1) of the conv genai needs beside a recurrent state
+# the axes after batch of the state genai needs where a layer lacks it: a conv beside a recurrent state
+# ((channels, kernel - 1)), a recurrent state beside a conv ((heads, d_k, d_v))
+PLACEHOLDER = {"conv": (1, 1), "recurrent": (1, 1, 1)}
 DEFAULT_CONTEXT = 4096  # max_length when the positions are unbounded (sinusoidal)
 
 
@@ -117,11 +122,12 @@ def _cache(layer: int, pairs: Sequence[StatePair]) -> list[GenaiState]:
 def _recurrent(layer: int, pairs: Sequence[StatePair]) -> list[GenaiState]:
     recurrent = [p for p in pairs if p.role == "recurrent"]
     conv = [p for p in pairs if p.role == "conv"]
-    if not recurrent or len(conv) > 1 or _widths(recurrent, 4) is None:
+    packs = _widths(recurrent, 4) is not None or (not recurrent and len(conv) == 1)
+    if len(conv) > 1 or not packs:
         raise AttnxError(
             f"layer {layer}'s state tensors {[p.name for p in pairs]} are not what genai holds per layer: "
             "recurrent tensors that share (batch, heads, F) leading axes and a dtype (one "
-            "recurrent state), at most one conv carry"
+            "recurrent state), at most one conv carry, one of them at least"
         )
     return [
         GenaiState(layer, "recurrent", *_names(layer, "recurrent"), [p.input for p in recurrent]),
@@ -159,7 +165,7 @@ def _axes(state: GenaiState, section: DecodeSection) -> list[str | int]:
     """A recurrent or conv genai state's axes: its tensors packed along the last axis."""
     carried = _carried(state, section)
     if not carried:
-        return ["batch", *PLACEHOLDER_CONV]
+        return ["batch", *PLACEHOLDER[state.role]]
     rank = max(len(p.axes) for p in carried)
     widths = _widths(carried, rank)
     assert widths is not None, "genai_state() refuses unpackable states first"
@@ -223,7 +229,7 @@ def _pack(layout: Layout, state: GenaiState, section: DecodeSection) -> None:
 
 
 def _placeholder(layout: Layout, state: GenaiState, dtype: str) -> None:
-    axes = ["batch", *PLACEHOLDER_CONV]
+    axes = ["batch", *PLACEHOLDER[state.role]]
     layout.inputs.append(value(state.past, dtype, axes))
     layout.outputs.append(value(state.present, dtype, axes))
     layout.node("Identity", [state.past], state.present, after=True)
@@ -234,9 +240,13 @@ def _dims(spec: onnx.ValueInfoProto) -> list[str | int]:
 
 
 def _heads(section: DecodeSection) -> tuple[int, int]:
-    """(heads, head size) of the KV cache (genai sizes its cache by them), else of the recurrent state."""
+    """(heads, head size) of the KV cache (genai sizes its cache by them), else of the recurrent state;
+    (1, 1) for conv carries alone (genai sizes no state by them)."""
     by_role = {role: [p for p in section.state if p.role == role] for role in ("key", "recurrent")}
-    axes = (by_role["key"] or by_role["recurrent"])[0].axes
+    found = by_role["key"] or by_role["recurrent"]
+    if not found:
+        return 1, 1
+    axes = found[0].axes
     return int(axes[1]), int(axes[-1]) if len(axes) == 4 else 1
 
 

@@ -1,6 +1,6 @@
 """Small *trained* Hugging Face hybrid models (Qwen3-Next, Qwen3.5's text models, Kimi Linear, MiniMax,
-Mamba2, Bamba, Granite 4.0-H, Nemotron-H, Falcon-H1, Zamba2, Mamba, Falcon-Mamba, Jamba) for tests and
-benchmarks.
+Mamba2, Bamba, Granite 4.0-H, Nemotron-H, Falcon-H1, Zamba2, Mamba, Falcon-Mamba, Jamba, LFM2) for tests
+and benchmarks.
 
 Each recipe is a small config of the architecture (a few layers mixing gated linear attention and
 softmax attention, width 64, MoE with a few experts), a byte-level BPE tokenizer
@@ -335,6 +335,20 @@ RECIPES: dict[str, dict[str, Any]] = {
             "num_experts_per_tok": 2,
             **{f"mamba_{k}": _MAMBA1[v] for k, v in _JAMBA_NAMES.items()},
             "tie_word_embeddings": False,
+        },
+    },
+    # LFM2 in small: 3 gated short convolutions (kernel 3, no biases, as released) + 1 attention layer
+    # (q/k RMSNorms); HF rounds the feed-forward width 2/3 x 128 up to a multiple of block_multiple_of
+    "lfm2": {
+        "class": "Lfm2ForCausalLM",
+        "config": "Lfm2Config",
+        "options": {
+            **_TRANSFORMER,
+            "layer_types": ["conv", "conv", "conv", "full_attention"],
+            "conv_L_cache": 3,
+            "block_multiple_of": 32,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+            "tie_word_embeddings": True,
         },
     },
 }

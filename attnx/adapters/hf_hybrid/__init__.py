@@ -1,4 +1,5 @@
-"""``hf_hybrid``: Hugging Face hybrid LLMs (gated linear attention + a few softmax layers) on attnx ops.
+"""``hf_hybrid``: Hugging Face hybrid LLMs (gated linear attention, Mamba2 or short convolutions + a few
+softmax layers) on attnx ops.
 
 Qwen3-Next (``qwen3_next``) and the text models of Qwen3.5 (``qwen3_5``) and Qwen3.5-MoE
 (``qwen3_5_moe``): their Gated DeltaNet layers become attnx's gated delta rule
@@ -12,8 +13,11 @@ layers the gated rule without the delta update. Mamba2 (``mamba2``), Bamba (``ba
 (``granitemoehybrid``), Nemotron-H (``nemotron_h``) and Falcon-H1 (``falcon_h1``): their Mamba2 (SSD)
 mixers the additive rule with a decay per head (q = C, k = B, v = dt x) and a D skip; Mamba
 (``mamba``), Falcon-Mamba (``falcon_mamba``) and Jamba (``jamba``): their Mamba1 selective scans the
-additive rule with a decay per key dimension (a value of width 1 per channel). One module per
-architecture family (``qwen.py``, ``kimi.py``, ``minimax.py``, ``mamba.py``), shared layers beside it.
+additive rule with a decay per key dimension (a value of width 1 per channel). Liquid's LFM2
+(``lfm2``): its gated short convolutions (C * conv(B * x)) an attnx module with no attnx op whose
+decode state is the conv carry alone, its attention layers (q/k RMSNorms) attnx's softmax attention.
+One module per architecture family (``qwen.py``, ``kimi.py``, ``minimax.py``, ``mamba.py``,
+``lfm2.py``), shared layers beside it.
 See docs/importing.md.
 """
 
@@ -24,7 +28,8 @@ from attnx.hookspecs import hookimpl
 
 ADAPTER = Adapter(
     name="hf_hybrid",
-    summary="HF Qwen3.5/Qwen3-Next, Kimi Linear, MiniMax, Mamba1/2 hybrids (Granite-H, ...) -> gated_delta",
+    summary="HF Qwen3.5/Qwen3-Next, Kimi Linear, MiniMax, Mamba1/2 hybrids (Granite-H, ...), LFM2 "
+    "-> gated_delta, softmax",
     library="transformers",
     impl="attnx.adapters.hf_hybrid.convert:IMPL",
 )

@@ -10,8 +10,10 @@ softmax attention with scale head_dim^-1/2 over the keys the 2D padding mask kee
 multiplied by sigmoid(gate) and projected by ``o_proj``. A query that sees no key at all (a
 left-padded position) gets a zero attention output, which is what HF's default SDPA path returns.
 The norms, rotary and projections are HF's own modules and functions; the attention is
-``attnx::SoftmaxAttention`` (causal, key padding mask). MiniMax's ``MiniMaxAttention`` is the same
-without the output gate and the q/k norms (``gated=False``).
+``attnx::SoftmaxAttention`` (causal, key padding mask). MiniMax's ``MiniMaxAttention`` (and Bamba's,
+Granite's) is the same without the output gate and the q/k norms (``gated=False``); LFM2's
+``Lfm2Attention`` without the gate, with RMSNorms ``q_layernorm``/``k_layernorm`` per head before the
+rotary and ``out_proj`` for ``o_proj`` (``norms``, ``output``).
 
 Decoding keeps the KV cache of the *key/value* heads (before ``repeat_kv``), as onnxruntime-genai's
 ``past_key_values.{i}.key/value`` are.
@@ -40,7 +42,8 @@ class FullAttention(Stepping, nn.Module):
 
     A :class:`attnx.state.DecodableLayer`: ``step(x, state, position)`` continues a KV cache of the
     key/value heads; while ``stepping`` holds a Step (:class:`attnx.attention.Stepping`), HF's call of the
-    layer is that step. Subclasses set ``kv_heads``, ``head_dim`` (of the keys) and ``scaling``.
+    layer is that step. Subclasses set ``kv_heads``, ``head_dim`` (of the keys) and ``scaling``;
+    ``output`` names the output projection (HF's ``o_proj``; LFM2's ``out_proj``).
 
     Values narrower than the keys (Kimi's MLA) are cached padded with zeros to the keys' head size:
     onnxruntime-genai sizes the key and the value cache by one ``head_size``. That is exact, since
@@ -50,6 +53,7 @@ class FullAttention(Stepping, nn.Module):
     kv_heads: int
     head_dim: int
     scaling: float
+    output: str = "o_proj"
 
     def decode_state(self) -> list[StateTensor]:
         """A KV cache of the key/value heads (keys as the attention sees them: after norms and rotation)."""
@@ -117,7 +121,7 @@ class FullAttention(Stepping, nn.Module):
         out = out.transpose(1, 2).reshape(*x.shape[:-1], -1)
         if gate is not None:
             out = out * torch.sigmoid(gate)
-        return self.o_proj(out), present
+        return getattr(self, self.output)(out), present
 
 
 def no_positions(x: torch.Tensor, position_ids: torch.Tensor) -> None:
@@ -127,11 +131,13 @@ def no_positions(x: torch.Tensor, position_ids: torch.Tensor) -> None:
 
 
 class GatedAttention(FullAttention):
-    """An HF full attention layer of Qwen3-Next, Qwen3.5, MiniMax or the Mamba hybrids (same parameters, same
-    names) computed by ``attnx::SoftmaxAttention``; ``gated``: Qwen's output gate in ``q_proj`` and q/k
-    norms (False: the plain layer of MiniMax, Bamba, Granite, Nemotron-H, Falcon-H1 and Jamba, whose keys
-    take Falcon-H1's ``key_multiplier`` where the layer has one). Stepping takes cos/sin from the model's
-    own rotary module (``rotary``, set with the model's; :func:`no_positions` for a model without one).
+    """An HF full attention layer of Qwen3-Next, Qwen3.5, MiniMax, the Mamba hybrids or LFM2 (same
+    parameters, same names) computed by ``attnx::SoftmaxAttention``; ``gated``: Qwen's output gate in
+    ``q_proj`` (False: the plain layers, whose keys take Falcon-H1's ``key_multiplier`` where the layer has
+    one); ``norms``: the names of the per-head norms of q and k, applied before the rotary (Qwen's
+    ``q_norm``/``k_norm``, LFM2's ``q_layernorm``/``k_layernorm``; None: none); ``output``: the output
+    projection's name. Stepping takes cos/sin from the model's own rotary module (``rotary``, set with the
+    model's; :func:`no_positions` for a model without one).
     """
 
     def __init__(
@@ -139,9 +145,11 @@ class GatedAttention(FullAttention):
         layer: nn.Module,
         rotate: Rotary,
         gated: bool = True,
+        norms: tuple[str, str] | None = None,
+        output: str = "o_proj",
     ):
         super().__init__()
-        self.gated = gated
+        self.gated, self.norms, self.output = gated, norms, output
         for name, child in layer.named_children():
             self.add_module(name, child)
         self.rotate = rotate
@@ -168,7 +176,7 @@ class GatedAttention(FullAttention):
         return self.rotary(x, (torch.arange(x.shape[1], device=x.device) + position)[None])
 
     def projections(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The plain layer's flat query, key and value projections of ``x``."""
+        """The flat query, key and value projections of ``x`` (Qwen's output gate still in the query)."""
         return self.q_proj(x), self.k_proj(x), self.v_proj(x)
 
     def project(
@@ -176,19 +184,14 @@ class GatedAttention(FullAttention):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
         shape = x.shape[:-1]
         heads = (*shape, -1, self.head_dim)
-        gate = None
+        (query, key, value), gate = self.projections(x), None
         if self.gated:
-            query, gate = torch.chunk(self.q_proj(x).view(*shape, -1, self.head_dim * 2), 2, dim=-1)
-            query = self.q_norm(query.view(heads)).transpose(1, 2)
-            key = self.k_norm(self.k_proj(x).view(heads)).transpose(1, 2)
+            query, gate = torch.chunk(query.view(*shape, -1, self.head_dim * 2), 2, dim=-1)
             gate = gate.reshape(*shape, -1)
-            value = self.v_proj(x)
-        else:
-            query, key, value = self.projections(x)
-            query, key = (
-                query.view(heads).transpose(1, 2),
-                key.view(heads).transpose(1, 2) * self.key_multiplier,
-            )
+        query, key = query.view(heads), key.view(heads)
+        if self.norms is not None:
+            query, key = getattr(self, self.norms[0])(query), getattr(self, self.norms[1])(key)
+        query, key = query.transpose(1, 2), key.transpose(1, 2) * self.key_multiplier
         value = value.view(heads).transpose(1, 2)
         if position_embeddings is not None:
             query, key = self.rotate(query, key, *position_embeddings)

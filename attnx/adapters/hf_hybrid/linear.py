@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from attnx.adapters.hf_hybrid.mixer import mask_padding
 from attnx.adapters.hf_hybrid.model import adopt
 from attnx.attention import Stepping
 from attnx.plugins.gated.op import l2norm, rule_state, run_rule
@@ -93,8 +94,7 @@ class GatedDeltaNet(Stepping, nn.Module):
             raise ValueError(
                 "an attnx Gated DeltaNet layer keeps its state through attnx decoding, not HF's cache"
             )
-        if attention_mask is not None:
-            hidden_states = (hidden_states * attention_mask[:, :, None]).to(hidden_states.dtype)
+        hidden_states = mask_padding(hidden_states, attention_mask)
         if self.stepping is not None:
             return self.stepped(hidden_states)
         return self.mix(hidden_states, None)[0]

@@ -47,7 +47,7 @@ def _linear(project: Any, layer: nn.Module) -> GatedDeltaNet:
 
 
 def _attention(module: Any, layer: nn.Module) -> GatedAttention:
-    return GatedAttention(layer, module.apply_rotary_pos_emb)
+    return GatedAttention(layer, module.apply_rotary_pos_emb, norms=("q_norm", "k_norm"))
 
 
 QWEN3_NEXT = Architecture(

@@ -29,13 +29,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attnx.adapters.hf_hybrid.ssd import MambaMixer, masked
+from attnx.adapters.hf_hybrid.mixer import PaddedMixer, mask_padding
 from attnx.plugins.gated.op import rule_state, run_rule
 from attnx.shortconv import carried_conv
 from attnx.state import StateTensor, conv_state
 
 
-class SelectiveScan(MambaMixer):
+class SelectiveScan(PaddedMixer):
     """An HF Mamba1 mixer (same parameters, same names) computed by ``attnx::GatedDeltaRule``: a conv carry
     over the channels and the rule's state (state_size x 1) per channel."""
 
@@ -56,12 +56,12 @@ class SelectiveScan(MambaMixer):
         mask: torch.Tensor | None,
         state: tuple[torch.Tensor | None, torch.Tensor | None] | None,
     ) -> tuple[torch.Tensor, Any]:
-        """:meth:`~attnx.adapters.hf_hybrid.ssd.MambaMixer.mix` of the selective scan (module docstring)."""
+        """``PaddedMixer.mix`` of the selective scan (module docstring)."""
         batch, n, _ = x.shape
-        channels, gate = self.in_proj(masked(x, mask)).chunk(2, dim=-1)
+        channels, gate = self.in_proj(mask_padding(x, mask)).chunk(2, dim=-1)
         past_conv, past = (None, None) if state is None else state
         u, carry = carried_conv(channels.transpose(1, 2), self.conv1d.weight, self.conv1d.bias, past_conv)
-        u = masked(self.act(u).transpose(1, 2).to(x.dtype), mask)
+        u = mask_padding(self.act(u).transpose(1, 2).to(x.dtype), mask)
         dt, b, c = torch.split(self.x_proj(u), [self.rank, self.state_size, self.state_size], dim=-1)
         if self.normed:
             dt, b, c = self.dt_layernorm(dt), self.b_layernorm(b), self.c_layernorm(c)

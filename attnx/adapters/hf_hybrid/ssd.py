@@ -36,71 +36,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attnx.adapters.hf_hybrid.model import adopt
-from attnx.attention import Stepping
+from attnx.adapters.hf_hybrid.mixer import PaddedMixer, mask_padding
 from attnx.plugins.gated.op import rule_state, run_rule
 from attnx.shortconv import carried_conv
 from attnx.state import StateTensor, conv_state
 
 
-def masked(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    """(batch, n, C) ``x`` with padded tokens (``mask`` False) zeroed, as HF's
-    ``apply_mask_to_padding_states``."""
-    return x if mask is None else (x * mask[:, :, None]).to(x.dtype)
-
-
-class MambaMixer(Stepping, nn.Module):
-    """What the Mamba mixers share (Mamba2's SSD, Mamba1's scan):
-    HF's parameters under their names, HF's call, and the step with the padding mask.
-
-    A :class:`attnx.state.DecodableLayer`: ``step(x, state, position, mask)`` continues its conv carry and
-    its recurrent state (``attnx::GatedDeltaRuleStep``); while ``stepping`` holds a Step, HF's call of the
-    layer is that step (with the padding mask: a prefill from the empty state masks as the forward does).
-    Subclasses implement ``decode_state`` and :meth:`mix`.
-    """
-
-    def __init__(self, layer: nn.Module):
-        super().__init__()
-        adopt(self, layer)  # Falcon-H1's mup_vector buffer too
-        self.layer_idx = layer.layer_idx
-
-    def forward(
-        self,
-        hidden_states: torch.Tensor,
-        cache: Any = None,
-        attention_mask: torch.Tensor | None = None,
-        **kwargs: Any,
-    ) -> torch.Tensor:
-        """HF's call: the whole sequence, or (while ``stepping`` holds a Step) new tokens after its state."""
-        if cache is not None:
-            raise ValueError("an attnx Mamba mixer keeps its state through attnx decoding, not HF's cache")
-        if self.stepping is not None:
-            return self.stepped(hidden_states, mask=attention_mask)
-        return self.mix(hidden_states, attention_mask, None)[0]
-
-    def step(
-        self,
-        x: torch.Tensor,
-        state: tuple[torch.Tensor, ...] | None,
-        position: torch.Tensor,
-        mask: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-        """The output for new tokens ``x`` (``mask``: their 2D padding mask) after ``state`` ((conv,
-        recurrent); None: nothing before) and the state after them (no dependence on ``position``)."""
-        return self.mix(x, mask, state or (None, None))
-
-    def mix(
-        self,
-        x: torch.Tensor,
-        mask: torch.Tensor | None,
-        state: tuple[torch.Tensor | None, torch.Tensor | None] | None,
-    ) -> tuple[torch.Tensor, Any]:
-        """The layer on (batch, n, width) ``x``: with ``state`` None the full-sequence op, else the step op
-        from ``state`` (its tensors None: empty), returning the state after ``x`` too."""
-        raise NotImplementedError
-
-
-class StateSpaceDuality(MambaMixer):
+class StateSpaceDuality(PaddedMixer):
     """An HF Mamba2 mixer (same parameters, same names) computed by ``attnx::GatedDeltaRule``."""
 
     def __init__(self, layer: nn.Module):
@@ -124,15 +66,15 @@ class StateSpaceDuality(MambaMixer):
         mask: torch.Tensor | None,
         state: tuple[torch.Tensor | None, torch.Tensor | None] | None,
     ) -> tuple[torch.Tensor, Any]:
-        """:meth:`MambaMixer.mix` of the SSD (module docstring)."""
+        """``PaddedMixer.mix`` of the SSD (module docstring)."""
         batch, n, _ = x.shape
-        projected = self.in_proj(masked(x, mask) * self.in_multiplier)
+        projected = self.in_proj(mask_padding(x, mask) * self.in_multiplier)
         if hasattr(self, "mup_vector"):
             projected = projected * self.mup_vector
         gate, channels, dt = projected.split([self.inner, self.conv_dim, self.heads], -1)
         past_conv, past = (None, None) if state is None else state
         mixed, carry = carried_conv(channels.transpose(1, 2), self.conv1d.weight, self.conv1d.bias, past_conv)
-        mixed = masked(self.act(mixed).transpose(1, 2).to(x.dtype), mask)
+        mixed = mask_padding(self.act(mixed).transpose(1, 2).to(x.dtype), mask)
         width = self.groups * self.state_size
         xs, b, c = torch.split(mixed, [self.inner, width, width], dim=-1)
         xs = xs.reshape(batch, n, self.heads, self.head_dim).float()

@@ -11,12 +11,13 @@ import json
 import pytest
 
 from attnx.adapters.hf_hybrid.architecture import LAYER_TYPES
+from attnx.adapters.hf_hybrid.convert import convert
 from attnx.decode.generate import generate
 from attnx.registry import get_registry
 from attnx.serve.genai import DEFAULT_CONTEXT
 from attnx.testing import hf_hybrid
 from tests.adapters.hf_hybrid.conftest import ARCHS
-from tests.adapters.hf_hybrid.test_torch_parity import layers_of
+from tests.adapters.hf_hybrid.test_torch_parity import MIXERS, layers_of
 from tests.helpers import run_cli
 
 TOLERANCE = get_registry().variant("softmax").tolerance
@@ -48,7 +49,9 @@ def test_genai_config_names_each_layers_state(decode_export, trained, arch):
     """genai_config.json: the KV cache names of the attention layers and the conv/recurrent names of the
     linear layers, as onnxruntime-genai 0.18 reads them, and genai.onnx takes those per layer: a linear
     layer's conv carry beside its recurrent state, a (batch, 1, 1) placeholder where the layer has no
-    short conv (MiniMax's lightning layers; genai 0.18 requires a conv next to every recurrent state)."""
+    short conv (MiniMax's lightning layers; genai 0.18 requires a conv next to every recurrent state), a
+    (batch, 1, 1, 1) recurrent placeholder where the layer's state is its conv carry alone (LFM2's convs:
+    genai finds its recurrent layers by their recurrent inputs)."""
     import onnx
 
     out = decode_export(arch)
@@ -65,10 +68,7 @@ def test_genai_config_names_each_layers_state(decode_export, trained, arch):
     model = trained(arch)
     # the stateful layers in order: Nemotron-H's mlp and moe blocks hold none, Falcon-H1's hybrid two
     kinds = [
-        k
-        for t in model.config.layer_types
-        for k in (LAYER_TYPES if t == "hybrid" else (t,))
-        if k in LAYER_TYPES
+        k for t in model.config.layer_types for k in (LAYER_TYPES if t == "hybrid" else (t,)) if k in MIXERS
     ]
     mixers = {kind: iter(layers_of(model, kind)) for kind in set(kinds)}
     for i, kind in enumerate(kinds):
@@ -82,6 +82,8 @@ def test_genai_config_names_each_layers_state(decode_export, trained, arch):
             placeholder = dims[f"past.{i}.conv"][1:] == [1, 1]
             convolves = any("conv" in name for name, _ in mixer.named_children())  # Kimi: q/k/v_conv1d
             assert placeholder != convolves, (i, dims[f"past.{i}.conv"])
+            recurs = any(s.role == "recurrent" for s in convert(mixer).decode_state())
+            assert (dims[f"past.{i}.recurrent"][1:] == [1, 1, 1]) != recurs, (i, dims[f"past.{i}.recurrent"])
 
 
 @pytest.mark.slow

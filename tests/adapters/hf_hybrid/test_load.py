@@ -95,6 +95,21 @@ def test_a_minimax_sliding_window_is_refused_by_name(initial_dir, tmp_path):
     refused(directory, tmp_path, "sliding_window=32")
 
 
+@pytest.mark.parametrize(
+    "change,fragments",
+    [
+        ({"conv_L_cache": 1}, ("lfm2 with conv_L_cache=1", "conv_L_cache >= 2")),
+        (
+            {"layer_types": ["conv", "linear_attention", "conv", "full_attention"]},
+            ("lfm2 with layer_types linear_attention", "conv, full_attention"),
+        ),
+    ],
+)
+def test_lfm2_options_attnx_does_not_reproduce_are_refused_by_name(initial_dir, tmp_path, change, fragments):
+    directory = copy_of(initial_dir("lfm2"), tmp_path / "lfm2", **change)
+    refused(directory, tmp_path, *fragments)
+
+
 def test_kimi_key_value_heads_other_than_attention_heads_are_refused_by_name(initial_dir, tmp_path):
     directory = copy_of(initial_dir("kimi_linear"), tmp_path / "kv", num_key_value_heads=2)
     refused(directory, tmp_path, "kimi_linear with num_key_value_heads=2", "set num_key_value_heads to 4")

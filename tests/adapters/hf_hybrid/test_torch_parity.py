@@ -20,6 +20,7 @@ from attnx.adapters.hf_hybrid.attention import FullAttention
 from attnx.adapters.hf_hybrid.convert import convert
 from attnx.adapters.hf_hybrid.kimi import KimiDeltaAttention
 from attnx.adapters.hf_hybrid.latent import LatentAttention
+from attnx.adapters.hf_hybrid.lfm2 import GatedShortConv
 from attnx.adapters.hf_hybrid.lightning import LightningAttention
 from attnx.adapters.hf_hybrid.linear import GatedDeltaNet
 from attnx.adapters.hf_hybrid.mamba import SiteAttention
@@ -51,9 +52,11 @@ def assert_close(actual: torch.Tensor, expected: torch.Tensor) -> float:
 
 # where each kind's mixer sits in a decoder layer: Qwen keeps the linear ones in ``linear_attn``, Bamba,
 # Granite, Jamba and Falcon-H1 in ``mamba``, Mamba2 and Nemotron-H every kind in ``mixer``, MiniMax every
-# kind in ``self_attn``, Zamba2's hybrid layers in their mamba decoder and shared transformer
+# kind in ``self_attn``, Zamba2's hybrid layers in their mamba decoder and shared transformer, LFM2 its
+# short convolutions in ``conv``
 MIXERS = {
     "linear_attention": ("linear_attn", "mamba", "mixer", "mamba_decoder.mamba", "self_attn"),
+    "conv": ("conv",),
     "full_attention": ("self_attn", "mixer", "shared_transformer.self_attn"),
 }
 
@@ -65,13 +68,21 @@ def _at(layer, path: str):
 
 
 def layers_of(model, kind: str) -> list:
-    """The token mixers of the ``kind`` ("linear_attention" / "full_attention") layers (Falcon-H1's and
-    Zamba2's "hybrid" layers hold one of each)."""
+    """The token mixers of the ``kind`` (a config's layer type: "linear_attention", LFM2's "conv",
+    "full_attention") layers (Falcon-H1's and Zamba2's "hybrid" layers hold a linear and a full one)."""
     return [
         next(_at(layer, path) for path in MIXERS[kind] if _at(layer, path) is not None)
         for layer, layer_type in zip(model.base_model.layers, model.config.layer_types, strict=True)
         if layer_type in (kind, "hybrid")
     ]
+
+
+def linear_layers(model) -> list:
+    """The token mixers of every layer but the full attention ones (linear attention, the Mamba mixers, LFM2's
+    convs; a hybrid layer's linear one)."""
+    kinds = {"linear_attention" if kind == "hybrid" else kind for kind in model.config.layer_types}
+    kinds &= MIXERS.keys() - {"full_attention"}
+    return [mixer for kind in sorted(kinds) for mixer in layers_of(model, kind)]
 
 
 def call_linear(layer, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -85,14 +96,18 @@ def call_linear(layer, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tens
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("n", LENGTH_CASES)
 def test_linear_layers_match_hf(hybrid, arch, n):
-    """Every linear layer (Gated DeltaNet, MiniMax's lightning attention), padded or not, equals HF's (its
-    chunked / blocked fallback) at every position."""
+    """Every linear layer (Gated DeltaNet, MiniMax's lightning attention, Mamba2, LFM2's gated short conv),
+    padded or not, equals HF's (its chunked / blocked fallback) at every position."""
     torch.manual_seed(n)
     mask, _ = padded(n)
     model = hybrid(arch)
-    for layer in layers_of(model, "linear_attention"):
+    layers = linear_layers(model)
+    assert layers
+    for layer in layers:
         adapted = convert(layer)
-        assert isinstance(adapted, (GatedDeltaNet, LightningAttention, StateSpaceDuality, SelectiveScan))
+        assert isinstance(
+            adapted, (GatedDeltaNet, LightningAttention, StateSpaceDuality, SelectiveScan, GatedShortConv)
+        )
         x = torch.randn(2, n, model.config.hidden_size)
         with torch.no_grad():
             for attention_mask in (None, mask):
@@ -313,6 +328,44 @@ def test_a_zamba2_attention_with_another_sites_adapters_is_caught(hybrid):
         first.adapter, second.adapter = second.adapter, first.adapter
         with pytest.raises(AssertionError):
             assert_close(adapted(input_ids=ids).logits, expected)
+
+
+def test_an_lfm2_conv_with_b_and_c_swapped_is_caught(hybrid):
+    """Seeded defect: LFM2's conv layer reading ``in_proj``'s chunks as C, B, x (y = B conv(C x) instead of
+    HF's C conv(B x)) fails the parity the layer test above checks."""
+    layer = layers_of(hybrid("lfm2"), "conv")[0]
+    right, wrong = convert(layer), convert(copy.deepcopy(layer))
+    with torch.no_grad():
+        b, c, xs = wrong.in_proj.weight.chunk(3)
+        wrong.in_proj.weight.copy_(torch.cat([c, b, xs]))
+        x = torch.randn(1, 33, layer.config.hidden_size)
+        assert_close(right(x), layer(x))
+        with pytest.raises(AssertionError):
+            assert_close(wrong(x), layer(x))
+
+
+@pytest.mark.parametrize("n", (7, 65))
+def test_lfm2_convs_with_biases_match_hf_on_padded_batches(n):
+    """LFM2 with ``conv_bias`` (the released configs have none; random weights and biases): a padded
+    token's B x is the product of the projection's biases, which HF convolves unmasked; the layers and the
+    whole model equal HF's on left-padded batches."""
+    model = hf_hybrid.build("lfm2", conv_bias=True).eval()
+    torch.manual_seed(n)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name.endswith(".bias"):
+                parameter.normal_(0.0, 0.5)
+    mask, positions = padded(n)
+    adapted = convert(copy.deepcopy(model))
+    for layer in layers_of(model, "conv"):
+        x = torch.randn(2, n, model.config.hidden_size)
+        with torch.no_grad():
+            assert_close(call_linear(convert(layer), x, mask), call_linear(layer, x, mask))
+    ids = torch.randint(0, model.config.vocab_size, (2, n))
+    with torch.no_grad():
+        expected = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False).logits
+        actual = adapted(input_ids=ids, attention_mask=mask.bool(), position_ids=positions).logits
+    assert_close(actual, expected)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
