@@ -20,7 +20,7 @@ where it takes them: build time, and each ``model.onnx``'s logits from the empty
 forward at several lengths (one unpadded row: mobius's graphs take no padding mask), or the first line
 of the peer's error.
 
-    python benchmarks/mamba.py [--layers 12] [--contexts 256,4000] [--steps 32]
+    python benchmarks/mamba.py [--layers 12] [--contexts 256,4000] [--steps 32] [--archs mamba2,mamba]
     python benchmarks/mamba.py --peers [--lengths 1,7,65,130]
 
 Prints one JSON object per measurement and a summary table.
@@ -169,6 +169,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=32)
     parser.add_argument("--peers", action="store_true", help="attnx beside mobius-onnx on every Mamba type")
     parser.add_argument("--lengths", default="1,7,65,130")
+    parser.add_argument("--archs", default=",".join(SHAPES), help=f"which of {', '.join(SHAPES)} to time")
     args = parser.parse_args()
     contexts = [int(c) for c in args.contexts.split(",")]
     torch.set_num_threads(2)
@@ -183,7 +184,7 @@ def main() -> None:
         return
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for arch in SHAPES:
+        for arch in args.archs.split(","):
             saved, out = Path(tmp) / f"{arch}-hf", Path(tmp) / f"{arch}-attnx"
             model = build(arch, args.layers, saved)
             export_s = export_with_attnx(saved, out, "portable")

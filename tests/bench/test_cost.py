@@ -99,6 +99,8 @@ CASES = [
     # heads); Gated DeltaNet; Kimi-like (per-key decay, low-rank sigmoid gate, full-width norm, chunks of 8)
     ("retention", "lm", None, {}),
     ("retention", "lm", None, {"decay": "key", "decay_rank": 4, "value_heads": 4, "short_conv": True}),
+    # Mamba1-like: a value of width 1 per head, which the rule runs token by token
+    ("retention", "lm", None, {"decay": "key", "value_heads": 16, "value_head_dim": 1}),
     ("gated_delta", "lm", None, {}),
     (
         "gated_delta",

@@ -17,8 +17,10 @@ for hidden states x (batch, n, width):
 Step 4 is ``attnx::GatedDeltaRule`` with ``delta=False`` and a decay per key dimension: one value head
 of width 1 per channel (v = dt u), the key dimension the state (k = B, q = C, one q/k head shared by
 every channel, the op's grouped layout), g = dt A (batch, channels, n, state), beta = 1, scale 1; the D
-skip and the gate are outside. A padded token is a no-op on the state at the start (left padding): its
-u is zero (the second mask), so only its decay touches the zero state.
+skip and the gate are outside. With values of width 1 the op runs token by token (its chunked form's
+score blocks would be C times the scan's work; :func:`attnx.plugins.gated.config.by_token`). A padded
+token is a no-op on the state at the start (left padding): its u is zero (the second mask), so only its
+decay touches the zero state.
 """
 
 from __future__ import annotations

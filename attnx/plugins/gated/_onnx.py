@@ -1,5 +1,7 @@
 """Portable ONNX bodies of ``attnx::GatedDeltaRule(Step)``: the chunked form of
-:mod:`attnx.plugins.gated._chunks` in standard ops (ai.onnx opset 18), which ONNX Runtime runs as they are.
+:mod:`attnx.plugins.gated._chunks` in standard ops (ai.onnx opset 18), which ONNX Runtime runs as they are,
+and the token-by-token form of :mod:`attnx.plugins.gated._tokens` (:func:`GatedTokens`) that the additive
+rule on narrow values takes instead (an ``If`` in :func:`GatedCore`).
 
 The layout is the torch code's: (b, hk, r, n_chunks, C, d), q and k with r = 1 (broadcast to the value
 heads they serve). Everything inside a chunk is computed for all chunks at once; a ``Scan`` over the
@@ -32,10 +34,12 @@ from onnxscript import BOOL, FLOAT, INT64, graph
 from onnxscript import opset18 as op
 
 from attnx.ops import LIBRARY, OPSET, AttnxWiden
+from attnx.plugins.gated.config import TOKEN_MAX_VALUE_WIDTH
 
 # ONNX Runtime runs a Scan only if its body's outputs have a shape: the inputs' rank (5: (b, hk, r, rows,
 # cols)) lets it infer them.
 STATE = FLOAT[None, None, None, None, None]
+ROWS = FLOAT[None, None, None, None]  # the token-by-token state, (b, hk, r * dv, dk), and its step's inputs
 _NEG_INF = onnxscript.ir.tensor([float("-inf")], dtype=onnxscript.ir.DataType.FLOAT)
 
 
@@ -275,28 +279,27 @@ def GatedAdditiveCarry(
 
 
 @onnxscript.script(LIBRARY, default_opset=op)
-def GatedCore(
+def GatedChunked(
     q: FLOAT,
     k: FLOAT,
     v: FLOAT,
-    g: FLOAT,
+    cumulated: FLOAT,
     beta: FLOAT,
     state: FLOAT,
+    chunk: INT64,
+    size: INT64,
+    pad: INT64,
     delta: int,
     scale: float,
-    chunk_size: int,
 ) -> tuple[FLOAT, FLOAT]:
-    """The recurrence after ``state`` (b, hk, r, dk, dv), all inputs widened: (out (b, hv, n, dv), state')."""
+    """The chunked form after ``state`` (b, hk, r, dk, dv), g cumulated in its chunks (``cumulated``,
+    (b, hk, r, nc, C, dg)): (out (b, hv, n, dv), state' (b, hv, dk, dv))."""
     heads = op.Shape(q, start=1, end=2)
     n = op.Shape(v, start=2, end=3)
-    wide_decay = op.Greater(op.Shape(g, start=3), op.Constant(value_ints=[1]))
-    chunk, size = GatedChunkLength(n, op.Reshape(op.Constant(value_int=chunk_size), [1]), wide_decay)
-    per_key = op.Squeeze(wide_decay, [0])
-    pad = op.Sub(op.Mul(op.Div(op.Sub(op.Add(n, chunk), op.Constant(value_ints=[1])), chunk), chunk), n)
+    per_key = op.Squeeze(op.Greater(op.Shape(cumulated, start=5), op.Constant(value_ints=[1])), [0])
     queries = GatedChunks(op.Unsqueeze(q, [2]), pad, chunk)  # (b, hk, 1, nc, C, dk)
     keys = GatedChunks(op.Unsqueeze(k, [2]), pad, chunk)
     values = GatedChunks(GatedGroup(v, heads), pad, chunk)  # (b, hk, r, nc, C, dv)
-    cumulated = op.CumSum(GatedChunks(GatedGroup(g, heads), pad, chunk), op.Constant(value_int=4))
     rate = GatedChunks(GatedGroup(op.Unsqueeze(beta, [-1]), heads), pad, chunk)
     if per_key:  # P, and the keys' scores for A
         inner, among_keys = GatedPerKeyScores(queries, keys, cumulated, size, delta=delta)
@@ -319,6 +322,81 @@ def GatedCore(
     flat = op.Concat(op.Shape(v, start=0, end=2), op.Constant(value_ints=[-1]), op.Shape(v, start=3), axis=0)
     out = op.Slice(op.Reshape(out, flat), op.Constant(value_ints=[0]), n, op.Constant(value_ints=[2]))
     return out, op.Reshape(final, op.Concat(op.Shape(v, start=0, end=2), op.Shape(final, start=3), axis=0))
+
+
+@onnxscript.script(LIBRARY, default_opset=op)
+def GatedTokens(
+    q: FLOAT, k: FLOAT, v: FLOAT, g: FLOAT, beta: FLOAT, state: FLOAT, scale: float
+) -> tuple[FLOAT, FLOAT]:
+    """The additive rule token by token (``attnx.plugins.gated._tokens``) after ``state`` (b, hk, r, dk,
+    dv): a ``Scan`` over the tokens whose step is the state's multiply-add and the read of the output.
+    Inside, the state is V-major with the value heads of a q/k head as rows, (b, hk, r * dv, dk), so that
+    the added outer product and the read are one product each (a GEMV per token over every value head of
+    the q/k head; elementwise products broadcast over the heads took 8x as long). Returns (out (b, hv, n,
+    dv), state' (b, hv, dk, dv))."""
+    heads = op.Shape(q, start=1, end=2)
+    queries = op.Transpose(op.Unsqueeze(q, [4]), perm=[2, 0, 1, 3, 4])  # (n, b, hk, dk, 1)
+    keys = op.Transpose(op.Unsqueeze(k, [3]), perm=[2, 0, 1, 3, 4])  # (n, b, hk, 1, dk)
+    grouped = op.Mul(GatedGroup(v, heads), GatedGroup(op.Unsqueeze(beta, [-1]), heads))  # (b, hk, r, n, dv)
+    values = op.Transpose(grouped, perm=[3, 0, 1, 2, 4])  # (n, b, hk, r, dv)
+    rows = op.Concat(op.Shape(values, start=0, end=3), op.Constant(value_ints=[-1, 1]), axis=0)
+    values = op.Reshape(values, rows)  # (n, b, hk, r * dv, 1)
+    decays = op.Transpose(op.Unsqueeze(GatedGroup(g, heads), [4]), perm=[3, 0, 1, 2, 4, 5])  # (n, .., 1, dg)
+    per_head = op.Concat(
+        op.Shape(grouped, start=0, end=3), op.Shape(v, start=3), op.Shape(q, start=3), axis=0
+    )
+    per_row = op.Concat(
+        op.Shape(q, start=0, end=2), op.Constant(value_ints=[-1]), op.Shape(q, start=3), axis=0
+    )
+
+    @graph()
+    def step(state: ROWS, decay: STATE, key: ROWS, query: ROWS, value: ROWS):
+        decayed = op.Reshape(op.Mul(op.Exp(decay), op.Reshape(state, per_head)), per_row)
+        grown = op.Add(decayed, op.MatMul(value, key))
+        return grown, op.MatMul(grown, query)
+
+    start = op.Reshape(op.Transpose(state, perm=[0, 1, 2, 4, 3]), per_row)
+    final, outs = op.Scan(start, decays, keys, queries, values, body=step, num_scan_inputs=4)
+    token_major = op.Concat(
+        op.Shape(outs, start=0, end=1), op.Shape(v, start=0, end=2), op.Shape(v, start=3), axis=0
+    )
+    out = op.Transpose(op.Reshape(outs, token_major), perm=[1, 2, 0, 3])  # outs: (n, b, hk, r * dv, 1)
+    out = op.Mul(out, op.CastLike(op.Constant(value_float=scale), out))
+    final = op.Transpose(op.Reshape(final, per_head), perm=[0, 1, 2, 4, 3])  # (b, hk, r, dk, dv)
+    return out, op.Reshape(final, op.Concat(op.Shape(v, start=0, end=2), op.Shape(final, start=3), axis=0))
+
+
+@onnxscript.script(LIBRARY, default_opset=op)
+def GatedCore(
+    q: FLOAT,
+    k: FLOAT,
+    v: FLOAT,
+    g: FLOAT,
+    beta: FLOAT,
+    state: FLOAT,
+    delta: int,
+    scale: float,
+    chunk_size: int,
+) -> tuple[FLOAT, FLOAT]:
+    """The recurrence after ``state`` (b, hk, r, dk, dv), all inputs widened: (out (b, hv, n, dv), state'),
+    token by token or in chunks as ``attnx.plugins.gated.config.by_token`` says. The chunked form's
+    CumSum stays out of the ``If`` (module docstring): it runs on one token when the rule goes by token
+    (none would leave Reshape's -1 undefined)."""
+    heads = op.Shape(q, start=1, end=2)
+    use_delta = op.Cast(op.Constant(value_int=delta), to=BOOL.dtype)
+    narrow = op.LessOrEqual(op.Shape(v, start=3), op.Constant(value_ints=[TOKEN_MAX_VALUE_WIDTH]))
+    by_token = op.Squeeze(op.And(op.Not(use_delta), narrow), [0])
+    n = op.Where(by_token, op.Constant(value_ints=[1]), op.Shape(v, start=2, end=3))  # the chunked form's
+    wide_decay = op.Greater(op.Shape(g, start=3), op.Constant(value_ints=[1]))
+    chunk, size = GatedChunkLength(n, op.Reshape(op.Constant(value_int=chunk_size), [1]), wide_decay)
+    pad = op.Sub(op.Mul(op.Div(op.Sub(op.Add(n, chunk), op.Constant(value_ints=[1])), chunk), chunk), n)
+    chunked_g = op.Slice(g, op.Constant(value_ints=[0]), n, op.Constant(value_ints=[2]))
+    cumulated = op.CumSum(GatedChunks(GatedGroup(chunked_g, heads), pad, chunk), op.Constant(value_int=4))
+    if by_token:
+        out, final = GatedTokens(q, k, v, g, beta, state, scale=scale)
+    else:
+        out, final = GatedChunked(q, k, v, cumulated, beta, state, chunk, size, pad, delta=delta, scale=scale)
+    return out, final
 
 
 @onnxscript.script(LIBRARY, default_opset=op)

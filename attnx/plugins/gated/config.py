@@ -30,6 +30,18 @@ MAX_CHUNK_SIZE = 32768
 DEFAULT_CHUNK_SIZES = {(False, False): 64, (False, True): 16, (True, False): 32, (True, True): 16}
 
 
+# The additive rule runs token by token (:mod:`attnx.plugins.gated._tokens`) for values at most this wide:
+# its state update, d_k x d_v per token, is then cheaper than the chunked form's (C, C) scores (measured,
+# docs/variants/gated.md, "Token by token"). Mamba1's selective scan has values of width 1.
+TOKEN_MAX_VALUE_WIDTH = 8
+
+
+def by_token(delta: bool, value_dim: int) -> bool:
+    """Whether the rule runs token by token rather than in chunks: the additive rule with values of at most
+    :data:`TOKEN_MAX_VALUE_WIDTH` (the delta rule's update reads the state, so it stays chunked)."""
+    return not delta and value_dim <= TOKEN_MAX_VALUE_WIDTH
+
+
 def default_chunk_size(delta: bool, per_key: bool) -> int:
     """The default ``chunk_size`` for the delta (or additive) rule with a per-key (or scalar) decay."""
     return DEFAULT_CHUNK_SIZES[(delta, per_key)]

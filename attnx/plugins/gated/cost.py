@@ -12,9 +12,13 @@ tokens, hk/hv the q-k/value heads of d_k/d_v:
   head); the mix of the in-chunk updates, 2 b hv P C d_v;
 * the state: the queries against each chunk's state and each chunk's K~^T U, 2 b hv P d_k d_v each, and
   for the delta rule W S as well (the triangular solve has no FLOP formula in torch's counter: uncounted).
+* token by token (the additive rule on narrow values, :func:`attnx.plugins.gated.config.by_token`): no
+  matrix product (its 2 b hv N d_k d_v multiply-adds, the state's update and read, are elementwise, which
+  the convention does not count).
 
 Memory: an upper bound in float32 of the tensors the forward may hold at once (the projections, the
-chunked form's (C, C) scores per chunk and head, the per-key decay's block tensors, the stacked states).
+chunked form's (C, C) scores per chunk and head, the per-key decay's block tensors, the stacked states;
+token by token, the decays and the outputs).
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from __future__ import annotations
 import math
 
 from attnx.cost import FLOAT_BYTES, AttentionCost, Shape
-from attnx.plugins.gated.config import GatedConfig, chunk_plan
+from attnx.plugins.gated.config import GatedConfig, by_token, chunk_plan
 
 
 def _projection(tokens: int, d_in: int, d_out: int, rank: int) -> int:
@@ -49,17 +53,22 @@ def gated_cost(s: Shape, config: GatedConfig) -> AttentionCost:
     if config.short_conv:
         projection += 2 * tokens * config.conv_kernel * channels
 
+    live = tokens * (3 * channels + 3 * values + 2 * decay_width + d)
+    b = s.batch
+    if by_token(config.delta, value_dim):
+        outputs = b * value_heads * s.seq * value_dim
+        return AttentionCost(
+            projection, 0, FLOAT_BYTES * (live + outputs + b * value_heads * key_dim * value_dim)
+        )
     chunk, size = chunk_plan(s.seq, config.chunk, per_key)
     n_chunks = math.ceil(max(s.seq, 1) / chunk)
     padded = n_chunks * chunk
-    b = s.batch
     rows = 2 if config.delta else 1
     score_heads = value_heads if per_key else key_heads
     maths = rows * 2 * b * score_heads * padded * chunk * key_dim
     maths += 2 * b * value_heads * padded * chunk * value_dim
     maths += (3 if config.delta else 2) * 2 * b * value_heads * padded * key_dim * value_dim
 
-    live = tokens * (3 * channels + 3 * values + 2 * decay_width + d)
     chunked = b * value_heads * padded * ((rows + 3) * chunk + 4 * key_dim + 3 * value_dim)
     if per_key:
         chunked += b * value_heads * padded * (2 * size + chunk // size) * key_dim

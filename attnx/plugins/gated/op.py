@@ -14,7 +14,9 @@ feature maps and scales are the caller's). A token with g = 0 and beta = 0 leave
 
 ``attnx::gated_delta_rule`` runs from an empty state; ``attnx::gated_delta_rule_step`` continues from a
 state (b, hv, dk, dv) and returns the state after its tokens (1 decoded token or a whole prompt). Both
-compute chunk by chunk (``chunk_size`` tokens, :mod:`attnx.plugins.gated._chunks`), exported as single
+compute chunk by chunk (``chunk_size`` tokens, :mod:`attnx.plugins.gated._chunks`), or token by token for
+the additive rule on narrow values (:mod:`attnx.plugins.gated._tokens`, Mamba1's values of width 1;
+:func:`~attnx.plugins.gated.config.by_token`), exported as single
 ``attnx::GatedDeltaRule`` / ``attnx::GatedDeltaRuleStep`` nodes whose portable ONNX bodies
 (:mod:`attnx.plugins.gated._onnx`) do the same with standard ops; :data:`ORT_BODIES` compute them with
 ONNX Runtime's own kernels (:mod:`attnx.plugins.gated._ort`).
@@ -34,7 +36,8 @@ from attnx.ops import AttentionOp, TargetBodies, at_least_float32, trainable_op
 from attnx.plugins.gated._chunks import gated_chunks
 from attnx.plugins.gated._onnx import GatedDeltaRule, GatedDeltaRuleStep, GatedDeltaRuleStepFirst
 from attnx.plugins.gated._ort import ORT_BODIES
-from attnx.plugins.gated.config import MAX_CHUNK_SIZE, default_chunk_size
+from attnx.plugins.gated._tokens import gated_tokens
+from attnx.plugins.gated.config import MAX_CHUNK_SIZE, by_token, default_chunk_size
 from attnx.plugins.lib.ort import ORT_SINCE
 from attnx.state import StateTensor
 
@@ -85,6 +88,26 @@ def _check_chunk_size(chunk_size: int) -> None:
         raise ValueError(f"gated_delta_rule: chunk_size={chunk_size} must be in 1..{MAX_CHUNK_SIZE}")
 
 
+def _recurrence(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor | None,
+    delta: bool,
+    scale: float,
+    chunk_size: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, state after the tokens) in float32 at least, token by token or in chunks as
+    :func:`~attnx.plugins.gated.config.by_token` says (the ONNX bodies choose alike)."""
+    check_shapes(q, k, v, g, beta)
+    _check_chunk_size(chunk_size)
+    if by_token(delta, v.shape[-1]):
+        return gated_tokens(q, k, v, g, beta, state, scale=scale)
+    return gated_chunks(q, k, v, g, beta, state, delta=delta, scale=scale, chunk_size=chunk_size)
+
+
 @trainable_op("attnx::gated_delta_rule")
 def gated_delta_rule(
     q: torch.Tensor,
@@ -97,9 +120,7 @@ def gated_delta_rule(
     chunk_size: int,
 ) -> torch.Tensor:
     """The recurrence from an empty state; the output (b, hv, n, dv) in v's dtype."""
-    check_shapes(q, k, v, g, beta)
-    _check_chunk_size(chunk_size)
-    out, _ = gated_chunks(q, k, v, g, beta, None, delta=delta, scale=scale, chunk_size=chunk_size)
+    out, _ = _recurrence(q, k, v, g, beta, None, delta, scale, chunk_size)
     return out.to(v.dtype)
 
 
@@ -122,9 +143,7 @@ def gated_delta_rule_step(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The recurrence continued from ``state`` (b, hv, dk, dv; None: zeros): (out in v's dtype, state
     after the new tokens in float32, float64 for float64 inputs)."""
-    check_shapes(q, k, v, g, beta)
-    _check_chunk_size(chunk_size)
-    out, grown = gated_chunks(q, k, v, g, beta, state, delta=delta, scale=scale, chunk_size=chunk_size)
+    out, grown = _recurrence(q, k, v, g, beta, state, delta, scale, chunk_size)
     return out.to(v.dtype), grown
 
 

@@ -63,3 +63,5 @@ def boundary_lengths(chunk: int) -> list[int]:
 
 
 SCALE = 0.7
+# value widths the additive rule runs token by token (narrow) and in chunks (wide): config.by_token
+NARROW_AND_WIDE = (4, 9)

@@ -32,7 +32,7 @@ from attnx.plugins.linear.ort import LINEAR_ORT_BODIES
 from attnx.testing.checks.fp16_convert import converters
 from attnx.testing.onnx_op import node_model
 from tests.plugins import op_harness as harness
-from tests.plugins.gated.cases import SCALE, Shape, draw
+from tests.plugins.gated.cases import NARROW_AND_WIDE, SCALE, Shape, draw
 from tests.plugins.gated.test_op import cases
 from tests.plugins.test_dtype_generic import float_literals, nodes
 
@@ -104,10 +104,11 @@ def test_decoding_token_by_token(per_key):
     torch.testing.assert_close(torch.cat(outs, dim=2), expected, **TOLERANCE)
 
 
+@pytest.mark.parametrize("dv", NARROW_AND_WIDE, ids=["narrow", "wide"])
 @pytest.mark.parametrize("per_key", [False, True], ids=["scalar", "per-key"])
 @pytest.mark.parametrize("delta", [False, True], ids=["additive", "delta"])
-def test_strong_decay(delta, per_key):
-    shape = Shape(1, 1, 2, 45, 6, 4, per_key, delta, 16, state=True)
+def test_strong_decay(delta, per_key, dv):
+    shape = Shape(1, 1, 2, 45, 6, dv, per_key, delta, 16, state=True)
     q, k, v, g, beta, state = draw(shape, seed=30)
     g = torch.full_like(g, -30.0)
     if per_key:
@@ -134,12 +135,13 @@ def test_keys_aligned_within_a_chunk(per_key):
     torch.testing.assert_close(grown.double(), expected_state, **TOLERANCE)
 
 
+@pytest.mark.parametrize("dv", NARROW_AND_WIDE, ids=["narrow", "wide"])
 @pytest.mark.parametrize("per_key", [False, True], ids=["scalar", "per-key"])
 @pytest.mark.parametrize("delta", [False, True], ids=["additive", "delta"])
-def test_fp16_inputs(delta, per_key):
+def test_fp16_inputs(delta, per_key, dv):
     """fp16 q, k, v, g, beta: the output is fp16, the state float32, both within fp16 rounding of the
     float64 recurrence, as the torch op's (the body widens to float32 as the torch op does)."""
-    shape = Shape(1, 2, 4, 77, 16, 8, per_key, delta, 32, state=True)
+    shape = Shape(1, 2, 4, 77, 16, dv, per_key, delta, 32, state=True)
     inputs = draw(shape, seed=77, dtype=torch.float16)
     expected_out, expected_state = naive_gated_delta_rule(*inputs, delta, SCALE)
     for out, grown in (
@@ -167,10 +169,12 @@ def test_fp16_body_in_the_reference_evaluator(per_key):
 @pytest.mark.parametrize("lowering", ["function", "decomposed"])
 @pytest.mark.parametrize("per_key", [False, True], ids=["scalar", "per-key"])
 @pytest.mark.parametrize("delta", [False, True], ids=["additive", "delta"])
-def test_fp16_converted_models_run(delta, per_key, lowering):
+@pytest.mark.parametrize("dv", [9, 1], ids=["chunked", "narrow"])
+def test_fp16_converted_models_run(dv, delta, per_key, lowering):
     """A float32 one-node model converted to fp16 by each installed converter loads and computes the
-    recurrence to fp16 accuracy (decomposed: in fp16 throughout, Scan and Loop bodies included)."""
-    shape = Shape(1, 2, 4, 37, 8, 6, per_key, delta, 16)
+    recurrence to fp16 accuracy (decomposed: in fp16 throughout, Scan and Loop bodies included), in chunks
+    and (the additive rule on values of width 1) token by token."""
+    shape = Shape(1, 2, 4, 37, 8, dv, per_key, delta, 16)
     q, k, v, g, beta, _ = draw(shape, seed=37)
     expected, _ = naive_gated_delta_rule(q, k, v, g, beta, None, delta, SCALE)
     call = harness.op_call(GATED_DELTA_RULE_OP, q, k, v, g, beta, delta, SCALE, 16)

@@ -23,7 +23,7 @@ from attnx.plugins.gated.op import (
     naive_gated_delta_rule,
 )
 from tests.helpers import assert_unchanged
-from tests.plugins.gated.cases import SCALE, Shape, boundary_lengths, draw
+from tests.plugins.gated.cases import NARROW_AND_WIDE, SCALE, Shape, boundary_lengths, draw
 
 # -- the reference, checked against closed forms ---------------------------------------------------------
 
@@ -84,13 +84,19 @@ def cases() -> list[Shape]:
     for per_key, chunk in ((False, 8), (True, 16)):  # per-key: blocks of 4 inside chunks of 16
         for delta in (False, True):
             for n in boundary_lengths(chunk):
-                found.append(Shape(2, 2, 4, n, 6, 5, per_key, delta, chunk, state=n % 2 == 1))
+                found.append(Shape(2, 2, 4, n, 6, 9, per_key, delta, chunk, state=n % 2 == 1))
     found += [
         Shape(1, 1, 1, 130, 8, 8, False, True, 64),  # default-sized chunks, a padded last one
         Shape(1, 2, 2, 70, 8, 8, True, True, 64, state=True),  # per-key blocks of 8
-        Shape(2, 1, 3, 23, 3, 7, True, False, 7, state=True),  # C = 7 -> 8 (blocks of 2), dk < dv
+        Shape(2, 1, 3, 23, 3, 9, True, False, 7, state=True),  # C = 7 -> 8 (blocks of 2), dk < dv
         Shape(1, 3, 6, 17, 5, 2, False, True, 1),  # one token per chunk
         Shape(1, 2, 2, 40, 4, 4, True, True, 48),  # one chunk of 40 < 48, blocks of 4
+        # the additive rule token by token (values of at most TOKEN_MAX_VALUE_WIDTH): Mamba1's shape
+        # (one value of width 1 per head, per-key decay, q/k shared by groups of heads), and the widest
+        Shape(2, 2, 6, 37, 16, 1, True, False, 16, state=True),
+        Shape(1, 1, 4, 130, 8, 8, True, False, 16),
+        Shape(2, 1, 3, 1, 4, 1, False, False, 8, state=True),
+        Shape(1, 2, 4, 19, 6, 2, False, False, 8),
     ]
     return found
 
@@ -108,12 +114,14 @@ def test_op_matches_the_recurrence(shape):
         torch.testing.assert_close(full.double(), expected_out, atol=2e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("dv", NARROW_AND_WIDE, ids=["narrow", "wide"])
 @pytest.mark.parametrize("per_key", [False, True], ids=["scalar", "per-key"])
 @pytest.mark.parametrize("delta", [False, True], ids=["additive", "delta"])
-def test_strong_decay_underflows_without_overflow(per_key, delta):
+def test_strong_decay_underflows_without_overflow(per_key, delta, dv):
     """g = -30 per token (and per key dimension, mixed with dimensions that barely decay): the naive
-    exp(G_i) exp(-G_j) factorisation would overflow float32 after 3 tokens; the op stays exact."""
-    shape = Shape(1, 1, 2, 45, 6, 4, per_key, delta, 16, state=True)
+    exp(G_i) exp(-G_j) factorisation would overflow float32 after 3 tokens; the op stays exact (the
+    additive rule both token by token and in chunks)."""
+    shape = Shape(1, 1, 2, 45, 6, dv, per_key, delta, 16, state=True)
     q, k, v, g, beta, state = draw(shape, seed=30)
     g = torch.full_like(g, -30.0)
     if per_key:
@@ -150,10 +158,11 @@ def test_steps_continue_the_recurrence(per_key):
     torch.testing.assert_close(state, final, atol=2e-6, rtol=1e-5)
 
 
+@pytest.mark.parametrize("dv", NARROW_AND_WIDE, ids=["narrow", "wide"])
 @pytest.mark.parametrize("delta", [False, True], ids=["additive", "delta"])
-def test_a_token_with_no_decay_and_no_rate_is_a_no_op(delta):
+def test_a_token_with_no_decay_and_no_rate_is_a_no_op(delta, dv):
     """g = 0 and beta = 0 (a padded token; its k may be anything): the state passes through it unchanged."""
-    shape = Shape(1, 2, 2, 12, 4, 4, True, delta, 4, state=True)
+    shape = Shape(1, 2, 2, 12, 4, dv, True, delta, 4, state=True)
     q, k, v, g, beta, state = draw(shape, seed=12)
     padded = [5, 6, 11]
     g[:, :, padded], beta[:, :, padded] = 0.0, 0.0
