@@ -30,23 +30,9 @@ SUBJECTS = subjects()
 SAMPLE = next((s for s in SUBJECTS if s.graph == "prefill"), SUBJECTS[0])
 
 
-# The gated bodies pick the decay's form (one per head or one per key dimension) with an If on its width;
-# inlined (--lowering decomposed) with static widths, the branch not taken squeezes an axis of 16, which
-# strict inference rejects although it never runs. Not an upstream bug: attnx's body; the function lowering
-# passes.
-GATED_IF_UNDER_STRICT_INFERENCE = (
-    "the gated bodies' If on the decay's width has an untaken branch whose shapes contradict the static "
-    "widths of an inlined graph: strict shape inference rejects it; use --lowering function for such tools"
-)
-
-
 def known_bug(subject: Subject, tool: Tool) -> str | None:
     if tool.name == "onnx.version_converter" and subject.lowering == "function":
         return VERSION_CONVERTER_DROPS_FUNCTIONS
-    # retention's test options decay per key dimension (gated_delta's per head)
-    per_key = subject.variant == "retention"
-    if tool.name == "strict-shape-inference" and per_key and subject.lowering == "decomposed":
-        return GATED_IF_UNDER_STRICT_INFERENCE
     return None
 
 
