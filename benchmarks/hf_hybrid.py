@@ -1,5 +1,5 @@
-"""Hugging Face hybrids (Qwen3.5, Qwen3-Next) exported by the ecosystem's own tools, measured against
-HF's own forward (docs/benchmarks.md, "Hugging Face hybrids").
+"""Hugging Face hybrids (Qwen3.5, Qwen3-Next, LFM2) exported by the ecosystem's own tools, measured
+against HF's own forward (docs/benchmarks.md, "Hugging Face hybrids").
 
 On the small trained models of ``attnx.testing.hf_hybrid`` (``examples/train_hf_hybrid.py``):
 
@@ -8,7 +8,10 @@ On the small trained models of ``attnx.testing.hf_hybrid`` (``examples/train_hf_
   the trained text model is wrapped into one (a one-block vision tower, the text weights copied; its
   text forward is checked equal to the text model's). Measured: build time, the built model's prefill
   logits against HF's forward at several lengths (empty state), greedy tokens and tokens/s in genai
-  against HF ``generate``.
+  against HF ``generate``. It takes LFM2 as saved; beside it, attnx's exports of the same model
+  (``attnx export --from hf:DIR --decode``, portable, and ``--target ort`` after ``attnx optimize
+  --fuse``) measured the same way, then the three's genai decode speed in ``--repeats`` interleaved
+  rounds.
 * **transformers' own ``OnnxExporter``** (``transformers.exporters.exporter_onnx``): export time,
   which inputs the graph takes (state or not), logits against HF's forward at several lengths.
 * **speed** (``--speed``): a Qwen3.5 text model of width 512 (3 Gated DeltaNet + 1 gated attention
@@ -21,7 +24,7 @@ On the small trained models of ``attnx.testing.hf_hybrid`` (``examples/train_hf_
   generate`` after 256, 1024 and 4096 tokens (``--positions``), of the hybrid and of the same model
   with linear layers only.
 
-    python benchmarks/hf_hybrid.py [--archs qwen3_5,qwen3_next] [--lengths 7,37,65,130] [--new-tokens 200]
+    python benchmarks/hf_hybrid.py [--archs qwen3_5,lfm2] [--lengths 7,37,65,130] [--new-tokens 200]
     python benchmarks/hf_hybrid.py --speed [--context 4096] [--steps 32] [--positions 256,1024,4096]
                                    [--fuse ort]
 
@@ -90,30 +93,6 @@ def build_with_genai(checkpoint: Path, out: Path, precision: str = "fp32") -> fl
     return time.perf_counter() - start
 
 
-def builder_prefill(model_dir: Path, ids: np.ndarray) -> np.ndarray:
-    """The builder model's logits for ``ids`` (1, n) from an empty state (its own input layout)."""
-    import onnxruntime as ort
-
-    session = ort.InferenceSession(str(model_dir / "model.onnx"), providers=["CPUExecutionProvider"])
-    n = ids.shape[1]
-    feed: dict[str, np.ndarray] = {}
-    for arg in session.get_inputs():
-        if arg.name == "input_ids":
-            feed[arg.name] = ids
-        elif arg.name == "attention_mask":
-            feed[arg.name] = np.ones((1, n), np.int64)
-        elif arg.name == "position_ids":
-            rows = [d for d in arg.shape[:-2] if isinstance(d, int)]
-            feed[arg.name] = np.broadcast_to(np.arange(n), (*rows, 1, n)).astype(np.int64).copy()
-        else:  # state: an empty KV cache, zero conv and recurrent state
-            shape = [
-                1 if d == "batch_size" else 0 if isinstance(d, str) and "past" in d else d for d in arg.shape
-            ]
-            shape = [32 if isinstance(d, str) else d for d in shape]  # kv_cache_dim: head_dim of the model
-            feed[arg.name] = np.zeros(shape, np.float32)
-    return session.run(["logits"], feed)[0]
-
-
 def hf_logits(model: Any, ids: np.ndarray) -> np.ndarray:
     with torch.no_grad():
         return model(input_ids=torch.from_numpy(ids), use_cache=False).logits.numpy()
@@ -142,30 +121,96 @@ def error_rows(tool: str, arch: str, lengths: list[int], model: Any, run: Any) -
     return rows
 
 
-def genai_builder(arch_dir: Path, model: Any, tokenizer: Any, work: Path, args: Any) -> list[dict[str, Any]]:
-    checkpoint = conditional_checkpoint(arch_dir, work / "conditional")
-    built = work / "builder"
-    seconds = build_with_genai(checkpoint, built)
-    rows = [{"tool": "genai-builder", "arch": "qwen3_5", "build_s": round(seconds, 1)}]
-    rows += error_rows(
-        "genai-builder", "qwen3_5", args.lengths, model, lambda ids: builder_prefill(built, ids)
-    )
+def greedy_row(
+    tool: str, arch: str, model_dir: Path, model: Any, tokenizer: Any, args: Any
+) -> dict[str, Any]:
+    """Greedy tokens of ``model_dir`` in onnxruntime-genai against HF ``generate`` (float ties reported),
+    and genai's tokens/s."""
     prompt = tokenizer(PROMPT).input_ids
     expected, logits = hf_hybrid.hf_greedy(model, torch.tensor([prompt]), args.new_tokens)
-    tokens, speed = hf_hybrid.genai_greedy(built, prompt, args.new_tokens)
+    tokens, speed = hf_hybrid.genai_greedy(model_dir, prompt, args.new_tokens)
     try:
         agreed, tie = hf_hybrid.agreement(expected, logits, tokens, 1e-4)
         verdict = f"{agreed} agree" + (f" (tie at {tie})" if tie is not None else "")
     except AssertionError as exc:
         verdict = f"differs: {exc}"
-    rows.append(
-        {
-            "tool": "genai-builder",
-            "arch": "qwen3_5",
-            "greedy_vs_hf_generate": verdict,
-            "genai_tokens_per_s": round(speed, 1),
-        }
+    return {
+        "tool": tool,
+        "arch": arch,
+        "greedy_vs_hf_generate": verdict,
+        "genai_tokens_per_s": round(speed, 1),
+    }
+
+
+# what the builder reads for each architecture it takes: Qwen3.5 only as a checkpoint with a vision tower,
+# LFM2 as saved
+BUILDER_CHECKPOINTS: dict[str, Callable[[Path, Path], Path]] = {
+    "qwen3_5": conditional_checkpoint,
+    "lfm2": lambda directory, out: directory,
+}
+
+
+def genai_builder(
+    arch: str, arch_dir: Path, model: Any, tokenizer: Any, work: Path, args: Any
+) -> list[dict[str, Any]]:
+    """onnxruntime-genai's model builder on ``arch``'s trained model: build time, logits against HF's
+    forward, greedy tokens and tokens/s in genai."""
+    built = work / f"{arch}-builder"
+    seconds = build_with_genai(BUILDER_CHECKPOINTS[arch](arch_dir, work / f"{arch}-checkpoint"), built)
+    rows = [{"tool": "genai-builder", "arch": arch, "build_s": round(seconds, 1)}]
+    head_dim = (
+        getattr(model.config, "head_dim", None)
+        or model.config.hidden_size // model.config.num_attention_heads
     )
+    rows += error_rows(
+        "genai-builder",
+        arch,
+        args.lengths,
+        model,
+        lambda ids: hf_hybrid.empty_state_logits(built / "model.onnx", ids, free_dim=head_dim),
+    )
+    return [*rows, greedy_row("genai-builder", arch, built, model, tokenizer, args)]
+
+
+def attnx_beside_the_builder(
+    arch: str, arch_dir: Path, model: Any, tokenizer: Any, work: Path, args: Any
+) -> list[dict[str, Any]]:
+    """attnx's decode export of the same model, measured as :func:`genai_builder` measures the builder's
+    (portable, and ``--target ort`` after ``attnx optimize --fuse``), then the decode speed of the three
+    in ``args.repeats`` interleaved rounds (the median per tool): a toy's tokens/s moves by 2x between
+    runs on this machine, so only a side-by-side figure means anything."""
+    rows, built = [], {"genai-builder": work / f"{arch}-builder"}
+    for target in ("portable", "ort"):
+        out, tool = work / f"{arch}-attnx-{target}", f"attnx ({target})"
+        seconds = export_with_attnx(arch_dir, out, target)
+        if target == "ort":
+            fused = work / f"{arch}-attnx-fused"
+            seconds += fuse_with_attnx(out, fused)
+            out, tool = fused, "attnx (ort, --fuse)"
+        rows.append({"tool": tool, "arch": arch, "build_s": round(seconds, 1)})
+        rows += error_rows(
+            tool,
+            arch,
+            args.lengths,
+            model,
+            lambda ids, out=out: hf_hybrid.empty_state_logits(out / "model.onnx", ids),
+        )
+        rows.append(greedy_row(tool, arch, out, model, tokenizer, args))
+        built[tool] = out
+    prompt = tokenizer(PROMPT).input_ids
+    speeds: dict[str, list[float]] = {tool: [] for tool in built}
+    for _ in range(args.repeats):
+        for tool, directory in built.items():
+            speeds[tool].append(hf_hybrid.genai_greedy(directory, prompt, args.new_tokens)[1])
+    rows += [
+        {
+            "tool": tool,
+            "arch": arch,
+            "genai_tokens_per_s_median": round(float(np.median(s)), 1),
+            "rounds": [round(x) for x in s],
+        }
+        for tool, s in speeds.items()
+    ]
     return rows
 
 
@@ -410,8 +455,10 @@ def main() -> None:
             directory = hf_hybrid.make(arch)
             model = getattr(transformers, hf_hybrid.RECIPES[arch]["class"]).from_pretrained(directory).eval()
             tokenizer = transformers.AutoTokenizer.from_pretrained(directory)
-            if arch == "qwen3_5" and "builder" not in skip:
-                rows += genai_builder(directory, model, tokenizer, work, args)
+            if arch in BUILDER_CHECKPOINTS and "builder" not in skip:
+                rows += genai_builder(arch, directory, model, tokenizer, work, args)
+                if arch == "lfm2":  # attnx's own Qwen3.5 figures: the tests and the speed run
+                    rows += attnx_beside_the_builder(arch, directory, model, tokenizer, work, args)
             if "transformers" not in skip:
                 rows += transformers_exporter(arch, model, args)
             for row in rows:

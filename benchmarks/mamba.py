@@ -84,43 +84,14 @@ PEER_ARCHS = (
 )
 
 
-def empty_state_feed(session: Any, ids: np.ndarray) -> dict[str, np.ndarray]:
-    """A feed of ``session``'s inputs for ``ids`` (1, n) from the empty state, whatever the graph names
-    them: zeros for each past state (its past-length axes 0), a mask of ones, positions 0..n-1."""
-    n = ids.shape[1]
-    feed: dict[str, np.ndarray] = {}
-    for graph_input in session.get_inputs():
-        name = graph_input.name
-        dtype = (
-            np.int64
-            if "int64" in graph_input.type
-            else np.bool_
-            if "bool" in graph_input.type
-            else np.float32
-        )
-        if name == "input_ids":
-            feed[name] = ids
-        elif name == "attention_mask":
-            feed[name] = np.ones((1, n), dtype)
-        elif name == "position_ids":
-            feed[name] = np.arange(n, dtype=np.int64)[None]
-        else:
-            dims = [d if isinstance(d, int) else 1 if "batch" in str(d) else 0 for d in graph_input.shape]
-            feed[name] = np.zeros(dims, dtype)
-    return feed
-
-
 def logit_errors(onnx_path: Path, model: Any, lengths: list[int]) -> float:
     """The largest |logits - HF's| of ``onnx_path`` from the empty state over ``lengths`` (seeded ids)."""
-    import onnxruntime as ort
-
-    session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
     worst = 0.0
     for n in lengths:
         ids = np.random.default_rng(n).integers(0, model.config.vocab_size, (1, n))
         with torch.no_grad():
             expected = model(input_ids=torch.from_numpy(ids), use_cache=False).logits.numpy()
-        actual = session.run(["logits"], empty_state_feed(session, ids))[0]
+        actual = hf_hybrid.empty_state_logits(onnx_path, ids)
         worst = max(worst, float(np.abs(actual - expected).max()))
     return worst
 

@@ -532,6 +532,37 @@ def genai_greedy(model_dir: Path | str, prompt: list[int], new_tokens: int) -> t
     return tokens, len(tokens) / seconds
 
 
+def empty_state_logits(onnx_path: Path, ids: Any, free_dim: int = 0) -> Any:
+    """The logits (1, n, vocab) of any tool's causal-LM graph at ``onnx_path`` for ``ids`` (int64 (1, n))
+    from the empty state, whatever it names its inputs: a mask of ones and positions 0..n-1 in the input's
+    dtype and rank (equal rows where the graph takes several), zeros for every other input (a past state)
+    with batch axes 1, past-length axes 0 and any other named axis ``free_dim`` (onnxruntime-genai's
+    builder names its state's head width)."""
+    import numpy as np
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    n = ids.shape[1]
+    feed: dict[str, Any] = {}
+    for graph_input in session.get_inputs():
+        kind = graph_input.type
+        dtype = np.int64 if "int64" in kind else np.bool_ if "bool" in kind else np.float32
+        if graph_input.name == "input_ids":
+            feed[graph_input.name] = ids
+        elif graph_input.name == "attention_mask":
+            feed[graph_input.name] = np.ones((1, n), dtype)
+        elif graph_input.name == "position_ids":
+            rows = [d if isinstance(d, int) else 1 for d in graph_input.shape[:-2]]  # Qwen3.5's 3 rows
+            feed[graph_input.name] = np.broadcast_to(np.arange(n), (*rows, 1, n)).astype(np.int64)
+        else:
+            dims = [
+                d if isinstance(d, int) else 1 if "batch" in str(d) else 0 if "past" in str(d) else free_dim
+                for d in graph_input.shape
+            ]
+            feed[graph_input.name] = np.zeros(dims, dtype)
+    return session.run(["logits"], feed)[0]
+
+
 def agreement(
     expected: list[int], logits: Any, actual: list[int], tolerance: float
 ) -> tuple[int, int | None]:
