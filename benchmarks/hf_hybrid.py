@@ -8,7 +8,7 @@ On the small trained models of ``attnx.testing.hf_hybrid`` (``examples/train_hf_
   the trained text model is wrapped into one (a one-block vision tower, the text weights copied; its
   text forward is checked equal to the text model's). Measured: build time, the built model's prefill
   logits against HF's forward at several lengths (empty state), greedy tokens and tokens/s in genai
-  against HF ``generate``. It takes LFM2 as saved; beside it, attnx's exports of the same model
+  against HF ``generate``. It takes LFM2 and LFM2-MoE as saved; beside it, attnx's exports of the same model
   (``attnx export --from hf:DIR --decode``, portable, and ``--target ort`` after ``attnx optimize
   --fuse``) measured the same way, then the three's genai decode speed in ``--repeats`` interleaved
   rounds.
@@ -24,7 +24,7 @@ On the small trained models of ``attnx.testing.hf_hybrid`` (``examples/train_hf_
   generate`` after 256, 1024 and 4096 tokens (``--positions``), of the hybrid and of the same model
   with linear layers only.
 
-    python benchmarks/hf_hybrid.py [--archs qwen3_5,lfm2] [--lengths 7,37,65,130] [--new-tokens 200]
+    python benchmarks/hf_hybrid.py [--archs qwen3_5,lfm2,lfm2_moe] [--lengths 7,37,65,130] [--new-tokens 200]
     python benchmarks/hf_hybrid.py --speed [--context 4096] [--steps 32] [--positions 256,1024,4096]
                                    [--fuse ort]
 
@@ -143,10 +143,11 @@ def greedy_row(
 
 
 # what the builder reads for each architecture it takes: Qwen3.5 only as a checkpoint with a vision tower,
-# LFM2 as saved
+# LFM2 and LFM2-MoE as saved
 BUILDER_CHECKPOINTS: dict[str, Callable[[Path, Path], Path]] = {
     "qwen3_5": conditional_checkpoint,
     "lfm2": lambda directory, out: directory,
+    "lfm2_moe": lambda directory, out: directory,
 }
 
 
@@ -457,7 +458,7 @@ def main() -> None:
             tokenizer = transformers.AutoTokenizer.from_pretrained(directory)
             if arch in BUILDER_CHECKPOINTS and "builder" not in skip:
                 rows += genai_builder(arch, directory, model, tokenizer, work, args)
-                if arch == "lfm2":  # attnx's own Qwen3.5 figures: the tests and the speed run
+                if arch != "qwen3_5":  # attnx's own Qwen3.5 figures: the tests and the speed run
                     rows += attnx_beside_the_builder(arch, directory, model, tokenizer, work, args)
             if "transformers" not in skip:
                 rows += transformers_exporter(arch, model, args)

@@ -1,6 +1,6 @@
 """Small *trained* Hugging Face hybrid models (Qwen3-Next, Qwen3.5's text models, Kimi Linear, MiniMax,
-Mamba2, Bamba, Granite 4.0-H, Nemotron-H, Falcon-H1, Zamba2, Mamba, Falcon-Mamba, Jamba, LFM2) for tests
-and benchmarks.
+Mamba2, Bamba, Granite 4.0-H, Nemotron-H, Falcon-H1, Zamba2, Mamba, Falcon-Mamba, Jamba, LFM2,
+LFM2-MoE) for tests and benchmarks.
 
 Each recipe is a small config of the architecture (a few layers mixing gated linear attention and
 softmax attention, width 64, MoE with a few experts), a byte-level BPE tokenizer
@@ -347,6 +347,26 @@ RECIPES: dict[str, dict[str, Any]] = {
             "layer_types": ["conv", "conv", "conv", "full_attention"],
             "conv_L_cache": 3,
             "block_multiple_of": 32,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+            "tie_word_embeddings": True,
+        },
+    },
+    # LFM2-MoE in small: LFM2's layers, the first dense, then 4 experts (top-2) routed with sigmoid scores
+    # and an expert bias, renormalised and scaled by 1.5
+    "lfm2_moe": {
+        "class": "Lfm2MoeForCausalLM",
+        "config": "Lfm2MoeConfig",
+        "options": {
+            **_TRANSFORMER,
+            "layer_types": ["conv", "conv", "conv", "full_attention"],
+            "conv_L_cache": 3,
+            "num_dense_layers": 1,
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 32,
+            "use_expert_bias": True,
+            "norm_topk_prob": True,
+            "routed_scaling_factor": 1.5,
             "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
             "tie_word_embeddings": True,
         },

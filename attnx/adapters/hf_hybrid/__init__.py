@@ -14,8 +14,9 @@ layers the gated rule without the delta update. Mamba2 (``mamba2``), Bamba (``ba
 mixers the additive rule with a decay per head (q = C, k = B, v = dt x) and a D skip; Mamba
 (``mamba``), Falcon-Mamba (``falcon_mamba``) and Jamba (``jamba``): their Mamba1 selective scans the
 additive rule with a decay per key dimension (a value of width 1 per channel). Liquid's LFM2
-(``lfm2``): its gated short convolutions (C * conv(B * x)) an attnx module with no attnx op whose
-decode state is the conv carry alone, its attention layers (q/k RMSNorms) attnx's softmax attention.
+(``lfm2``) and LFM2-MoE (``lfm2_moe``): their gated short convolutions (C * conv(B * x)) an attnx
+module with no attnx op whose decode state is the conv carry alone, their attention layers (q/k
+RMSNorms) attnx's softmax attention.
 One module per architecture family (``qwen.py``, ``kimi.py``, ``minimax.py``, ``mamba.py``,
 ``lfm2.py``), shared layers beside it.
 See docs/importing.md.
@@ -28,7 +29,7 @@ from attnx.hookspecs import hookimpl
 
 ADAPTER = Adapter(
     name="hf_hybrid",
-    summary="HF Qwen3.5/Qwen3-Next, Kimi Linear, MiniMax, Mamba1/2 hybrids (Granite-H, ...), LFM2 "
+    summary="HF Qwen3.5/Qwen3-Next, Kimi Linear, MiniMax, Mamba1/2 hybrids (Granite-H, ...), LFM2(-MoE) "
     "-> gated_delta, softmax",
     library="transformers",
     impl="attnx.adapters.hf_hybrid.convert:IMPL",

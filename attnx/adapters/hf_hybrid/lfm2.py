@@ -1,5 +1,6 @@
-"""Liquid's LFM2 (``lfm2``), as transformers 5.24 writes it: gated short convolutions and a few softmax
-attention layers (``layer_types`` "conv" / "full_attention").
+"""Liquid's LFM2 (``lfm2``) and LFM2-MoE (``lfm2_moe``), as transformers 5.24 writes them: gated short
+convolutions and a few softmax attention layers (``layer_types`` "conv" / "full_attention"); LFM2-MoE's
+feed-forward after its first ``num_dense_layers`` layers is a sparse MoE.
 
 What HF computes in a conv layer (``Lfm2ShortConv.forward``), for hidden states x (batch, n, width):
 
@@ -18,7 +19,10 @@ depthwise conv and products export as they are); its decode state is the conv ca
 The attention layers (``Lfm2Attention``: no output gate, RMSNorms ``q_layernorm``/``k_layernorm`` per head
 before the rotary, ``out_proj``) become :class:`~attnx.adapters.hf_hybrid.attention.GatedAttention`.
 Everything else (embeddings, the decoder layers' ``operator_norm``/``ffn_norm``, the SwiGLU feed-forward,
-the final ``embedding_norm``, the head) is HF's own code.
+the final ``embedding_norm``, the head) is HF's own code. LFM2-MoE's layers are LFM2's, line for line
+(``Lfm2MoeShortConv``, ``Lfm2MoeAttention``); its experts (``Lfm2MoeExperts``: concatenated [gate; up])
+become :class:`~attnx.adapters.hf_hybrid.moe.DenseExperts`, its router (sigmoid scores, top-k chosen with
+the ``expert_bias`` buffer, weights renormalised and scaled) is HF's code.
 """
 
 from __future__ import annotations
@@ -28,10 +32,12 @@ from typing import Any
 import torch
 from torch import nn
 from transformers.models.lfm2 import modeling_lfm2 as lfm2
+from transformers.models.lfm2_moe import modeling_lfm2_moe as lfm2_moe
 
 from attnx.adapters.hf_hybrid.architecture import Architecture
 from attnx.adapters.hf_hybrid.attention import GatedAttention
 from attnx.adapters.hf_hybrid.mixer import PaddedMixer, mask_padding
+from attnx.adapters.hf_hybrid.moe import DenseExperts
 from attnx.errors import AttnxError
 from attnx.shortconv import carried_conv
 from attnx.state import StateTensor, conv_state
@@ -76,6 +82,7 @@ def _check(config: Any) -> None:
 
 
 def _attention(layer: nn.Module) -> GatedAttention:
+    # LFM2-MoE's rotary function is LFM2's, copied
     return GatedAttention(
         layer, lfm2.apply_rotary_pos_emb, gated=False, norms=("q_layernorm", "k_layernorm"), output="out_proj"
     )
@@ -90,6 +97,22 @@ LFM2 = Architecture(
     # with causal-conv1d installed HF binds its GPU kernels in the conv layer, whose cache does not step
     untraceable=(lfm2.Lfm2ShortConv,),
     rotary=lfm2.Lfm2RotaryEmbedding,
+    check=_check,
+    layer_types=("conv", "full_attention"),
+)
+
+LFM2_MOE = Architecture(
+    model_type="lfm2_moe",
+    config_class="Lfm2MoeConfig",
+    classes=("Lfm2MoeForCausalLM", "Lfm2MoeModel"),
+    models=(lfm2_moe.Lfm2MoeForCausalLM, lfm2_moe.Lfm2MoeModel),
+    layers={
+        lfm2_moe.Lfm2MoeShortConv: GatedShortConv,
+        lfm2_moe.Lfm2MoeAttention: _attention,
+        lfm2_moe.Lfm2MoeExperts: DenseExperts,
+    },
+    untraceable=(lfm2_moe.Lfm2MoeShortConv, lfm2_moe.Lfm2MoeExperts),
+    rotary=lfm2_moe.Lfm2MoeRotaryEmbedding,
     check=_check,
     layer_types=("conv", "full_attention"),
 )

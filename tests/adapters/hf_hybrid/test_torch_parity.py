@@ -17,7 +17,7 @@ from transformers.masking_utils import create_causal_mask
 
 from attnx.adapters.hf_hybrid import qwen
 from attnx.adapters.hf_hybrid.attention import FullAttention
-from attnx.adapters.hf_hybrid.convert import convert
+from attnx.adapters.hf_hybrid.convert import ARCHITECTURES, convert
 from attnx.adapters.hf_hybrid.kimi import KimiDeltaAttention
 from attnx.adapters.hf_hybrid.latent import LatentAttention
 from attnx.adapters.hf_hybrid.lfm2 import GatedShortConv
@@ -134,10 +134,13 @@ def test_attention_layers_match_hf(hybrid, arch, n):
 
 def attention_layers_match_hf(model, layers, x: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor):
     """Each of ``layers`` (full attention of ``model``) converted equals HF's on ``x``; HF given its own 4D
-    mask, attnx the 2D one; cos/sin from the model's rotary module where it has one (Kimi's MLA has none)."""
+    mask, attnx the 2D one; cos/sin from the model's rotary module where it has one (Kimi's MLA has none;
+    LFM2-MoE names its ``pos_emb``)."""
     rotary = {}
-    if getattr(model.base_model, "rotary_emb", None) is not None:
-        rotary["position_embeddings"] = model.base_model.rotary_emb(x, positions)
+    kind = next(a.rotary for a in ARCHITECTURES.values() if isinstance(model, a.models))
+    module = next((m for m in model.modules() if kind is not None and isinstance(m, kind)), None)
+    if module is not None:
+        rotary["position_embeddings"] = module(x, positions)
     full = create_causal_mask(
         config=model.config, inputs_embeds=x, attention_mask=mask, cache=None, position_ids=positions
     )
@@ -342,6 +345,31 @@ def test_an_lfm2_conv_with_b_and_c_swapped_is_caught(hybrid):
         assert_close(right(x), layer(x))
         with pytest.raises(AssertionError):
             assert_close(wrong(x), layer(x))
+
+
+def test_lfm2_moe_routing_with_an_expert_bias_matches_hf_on_padded_batches():
+    """LFM2-MoE's router picks the top-k of sigmoid scores plus ``expert_bias`` (a buffer: zero as HF
+    initialises it and as training leaves it) but weights by the scores alone; with a random bias that
+    changes the choice, the whole model equals HF's on a left-padded batch, and differs from the same model
+    without the bias (so the bias reaches the routing)."""
+    model = hf_hybrid.build("lfm2_moe").eval()
+    ids = torch.randint(0, model.config.vocab_size, (2, 37), generator=torch.Generator().manual_seed(3))
+    mask, positions = padded(37)
+
+    def logits(m, adapted: bool) -> torch.Tensor:
+        with torch.no_grad():
+            if adapted:
+                return m(input_ids=ids, attention_mask=mask.bool(), position_ids=positions).logits
+            return m(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False).logits
+
+    unbiased = logits(model, False)
+    with torch.no_grad():
+        for name, buffer in model.named_buffers():
+            if name.endswith("expert_bias"):
+                buffer.copy_(torch.randn(buffer.shape, generator=torch.Generator().manual_seed(4)))
+    expected = logits(model, False)
+    assert float((expected - unbiased).abs().max()) > 1e-3
+    assert_close(logits(convert(copy.deepcopy(model)), True), expected)
 
 
 @pytest.mark.parametrize("n", (7, 65))
