@@ -33,9 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attnx.adapters.hf_hybrid.mixer import mask_padding
-from attnx.adapters.hf_hybrid.model import adopt
-from attnx.attention import Stepping
+from attnx.adapters.hf_hybrid.mixer import PaddedMixer, mask_padding
 from attnx.plugins.gated.op import l2norm, rule_state, run_rule
 from attnx.shortconv import carried_conv
 from attnx.state import StateTensor, conv_state
@@ -47,21 +45,17 @@ CHUNK_SIZE = 64
 Projector = Callable[[nn.Module, torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]
 
 
-class GatedDeltaNet(Stepping, nn.Module):
-    """An HF Gated DeltaNet layer (same parameters, same names) computed by ``attnx::GatedDeltaRule``.
-
-    A :class:`attnx.state.DecodableLayer`: ``step(x, state, position)`` continues from its state (the
-    conv carry and the recurrent state, ``attnx::GatedDeltaRuleStep``); while ``stepping`` holds a Step
-    (:class:`attnx.attention.Stepping`), HF's call of the layer is that step.
-    """
+class GatedDeltaNet(PaddedMixer):
+    """An HF Gated DeltaNet layer (same parameters, same names) computed by ``attnx::GatedDeltaRule``: a
+    :class:`~attnx.adapters.hf_hybrid.mixer.PaddedMixer` whose state is the conv carry and the recurrent
+    state (``attnx::GatedDeltaRuleStep``)."""
 
     def __init__(
         self, layer: nn.Module, project: Projector, activation: Callable[[torch.Tensor], torch.Tensor]
     ):
-        super().__init__()
-        adopt(self, layer)
+        super().__init__(layer)
         self.project, self.activation = project, activation
-        self.conv_kernel_size, self.layer_idx = layer.conv_kernel_size, layer.layer_idx
+        self.conv_kernel_size = layer.conv_kernel_size
         self.read_heads(layer)
 
     def read_heads(self, layer: nn.Module) -> None:
@@ -82,36 +76,14 @@ class GatedDeltaNet(Stepping, nn.Module):
         out, carry = carried_conv(qkv, self.conv1d.weight, self.conv1d.bias, past)
         return self.activation(out).to(qkv.dtype), carry
 
-    def forward(
-        self,
-        hidden_states: torch.Tensor,
-        cache: Any = None,
-        attention_mask: torch.Tensor | None = None,
-        **kwargs: Any,
-    ) -> torch.Tensor:
-        """HF's call: the whole sequence, or (while ``stepping`` holds a Step) new tokens after its state."""
-        if cache is not None:
-            raise ValueError(
-                "an attnx Gated DeltaNet layer keeps its state through attnx decoding, not HF's cache"
-            )
-        hidden_states = mask_padding(hidden_states, attention_mask)
-        if self.stepping is not None:
-            return self.stepped(hidden_states)
-        return self.mix(hidden_states, None)[0]
-
-    def step(
-        self, x: torch.Tensor, state: tuple[torch.Tensor, ...] | None, position: torch.Tensor
-    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-        """The output for new tokens ``x`` after ``state`` ((conv, recurrent); None: nothing before) and the
-        state after them (the rule does not depend on ``position``)."""
-        out, present = self.mix(x, state or (None, None))
-        return out, present
-
     def mix(
-        self, x: torch.Tensor, state: tuple[torch.Tensor | None, torch.Tensor | None] | None
+        self,
+        x: torch.Tensor,
+        mask: torch.Tensor | None,
+        state: tuple[torch.Tensor | None, torch.Tensor | None] | None,
     ) -> tuple[torch.Tensor, Any]:
-        """The layer on (batch, n, width) ``x``: with ``state`` None the full-sequence op, else the step op
-        from ``state`` (its tensors None: empty), returning the state after ``x`` too."""
+        """``PaddedMixer.mix`` of the Gated DeltaNet (module docstring): padded tokens zeroed first."""
+        x = mask_padding(x, mask)
         batch, n, _ = x.shape
         qkv, z, b, a = self.project(self, x)
         past_conv, past_state = (None, None) if state is None else state
