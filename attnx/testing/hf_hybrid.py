@@ -552,16 +552,14 @@ def genai_greedy(model_dir: Path | str, prompt: list[int], new_tokens: int) -> t
     return tokens, len(tokens) / seconds
 
 
-def empty_state_logits(onnx_path: Path, ids: Any, free_dim: int = 0) -> Any:
-    """The logits (1, n, vocab) of any tool's causal-LM graph at ``onnx_path`` for ``ids`` (int64 (1, n))
-    from the empty state, whatever it names its inputs: a mask of ones and positions 0..n-1 in the input's
-    dtype and rank (equal rows where the graph takes several), zeros for every other input (a past state)
-    with batch axes 1, past-length axes 0 and any other named axis ``free_dim`` (onnxruntime-genai's
-    builder names its state's head width)."""
+def empty_state_logits(session: Any, ids: Any, free_dim: int = 0) -> Any:
+    """The logits (1, n, vocab) of any tool's causal-LM graph (its ONNX Runtime ``session``) for ``ids``
+    (int64 (1, n)) from the empty state, whatever it names its inputs: a mask of ones and positions 0..n-1
+    in the input's dtype and rank (equal rows where the graph takes several), zeros for every other input
+    (a past state) with batch axes 1, past-length axes 0 and any other named axis ``free_dim``
+    (onnxruntime-genai's builder names its state's head width)."""
     import numpy as np
-    import onnxruntime as ort
 
-    session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
     n = ids.shape[1]
     feed: dict[str, Any] = {}
     for graph_input in session.get_inputs():

@@ -1,5 +1,5 @@
-"""The base of the attnx layers that take HF's 2D padding mask themselves (Mamba2's SSD, Mamba1's scan,
-LFM2's short convolutions), and the masking they and the Gated DeltaNet layers share."""
+"""The base of the attnx layers that take HF's 2D padding mask themselves (Gated DeltaNet, Mamba2's SSD,
+Mamba1's scan, LFM2's short convolutions), and the masking they share."""
 
 from __future__ import annotations
 
@@ -19,8 +19,9 @@ def mask_padding(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
 
 
 class PaddedMixer(Stepping, nn.Module):
-    """What the layers that take HF's 2D padding mask share (Mamba2's SSD, Mamba1's scan, LFM2's short
-    convolutions): HF's parameters under their names, HF's call, and the step with the padding mask.
+    """What the layers that take HF's 2D padding mask share (Gated DeltaNet, Mamba2's SSD, Mamba1's scan,
+    LFM2's short convolutions): HF's parameters under their names, HF's call, and the step with the padding
+    mask.
 
     A :class:`attnx.state.DecodableLayer`: ``step(x, state, position, mask)`` continues its state (a conv
     carry, and a recurrent state through ``attnx::GatedDeltaRuleStep`` where the layer has one); while

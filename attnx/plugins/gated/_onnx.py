@@ -286,6 +286,7 @@ def GatedChunked(
     cumulated: FLOAT,
     beta: FLOAT,
     state: FLOAT,
+    per_key: BOOL,
     chunk: INT64,
     size: INT64,
     pad: INT64,
@@ -293,10 +294,9 @@ def GatedChunked(
     scale: float,
 ) -> tuple[FLOAT, FLOAT]:
     """The chunked form after ``state`` (b, hk, r, dk, dv), g cumulated in its chunks (``cumulated``,
-    (b, hk, r, nc, C, dg)): (out (b, hv, n, dv), state' (b, hv, dk, dv))."""
+    (b, hk, r, nc, C, dg); ``per_key``: dg > 1): (out (b, hv, n, dv), state' (b, hv, dk, dv))."""
     heads = op.Shape(q, start=1, end=2)
     n = op.Shape(v, start=2, end=3)
-    per_key = op.Squeeze(op.Greater(op.Shape(cumulated, start=5), op.Constant(value_ints=[1])), [0])
     queries = GatedChunks(op.Unsqueeze(q, [2]), pad, chunk)  # (b, hk, 1, nc, C, dk)
     keys = GatedChunks(op.Unsqueeze(k, [2]), pad, chunk)
     values = GatedChunks(GatedGroup(v, heads), pad, chunk)  # (b, hk, r, nc, C, dv)
@@ -395,7 +395,10 @@ def GatedCore(
     if by_token:
         out, final = GatedTokens(q, k, v, g, beta, state, scale=scale)
     else:
-        out, final = GatedChunked(q, k, v, cumulated, beta, state, chunk, size, pad, delta=delta, scale=scale)
+        per_key = op.Squeeze(wide_decay, [0])
+        out, final = GatedChunked(
+            q, k, v, cumulated, beta, state, per_key, chunk, size, pad, delta=delta, scale=scale
+        )
     return out, final
 
 
