@@ -36,11 +36,12 @@ from attnx.recipes import Recipe, resolve
 from attnx.serve.genai import GENAI
 from attnx.serve.genai_parity import GENAI_PARITY
 from attnx.serve.tokenizer import TOKENIZER
+from attnx.serve.transformers_js import TRANSFORMERS_JS
 from attnx.serve.triton import write_repository
 from attnx.variant import Tolerance
 
 # In this order: the genai decoder is made from the decode graph and reads the tokenizer's special ids.
-GRAPH_EXTENSIONS = (DECODE_GRAPHS, TOKENIZER, GENAI)
+GRAPH_EXTENSIONS = (DECODE_GRAPHS, TOKENIZER, GENAI, TRANSFORMERS_JS)
 PARITY_EXTENSIONS = (DECODE_PARITY, GENAI_PARITY)
 Progress = Callable[[str], None]
 

@@ -32,6 +32,7 @@ Examples:
   attnx export --recipe tiny-lm --decode --tokenizer tokenizer.json -o chat   # + genai, text in/out
   attnx export --variant myplugin --model lm --target ort -o fused     # ONNX Runtime's own kernels
   attnx export --module mymodels.py:linear_lm --decode -o my-lm     # any nn.Module (docs/importing.md)
+  attnx export --from hf:saved-lfm2 --decode --state-names transformers.js -o lfm2-web  # + transformers.js
 """
 
 # The flags that describe a registered model, which --module and --from do not take.
@@ -120,6 +121,15 @@ MODEL_FLAGS = ("--recipe", "--variant", "--model", "--cross-variant", "--checkpo
     "(an lm also gets genai.onnx + genai_config.json for onnxruntime-genai).",
 )
 @click.option(
+    "--state-names",
+    "state_names",
+    multiple=True,
+    type=click.Choice(["genai", "transformers.js"]),
+    help="With --decode, the runtimes whose decoder an lm gets, under their state names (repeatable): "
+    "genai (genai.onnx), transformers.js (transformers-js.onnx + config.json; Hugging Face models).  "
+    "[default: genai]",
+)
+@click.option(
     "--tokenizer",
     default=None,
     type=click.Path(),
@@ -152,6 +162,7 @@ def command(
     checkpoint: str | None,
     save_checkpoint: str | None,
     decode: bool,
+    state_names: tuple[str, ...],
     tokenizer: str | None,
     verify: bool | None,
     seq_lens: str | None,
@@ -170,9 +181,21 @@ def command(
     from attnx.api import export
 
     lengths = parse_int_list(seq_lens, "--seq-lens")
-    options = _options(
-        assignments, lowering, target, opset, dtype, seed, decode, tokenizer, verify, lengths, atol, rtol
+    flags = (
+        lowering,
+        target,
+        opset,
+        dtype,
+        seed,
+        decode,
+        state_names,
+        tokenizer,
+        verify,
+        lengths,
+        atol,
+        rtol,
     )
+    options = _options(assignments, *flags)
     progress = progress_printer(quiet or as_json)
     if entry is not None or source is not None:
         given = (recipe, variant, model, cross_variant, checkpoint, save_checkpoint)
@@ -204,6 +227,7 @@ def _options(
     dtype: str | None,
     seed: int | None,
     decode: bool,
+    state_names: tuple[str, ...],
     tokenizer: str | None,
     verify: bool | None,
     seq_lens: list[int] | None,
@@ -218,6 +242,7 @@ def _options(
         "export.dtype": dtype,
         "export.seed": seed,
         "export.decode": decode or None,
+        "export.state_names": list(state_names) or None,
         "export.tokenizer": tokenizer,
         "verify.enabled": verify,
         "verify.seq_lens": seq_lens,
@@ -301,6 +326,11 @@ def report(result: Any, save_checkpoint: str | None) -> None:
     if manifest.genai:
         click.echo(
             f"wrote {result.out}/genai.onnx + genai_config.json (onnxruntime_genai.Model('{result.out}'))"
+        )
+    if manifest.transformers_js:
+        click.echo(
+            f"wrote {result.out}/transformers-js.onnx + config.json (transformers.js: AutoModelForCausalLM"
+            f".from_pretrained('{result.out}', {{subfolder: '', model_file_name: 'transformers-js'}}))"
         )
     if manifest.tokenizer:
         click.echo(f"wrote {result.out}/tokenizer.json ({manifest.tokenizer.vocab_size} tokens)")

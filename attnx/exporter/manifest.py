@@ -260,9 +260,11 @@ class GenaiState:
 
 @dataclasses.dataclass
 class GenaiSection:
-    """The onnxruntime-genai decoder of an lm decode export: ``genai.onnx`` (file "genai", the decode
-    graph under genai's input/output names) described by ``genai_config.json`` (file "genai_config"),
-    and every state tensor genai carries, layer by layer."""
+    """A runtime's decoder of an lm decode export: the decode graph under the runtime's input/output
+    names, and every state tensor the runtime carries, layer by layer. Section ``genai``:
+    onnxruntime-genai's ``genai.onnx`` (file "genai") described by ``genai_config.json`` (file
+    "genai_config"); section ``transformers_js``: transformers.js's ``transformers-js.onnx`` (file
+    "transformers_js") beside the model's Hugging Face ``config.json`` (file "hf_config")."""
 
     state: list[GenaiState]
 
@@ -374,6 +376,7 @@ class Manifest:
     engine: EngineSection | None = None
     tokenizer: TokenizerSection | None = None
     genai: GenaiSection | None = None
+    transformers_js: GenaiSection | None = None  # the same, for transformers.js (transformers-js.onnx)
     module: ModuleSection | None = None  # the reference is a user's module, not model + model_config
     optimized: OptimizedSection | None = None  # written by `attnx optimize` from another export
     target: TargetSection | None = None  # the lowering target's runtime kernels (None: portable bodies)

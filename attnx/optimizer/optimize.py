@@ -15,6 +15,7 @@ so ``attnx verify OUT2`` holds the export to that bound later.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import shutil
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -51,7 +52,7 @@ from attnx.optimizer.text import LOGITS, is_language_model, text_rows
 from attnx.parity.backends import backends
 from attnx.parity.check import Cases, check_parity
 from attnx.parity.report import ParityReport
-from attnx.serve.genai import GENAI, genai_layout
+from attnx.serve.decoders import DECODERS
 from attnx.variant import Tolerance
 
 # The largest output error each step is held to, relative to the float32 model's largest output magnitude
@@ -232,13 +233,17 @@ def _write_files(
     quantization: QuantizationSection | None,
     report_progress: Progress,
 ) -> dict[str, FileRecord]:
-    """Every file of ``export`` into ``staging``: the ``graphs`` transformed, genai.onnx and a language
-    model's prefill.onnx made again from the new decode graph, the others copied (a TensorRT engine
-    dropped); their manifest records."""
+    """Every file of ``export`` into ``staging``: the ``graphs`` transformed, the runtime decoders
+    (genai.onnx, transformers-js.onnx) and a language model's prefill.onnx made again from the new
+    decode graph, the others copied (a TensorRT engine dropped); their manifest records."""
     kept = float32_ops(export.ops())
     op_kinds = mixer_kinds() if quantization is not None else {}
     section = export.manifest.decode
-    derived = {GENAI.name: genai_layout} if section is not None else {}
+    derived = {}
+    for key, decoder in DECODERS.items() if section is not None else ():
+        held = getattr(export.manifest, key)
+        if held is not None:  # the runtime's decoder, from the new decode graph
+            derived[key] = functools.partial(decoder.layout, held=held)
     if section is not None and prefill_is_decode(section):
         derived["prefill"] = prefill_of
     shared = SharedData(staging) if _keeps_external_data(export.file("model")) else None
@@ -247,7 +252,7 @@ def _write_files(
     for key, record in order:  # the weights first: a graph may keep pointing into them
         if key == "engine":
             continue
-        if key in derived:  # the new decode graph under genai's names, or from the empty state
+        if key in derived:  # the new decode graph under a runtime's names, or from the empty state
             decode_path = export.manifest.files["decode"].path
             decode = onnx.load(str(staging / decode_path), load_external_data=False)
             laid_out = derived[key](decode, section)

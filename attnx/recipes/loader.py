@@ -37,6 +37,7 @@ SUFFIX = ".toml"
 MAX_NESTING = 16  # a recipe nests 3 deep ([export] example_lengths); deeper is a mistake or an attack
 # the default verify lengths: odd ones, 1 for the smallest graph, one across 128-token boundaries
 DEFAULT_SEQ_LENS = (1, 7, 32, 129)
+STATE_NAMES = ("genai", "transformers.js")  # the runtimes whose decoder an lm decode export can carry
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,6 +60,10 @@ class ExportSettings(Config):
             runtime's own kernels ("ort") for the ops that declare a body for them.
         shared_weights: every graph keeps its weights as external data in ``weights.safetensors``
             instead of a copy each (:mod:`attnx.exporter.store`); None: from 1 GiB of weights.
+        state_names: the runtimes whose decoder an lm's ``decode`` export also gets, each under that
+            runtime's state names: "genai" (``genai.onnx``, :mod:`attnx.serve.genai`),
+            "transformers.js" (``transformers-js.onnx`` + ``config.json``,
+            :mod:`attnx.serve.transformers_js`).
     """
 
     opset: int = 18
@@ -72,6 +77,7 @@ class ExportSettings(Config):
     tokenizer: str | None = None
     checkpoint: str | None = None
     shared_weights: bool | None = None
+    state_names: tuple[str, ...] = ("genai",)
 
     def validate(self) -> None:
         require(
@@ -83,6 +89,12 @@ class ExportSettings(Config):
                 isinstance(length, int) and not isinstance(length, bool) and length >= 1,
                 f"export setting example_lengths.{axis}={length!r} must be an integer >= 1",
             )
+        unknown = sorted(set(self.state_names) - set(STATE_NAMES))
+        require(
+            not unknown,
+            f"export setting state_names has {', '.join(unknown)}; runtimes attnx names a decoder's state "
+            f"for: {', '.join(STATE_NAMES)}",
+        )
 
 
 @dataclasses.dataclass(frozen=True)

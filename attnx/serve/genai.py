@@ -32,8 +32,9 @@ conv), so those must agree across layers (:func:`blocker` says when they do not)
 
 from __future__ import annotations
 
+import dataclasses
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -63,10 +64,33 @@ PAST = {
     "conv": "past.%d.conv",
 }
 PRESENT = {role: f"present.%d.{role}" for role in PAST}
+BATCH = "batch"  # the batch axis' name in attnx's graphs
 # the axes after batch of the state genai needs where a layer lacks it: a conv beside a recurrent state
 # ((channels, kernel - 1)), a recurrent state beside a conv ((heads, d_k, d_v))
 PLACEHOLDER = {"conv": (1, 1), "recurrent": (1, 1, 1)}
 DEFAULT_CONTEXT = 4096  # max_length when the positions are unbounded (sinusoidal)
+
+
+@dataclasses.dataclass(frozen=True)
+class StateNames:
+    """How a runtime names a decoder's state tensors.
+
+    Attributes:
+        past: per role ("key", "value", "recurrent", "conv"), the input name template (``%d``: layer).
+        present: per role, the output name template.
+        batch: the batch axis' name on the state inputs (transformers.js makes its empty state by it).
+        placeholders: every recurrent layer has both a recurrent and a conv tensor (a placeholder where
+            the layer lacks one), all layers' of one role in one shape and dtype (genai allocates them
+            from the first layer's).
+    """
+
+    past: Mapping[str, str]
+    present: Mapping[str, str]
+    batch: str = BATCH
+    placeholders: bool = False
+
+
+GENAI_NAMES = StateNames(PAST, PRESENT, placeholders=True)
 
 
 def blocker(section: DecodeSection | None) -> str | None:
@@ -85,18 +109,21 @@ def blocker(section: DecodeSection | None) -> str | None:
     return None
 
 
-def genai_state(section: DecodeSection) -> list[GenaiState]:
-    """Every state tensor of ``genai.onnx``, layer by layer, from the roles of the decode state.
+def genai_state(section: DecodeSection, names: StateNames = GENAI_NAMES) -> list[GenaiState]:
+    """Every state tensor of a runtime's decoder (genai's by default), layer by layer, from the roles of
+    the decode state.
 
     Raises:
-        AttnxError: a state genai cannot hold (why, in words).
+        AttnxError: a state the runtime cannot hold (why, in words).
     """
     found: list[GenaiState] = []
     for layer, pairs in section.layer_state().items():
         if section.layers[layer] == "kv-cache":
-            found += _cache(layer, pairs)
+            found += _cache(layer, pairs, names)
         else:
-            found += _recurrent(layer, pairs)
+            found += _recurrent(layer, pairs, names)
+    if not names.placeholders:
+        return [s for s in found if s.role in CACHE_ROLES or s.carries]
     for role in ("recurrent", "conv"):
         shapes = {(tuple(_axes(s, section)), _dtype(s, section)) for s in found if s.role == role}
         if len(shapes) > 1:
@@ -107,19 +134,19 @@ def genai_state(section: DecodeSection) -> list[GenaiState]:
     return found
 
 
-def _names(layer: int, role: str) -> tuple[str, str]:
-    return PAST[role] % layer, PRESENT[role] % layer
+def _names(layer: int, role: str, names: StateNames) -> tuple[str, str]:
+    return names.past[role] % layer, names.present[role] % layer
 
 
-def _cache(layer: int, pairs: Sequence[StatePair]) -> list[GenaiState]:
+def _cache(layer: int, pairs: Sequence[StatePair], names: StateNames) -> list[GenaiState]:
     if sorted(p.role for p in pairs) != ["key", "value"]:
         raise AttnxError(
             f"layer {layer}'s KV cache is not one key and one value tensor (genai's past_key/value)"
         )
-    return [GenaiState(layer, p.role, *_names(layer, p.role), [p.input]) for p in pairs]
+    return [GenaiState(layer, p.role, *_names(layer, p.role, names), [p.input]) for p in pairs]
 
 
-def _recurrent(layer: int, pairs: Sequence[StatePair]) -> list[GenaiState]:
+def _recurrent(layer: int, pairs: Sequence[StatePair], names: StateNames) -> list[GenaiState]:
     recurrent = [p for p in pairs if p.role == "recurrent"]
     conv = [p for p in pairs if p.role == "conv"]
     packs = _widths(recurrent, 4) is not None or (not recurrent and len(conv) == 1)
@@ -130,8 +157,8 @@ def _recurrent(layer: int, pairs: Sequence[StatePair]) -> list[GenaiState]:
             "recurrent state), at most one conv carry, one of them at least"
         )
     return [
-        GenaiState(layer, "recurrent", *_names(layer, "recurrent"), [p.input for p in recurrent]),
-        GenaiState(layer, "conv", *_names(layer, "conv"), [p.input for p in conv]),
+        GenaiState(layer, "recurrent", *_names(layer, "recurrent", names), [p.input for p in recurrent]),
+        GenaiState(layer, "conv", *_names(layer, "conv", names), [p.input for p in conv]),
     ]
 
 
@@ -174,6 +201,15 @@ def _axes(state: GenaiState, section: DecodeSection) -> list[str | int]:
 
 def genai_layout(proto: onnx.ModelProto, section: DecodeSection) -> onnx.ModelProto:
     """``decode.onnx`` under onnxruntime-genai's names (see the module docstring)."""
+    return decoder_layout(proto, section, genai_state(section))
+
+
+def decoder_layout(
+    proto: onnx.ModelProto, section: DecodeSection, state: Sequence[GenaiState], batch: str = BATCH
+) -> onnx.ModelProto:
+    """``decode.onnx`` as a runtime's decoder (genai's layout, see the module docstring): ``position_ids``
+    for ``past_length``, and the decode state under ``state``'s names (a genai placeholder where it
+    carries nothing), its batch axis named ``batch``."""
     layout = Layout(proto)
     layout.keep(TOKENS)
     layout.inputs.append(value(POSITION_IDS, "int64", ("batch", "seq")))
@@ -181,14 +217,20 @@ def genai_layout(proto: onnx.ModelProto, section: DecodeSection) -> onnx.ModelPr
     first = layout.node("Slice", [POSITION_IDS, *corner], f"{PREFIX}first_position")
     layout.node("Reshape", [first, layout.constant("one", [1])], layout.feed(PAST_LENGTH))
     layout.keep(LOGITS)
-    for state in genai_state(section):
-        if state.role in CACHE_ROLES:
-            _rename(layout, state, _carried(state, section)[0])
-        elif state.carries:
-            _pack(layout, state, section)
+    for held in state:
+        if held.role in CACHE_ROLES:
+            _rename(layout, held, _carried(held, section)[0])
+        elif held.carries:
+            _pack(layout, held, section)
         else:
-            _placeholder(layout, state, _dtype(state, section))
-    return layout.build("attnx_genai_decoder")
+            _placeholder(layout, held, _dtype(held, section))
+    built = layout.build("attnx_genai_decoder")
+    pasts = {s.past for s in state} | {s.present for s in state}
+    for spec in [*built.graph.input, *built.graph.output]:
+        for dim in spec.type.tensor_type.shape.dim if spec.name in pasts else ():
+            if dim.dim_param == BATCH:
+                dim.dim_param = batch
+    return built
 
 
 def _rename(layout: Layout, state: GenaiState, pair: StatePair) -> None:
@@ -308,7 +350,12 @@ class GenaiDecoder:
         return 0
 
     def wanted(self, job: ExportJob) -> bool:
-        return job.settings.decode and (job.plan.model == "lm" or job.module is not None)
+        settings = job.settings
+        return (
+            settings.decode
+            and "genai" in settings.state_names
+            and (job.plan.model == "lm" or job.module is not None)
+        )
 
     def check(self, job: ExportJob) -> None:
         """Nothing beyond the decode extension's checks."""

@@ -1,13 +1,14 @@
-"""genai parity: ``genai.onnx``, driven the way onnxruntime-genai drives it, reproduces the full forward.
+"""Runtime decoder parity: ``genai.onnx`` (and ``transformers-js.onnx``), driven the way onnxruntime-genai
+(and transformers.js) drive it, reproduces the full forward.
 
 :data:`GENAI_PARITY` is the :class:`attnx.parity.check.ParityExtension` of exports that carry an
-onnxruntime-genai decoder. For each verify length n, the same prompts as decode parity (n +
-``STEPS`` random ids, through the torch model's full forward once) run on each requested ONNX
-Runtime backend (genai's own runtime): the first n ids after an empty state (a length-0 KV cache,
-zero recurrent and conv state) with ``position_ids``, then one id at a time with each step's
-``present.*`` outputs fed back as the inputs the manifest's genai section pairs them with. Every
-position is compared with the full forward by the one parity rule; the rows are named
-"<backend> genai" and read like decode parity's.
+onnxruntime-genai or a transformers.js decoder (:data:`DECODERS`). For each verify length n, the
+same prompts as decode parity (n + ``STEPS`` random ids, through the torch model's full forward
+once) run on each requested ONNX Runtime backend (the runtimes' own): the first n ids after an empty
+state (a length-0 KV cache, zero recurrent and conv state) with ``position_ids``, then one id at a
+time with each step's ``present*`` outputs fed back as the inputs the manifest's section pairs them
+with. Every position is compared with the full forward by the one parity rule; the rows are named
+"<backend> genai" (or "<backend> transformers.js") and read like decode parity's.
 """
 
 from __future__ import annotations
@@ -27,31 +28,38 @@ from attnx.parity.backends import Backend
 from attnx.parity.check import Cases, Pending
 from attnx.parity.report import BackendParity, Comparison
 from attnx.parity.runners import ORT_NAMES, BackendSkipped, Graph
-from attnx.serve.genai import POSITION_IDS
+from attnx.serve.decoders import DECODERS
+from attnx.serve.genai import BATCH, POSITION_IDS
 from attnx.variant import Tolerance
 
 LOGITS, INPUT_IDS = "logits", "input_ids"
 
 
-def empty_state(runner: BaseRunner, state: Sequence[GenaiState], batch: int) -> dict[str, np.ndarray]:
-    """genai's state before the first token: every state input zero, with its symbolic dims 0 (a KV
-    cache of length 0) and its ``batch`` dim ``batch``."""
+def empty_state(
+    runner: BaseRunner, state: Sequence[GenaiState], batch: int, axis: str = BATCH
+) -> dict[str, np.ndarray]:
+    """A runtime's state before the first token: every state input zero, with its symbolic dims 0 (a KV
+    cache of length 0) and its batch ``axis`` ``batch``."""
     empty = {}
     pasts = {s.past for s in state}
     for name, meta in runner.get_input_metadata().items():
         if name in pasts:
-            shape = [batch if d == "batch" else d if isinstance(d, int) else 0 for d in meta.shape]
+            shape = [batch if d == axis else d if isinstance(d, int) else 0 for d in meta.shape]
             empty[name] = np.zeros(shape, dtype=DataType.to_dtype(meta.dtype, "numpy"))
     return empty
 
 
 def genai_positions(
-    runner: BaseRunner, state: Sequence[GenaiState], run: DecodeCase, tolerance: Tolerance
+    runner: BaseRunner,
+    state: Sequence[GenaiState],
+    run: DecodeCase,
+    tolerance: Tolerance,
+    axis: str = BATCH,
 ) -> list[Comparison]:
     """The prompt after an empty state, then one id per step; each position against the full forward."""
     batch, total = run.ids.shape
     feeds = {s.present: s.past for s in state}
-    carried, start, rows = empty_state(runner, state, batch), 0, []
+    carried, start, rows = empty_state(runner, state, batch, axis), 0, []
     for stop in [run.length, *range(run.length + 1, total + 1)]:
         positions = np.ascontiguousarray(np.broadcast_to(np.arange(start, stop), (batch, stop - start)))
         outputs = runner.infer({INPUT_IDS: run.ids[:, start:stop], POSITION_IDS: positions, **carried})
@@ -62,11 +70,17 @@ def genai_positions(
     return rows
 
 
+def decoders(export: ExportDir) -> list[str]:
+    """The manifest sections of the runtime decoders ``export`` carries."""
+    return [name for name in DECODERS if getattr(export.manifest, name) is not None]
+
+
 class GenaiParity:
-    """Checks ``genai.onnx`` against the full torch forward on the ONNX Runtime backends asked for."""
+    """Checks the runtime decoders (``genai.onnx``, ``transformers-js.onnx``) against the full torch
+    forward on the ONNX Runtime backends asked for."""
 
     def applies(self, export: ExportDir) -> bool:
-        return export.manifest.genai is not None
+        return bool(decoders(export))
 
     def reference(
         self, export: ExportDir, assembly: Assembly, backends: Sequence[Backend], cases: Cases
@@ -81,11 +95,14 @@ class GenaiParity:
     def _check(
         self, export: ExportDir, runs: Sequence[DecodeCase], backends: Sequence[Backend], cases: Cases
     ) -> list[BackendParity]:
-        state = export.manifest.genai.state
-        graph = Graph(export, "genai", (), (), lambda: export.rebuild().module)
         results = []
-        for backend in (b for b in backends if b.name in ORT_NAMES.values()):
-            label = f"{backend.name} genai"
+        for section, backend in (
+            (s, b) for s in decoders(export) for b in backends if b.name in ORT_NAMES.values()
+        ):
+            decoder = DECODERS[section]
+            state = getattr(export.manifest, section).state
+            graph = Graph(export, section, (), (), lambda: export.rebuild().module)
+            label = f"{backend.name} {decoder.runtime}"
             reason = backend.unavailable(export)
             if reason:
                 results.append(BackendParity(label, "skipped", reason))
@@ -93,7 +110,9 @@ class GenaiParity:
             try:
                 with backend.runner(graph, None) as runner:
                     comparisons = [
-                        c for run in runs for c in genai_positions(runner, state, run, cases.tolerance)
+                        c
+                        for run in runs
+                        for c in genai_positions(runner, state, run, cases.tolerance, decoder.batch)
                     ]
             except BackendSkipped as exc:
                 results.append(BackendParity(label, "skipped", str(exc)))

@@ -141,3 +141,33 @@ def test_triton_carries_each_layers_state(hybrid):
         "past.2.conv": (1, 32, 2),
         "past.2.recurrent": (1, 2, 16, 16),
     }
+
+
+def test_the_transformers_js_layout_driven_as_transformers_js_follows_the_full_forward(hybrid, tmp_path):
+    """The decode graph under transformers.js's Qwen3-Next names (conv, packed recurrent, KV cache, batch
+    axis batch_size), fed back by transformers.js's own renaming rule, computes the module's forward."""
+    import onnx
+    import onnxruntime as ort
+
+    from attnx.serve.genai import decoder_layout, genai_state
+    from attnx.serve.transformers_js import BATCH, state_names
+    from tests.serve.test_transformers_js import empty_cache, past_name
+
+    model, out = hybrid
+    section = ExportDir.open(out).manifest.decode
+    state = genai_state(section, state_names("qwen3_next"))
+    laid_out = decoder_layout(onnx.load(str(out / "decode.onnx")), section, state, BATCH)
+    expected_names = {"past_conv.0", "past_recurrent.0", "past_key_values.1.key", "past_key_values.1.value"}
+    assert {s.past for s in state} == expected_names | {"past_conv.2", "past_recurrent.2"}
+    onnx.save(laid_out, tmp_path / "tjs.onnx")
+    session = ort.InferenceSession(str(tmp_path / "tjs.onnx"))
+    ids = np.random.default_rng(6).integers(2, 40, size=(1, 12))
+    with torch.no_grad():
+        full = model(torch.from_numpy(ids)).numpy()
+    cache, start = empty_cache(session, {s.past for s in state}), 0
+    for stop in [5, *range(6, 13)]:
+        feeds = {"input_ids": ids[:, start:stop], "position_ids": np.arange(start, stop)[None], **cache}
+        outputs = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds), strict=True))
+        np.testing.assert_allclose(outputs["logits"], full[:, start:stop], atol=2e-5, rtol=1e-4)
+        cache = {past_name(name): value for name, value in outputs.items() if name.startswith("present")}
+        start = stop

@@ -1,0 +1,38 @@
+"""The runtime decoders an lm decode export can carry, one table: manifest section -> how it is laid out.
+
+Each is ``decode.onnx`` under a runtime's state names (:func:`attnx.serve.genai.decoder_layout`), its
+state tensors recorded in the manifest section, so parity (:mod:`attnx.serve.genai_parity`) and
+``attnx optimize`` (which lays it out again from the new decode graph) need nothing else.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import onnx
+
+from attnx.exporter.manifest import DecodeSection, GenaiSection
+from attnx.serve import genai, transformers_js
+
+
+@dataclasses.dataclass(frozen=True)
+class RuntimeDecoder:
+    """A runtime decoder: its manifest section (and file key), its name in reports, its state's batch
+    axis."""
+
+    section: str
+    runtime: str
+    batch: str
+
+    def layout(self, decode: onnx.ModelProto, section: DecodeSection, held: GenaiSection) -> onnx.ModelProto:
+        """``decode`` (the decode graph of ``section``) as this runtime's decoder with state ``held``."""
+        return genai.decoder_layout(decode, section, held.state, self.batch)
+
+
+DECODERS = {
+    d.section: d
+    for d in (
+        RuntimeDecoder(genai.GENAI.name, "genai", genai.BATCH),
+        RuntimeDecoder(transformers_js.TRANSFORMERS_JS.name, transformers_js.RUNTIME, transformers_js.BATCH),
+    )
+}

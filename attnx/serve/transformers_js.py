@@ -1,0 +1,130 @@
+"""transformers.js decoders: ``transformers-js.onnx`` + ``config.json`` beside a Hugging Face hybrid's
+decode graphs (``attnx export --from hf:DIR --decode --state-names transformers.js``).
+
+:data:`TRANSFORMERS_JS` is the exporter extension that writes the decode graph under the state names
+transformers.js 4.3 gives a hybrid model of the same ``model_type`` (its ``configs.js``
+``getCacheNames``, and ``getPastKeyValues`` that feeds ``present*`` outputs back as ``past*``
+inputs), through the same layout as the genai decoder (:func:`attnx.serve.genai.decoder_layout`):
+
+* a KV cache layer: ``past_key_values.<layer>.key/value`` in, ``present.<layer>.key/value`` out;
+* a short convolution's carry: ``past_conv.<layer>`` in, ``present_conv.<layer>`` out;
+* a recurrent state: ``past_recurrent.<layer>`` (Qwen3-Next) in, ``present_recurrent.<layer>`` out,
+  several tensors packed along the last axis as for genai; no placeholders (transformers.js feeds
+  exactly the names it expects);
+* the state's batch axis is ``batch_size``, the symbol transformers.js makes its empty state with
+  (every other symbolic axis of a state input starts at 0, a KV cache of length 0).
+
+``position_ids`` give the first new token's position (transformers.js derives them from its attention
+mask); rows of one batch share it, so transformers.js runs the graph on one sequence at a time. The
+Hugging Face ``config.json`` written beside it is the model's own, which transformers.js reads to pick
+its model class and cache names. The graph keeps its weights where the decode graph keeps them (the
+export's ``weights.safetensors`` when shared), so transformers.js in Node.js loads it from OUT with
+``AutoModelForCausalLM.from_pretrained(OUT, {subfolder: "", model_file_name: "transformers-js"})``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import onnx
+
+from attnx.decode.export import DECODE_FILE, layout_of
+from attnx.errors import AttnxError
+from attnx.exporter.assemble import Assembly
+from attnx.exporter.export import ExportJob, ExtraGraphs
+from attnx.exporter.manifest import GenaiSection
+from attnx.exporter.module import ModuleAssembly
+from attnx.exporter.store import WeightStore
+from attnx.exporter.trace import attnx_ops, save_onnx
+from attnx.recipes import ExportSettings
+from attnx.serve.genai import StateNames, decoder_layout, genai_state
+
+RUNTIME = "transformers.js"
+DECODER_FILE, HF_CONFIG = "transformers-js.onnx", "config.json"
+BATCH = "batch_size"
+# transformers.js 4.3's name of a recurrent layer's state, per model_type whose checkpoints of transformers
+# 5.24 it runs as a decoder of input_ids and position_ids (None: its layers carry a conv state alone).
+# Not here: qwen3_5(_moe)_text, which it runs as vision-language models (inputs_embeds, multimodal
+# positions), and granitemoehybrid / nemotron_h, whose layer_types it reads as "mamba"/"attention"
+# where transformers 5.24 saves "linear_attention"/"full_attention".
+RECURRENT = {"lfm2": None, "lfm2_moe": None, "qwen3_next": "recurrent"}
+
+
+def state_names(model_type: str) -> StateNames:
+    """transformers.js's state names for a Hugging Face ``model_type``.
+
+    Raises:
+        AttnxError: a model type whose hybrid cache transformers.js does not name.
+    """
+    if model_type not in RECURRENT:
+        raise AttnxError(
+            f"--state-names {RUNTIME}: transformers.js 4.3 decodes {', '.join(RECURRENT)} models by their "
+            f"state names, not model_type '{model_type}' (docs/deploying.md); export with --state-names genai"
+        )
+    recurrent = RECURRENT[model_type] or "recurrent"
+    past = {"key": "past_key_values.%d.key", "value": "past_key_values.%d.value", "conv": "past_conv.%d"}
+    present = {"key": "present.%d.key", "value": "present.%d.value", "conv": "present_conv.%d"}
+    past["recurrent"], present["recurrent"] = f"past_{recurrent}.%d", f"present_{recurrent}.%d"
+    return StateNames(past, present, batch=BATCH)
+
+
+def hf_config(module: Any) -> Any | None:
+    """The Hugging Face config of the model in ``module`` (its own or a submodule's), or None."""
+    return next(
+        (m.config for m in module.modules() if hasattr(getattr(m, "config", None), "model_type")), None
+    )
+
+
+class TransformersJsDecoder:
+    """The transformers.js extension of a Hugging Face lm's decode export (manifest section
+    ``transformers_js``)."""
+
+    name = "transformers_js"
+
+    def traces(self, assembly: Assembly | ModuleAssembly) -> int:
+        return 0
+
+    def wanted(self, job: ExportJob) -> bool:
+        return job.settings.decode and RUNTIME in job.settings.state_names
+
+    def check(self, job: ExportJob) -> None:
+        """Refuse a model transformers.js has no hybrid cache names for, before any work.
+
+        Raises:
+            AttnxError: not a Hugging Face model, or a model type transformers.js does not name.
+        """
+        config = None if job.module is None else hf_config(job.module.module)
+        if config is None:
+            raise AttnxError(
+                f"--state-names {RUNTIME} names the state of Hugging Face models (--from hf:DIR); this "
+                "export is not one: use --state-names genai"
+            )
+        state_names(config.model_type)
+
+    def export(
+        self,
+        assembly: Assembly | ModuleAssembly,
+        directory: Path,
+        settings: ExportSettings,
+        store: WeightStore | None,
+    ) -> ExtraGraphs:
+        """Write transformers-js.onnx and config.json from the decode graph already in ``directory``.
+
+        Raises:
+            AttnxError: a decode state transformers.js cannot hold (why, in words).
+        """
+        section = layout_of(assembly).describe()
+        if section.context:
+            raise AttnxError(f"--state-names {RUNTIME}: its decoder needs an encoder's output at every step")
+        config = hf_config(assembly.module)
+        state = genai_state(section, state_names(config.model_type))
+        decode = onnx.load(str(directory / DECODE_FILE), load_external_data=False)
+        proto = decoder_layout(decode, section, state, BATCH)
+        save_onnx(proto, directory / DECODER_FILE)
+        (directory / HF_CONFIG).write_text(config.to_json_string(use_diff=False), encoding="utf-8")
+        files = {self.name: DECODER_FILE, "hf_config": HF_CONFIG}
+        return ExtraGraphs(files, attnx_ops(proto), GenaiSection(state))
+
+
+TRANSFORMERS_JS = TransformersJsDecoder()
