@@ -1,6 +1,6 @@
 """Small *trained* Hugging Face hybrid models (Qwen3-Next, Qwen3.5's text models, Kimi Linear, MiniMax,
 Mamba2, Bamba, Granite 4.0-H, Nemotron-H, Falcon-H1, Zamba2, Mamba, Falcon-Mamba, Jamba, LFM2,
-LFM2-MoE) for tests and benchmarks.
+LFM2-MoE, OLMo Hybrid) for tests and benchmarks.
 
 Each recipe is a small config of the architecture (a few layers mixing gated linear attention and
 softmax attention, width 64, MoE with a few experts), a byte-level BPE tokenizer
@@ -369,6 +369,18 @@ RECIPES: dict[str, dict[str, Any]] = {
             "routed_scaling_factor": 1.5,
             "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
             "tie_word_embeddings": True,
+        },
+    },
+    # OLMo Hybrid in small: Qwen's shape (3 Gated DeltaNet + 1 attention layer), beta = 2 sigmoid(b)
+    # (linear_allow_neg_eigval, HF's default) and no rotary (rope_theta null, as the released checkpoints)
+    "olmo_hybrid": {
+        "class": "OlmoHybridForCausalLM",
+        "config": "OlmoHybridConfig",
+        "options": {
+            **_SHARED,
+            "linear_allow_neg_eigval": True,
+            "rope_parameters": {"rope_type": "default", "rope_theta": None},
+            "tie_word_embeddings": False,
         },
     },
 }

@@ -16,9 +16,11 @@ mixers the additive rule with a decay per head (q = C, k = B, v = dt x) and a D 
 additive rule with a decay per key dimension (a value of width 1 per channel). Liquid's LFM2
 (``lfm2``) and LFM2-MoE (``lfm2_moe``): their gated short convolutions (C * conv(B * x)) an attnx
 module with no attnx op whose decode state is the conv carry alone, their attention layers (q/k
-RMSNorms) attnx's softmax attention.
+RMSNorms) attnx's softmax attention. AI2's OLMo Hybrid (``olmo_hybrid``): its Gated DeltaNet layers
+Qwen3.5's conversion with beta = 2 sigmoid(b), its attention layers (q/k RMSNorms over the whole
+projections, rotary or none) attnx's softmax attention.
 One module per architecture family (``qwen.py``, ``kimi.py``, ``minimax.py``, ``mamba.py``,
-``lfm2.py``), shared layers beside it.
+``lfm2.py``, ``olmo.py``), shared layers beside it.
 See docs/importing.md.
 """
 
@@ -29,8 +31,8 @@ from attnx.hookspecs import hookimpl
 
 ADAPTER = Adapter(
     name="hf_hybrid",
-    summary="HF Qwen3.5/Qwen3-Next, Kimi Linear, MiniMax, Mamba1/2 hybrids (Granite-H, ...), LFM2(-MoE) "
-    "-> gated_delta, softmax",
+    summary="HF Qwen3.5/Qwen3-Next, Kimi Linear, MiniMax, Mamba1/2 hybrids (Granite-H, ...), LFM2(-MoE), "
+    "OLMo Hybrid -> gated_delta, softmax",
     library="transformers",
     impl="attnx.adapters.hf_hybrid.convert:IMPL",
 )

@@ -13,7 +13,8 @@ The norms, rotary and projections are HF's own modules and functions; the attent
 ``attnx::SoftmaxAttention`` (causal, key padding mask). MiniMax's ``MiniMaxAttention`` (and Bamba's,
 Granite's) is the same without the output gate and the q/k norms (``gated=False``); LFM2's
 ``Lfm2Attention`` without the gate, with RMSNorms ``q_layernorm``/``k_layernorm`` per head before the
-rotary and ``out_proj`` for ``o_proj`` (``norms``, ``output``).
+rotary and ``out_proj`` for ``o_proj`` (``norms``, ``output``); OLMo Hybrid's ``OlmoHybridAttention``
+without the gate, its RMSNorms over the whole q and k projections (``olmo.OlmoAttention``).
 
 Decoding keeps the KV cache of the *key/value* heads (before ``repeat_kv``), as onnxruntime-genai's
 ``past_key_values.{i}.key/value`` are.

@@ -21,11 +21,12 @@ from attnx.adapters.hf_hybrid.mamba import (
     ZAMBA2,
 )
 from attnx.adapters.hf_hybrid.minimax import MINIMAX
+from attnx.adapters.hf_hybrid.olmo import OLMO_HYBRID
 from attnx.adapters.hf_hybrid.qwen import QWEN3_5, QWEN3_5_MOE, QWEN3_NEXT
 
 ARCHITECTURES: dict[str, Architecture] = {
     a.model_type: a
-    for a in (QWEN3_NEXT, QWEN3_5, QWEN3_5_MOE, KIMI_LINEAR, MINIMAX, LFM2, LFM2_MOE)
+    for a in (QWEN3_NEXT, QWEN3_5, QWEN3_5_MOE, KIMI_LINEAR, MINIMAX, LFM2, LFM2_MOE, OLMO_HYBRID)
     + (MAMBA2, BAMBA, GRANITE_MOE_HYBRID, NEMOTRON_H, FALCON_H1, ZAMBA2, MAMBA, FALCON_MAMBA, JAMBA)
 }
 

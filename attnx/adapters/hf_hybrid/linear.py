@@ -21,7 +21,10 @@ silu(conv(0)) = 0, so the zero state stays zero whatever its decay.
 
 Kimi Linear's Kimi Delta Attention is this layer with its own q/k normalisation, a decay per key channel
 and its own output norm: :class:`attnx.adapters.hf_hybrid.kimi.KimiDeltaAttention` overrides
-:meth:`GatedDeltaNet.l2norm`, :meth:`GatedDeltaNet.decay` and :meth:`GatedDeltaNet.output`.
+:meth:`GatedDeltaNet.l2norm`, :meth:`GatedDeltaNet.decay` and :meth:`GatedDeltaNet.output`. OLMo Hybrid's
+is Qwen3.5's with its own projections' names and beta = 2 sigmoid(b) (``linear_allow_neg_eigval``):
+:class:`attnx.adapters.hf_hybrid.olmo.OlmoGatedDeltaNet` overrides :meth:`GatedDeltaNet.beta` and
+``output_names``.
 """
 
 from __future__ import annotations
@@ -49,6 +52,9 @@ class GatedDeltaNet(PaddedMixer):
     """An HF Gated DeltaNet layer (same parameters, same names) computed by ``attnx::GatedDeltaRule``: a
     :class:`~attnx.adapters.hf_hybrid.mixer.PaddedMixer` whose state is the conv carry and the recurrent
     state (``attnx::GatedDeltaRuleStep``)."""
+
+    # the gated output norm and the output projection, by HF's names (Qwen's; OLMo's o_norm, o_proj)
+    output_names: tuple[str, str] = ("norm", "out_proj")
 
     def __init__(
         self, layer: nn.Module, project: Projector, activation: Callable[[torch.Tensor], torch.Tensor]
@@ -93,7 +99,7 @@ class GatedDeltaNet(PaddedMixer):
         q, k = (self.l2norm(t.reshape(batch, n, -1, self.head_k_dim).float()).transpose(1, 2) for t in (q, k))
         v = v.reshape(batch, n, -1, self.head_v_dim).float().transpose(1, 2)
         g = self.decay(a).transpose(1, 2)
-        beta = b.sigmoid().float().transpose(1, 2)
+        beta = self.beta(b).float().transpose(1, 2)
         step = state is not None
         out, recurrent = run_rule(
             q, k, v, g, beta, past_state, delta=True, scale=self.head_k_dim**-0.5, chunk=CHUNK_SIZE, step=step
@@ -108,8 +114,13 @@ class GatedDeltaNet(PaddedMixer):
         """The log-decay g <= 0, (batch, n, Hv, 1): -exp(A_log) softplus(a + dt_bias) per value head."""
         return (-self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias))[..., None]
 
+    def beta(self, b: torch.Tensor) -> torch.Tensor:
+        """The delta rule's write strength per value head, (batch, n, Hv): sigmoid(b)."""
+        return b.sigmoid()
+
     def output(self, out: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         """The gated norm of the rule's output (batch, n, Hv, Dv) with gate ``z`` (same shape), per value
-        head as HF flattens it, and the output projection."""
-        normed = self.norm(out.reshape(-1, self.head_v_dim), z.reshape(-1, self.head_v_dim))
-        return self.out_proj(normed.reshape(*out.shape[:2], -1))
+        head as HF flattens it, and the output projection (the modules ``output_names`` names)."""
+        norm, projection = (getattr(self, name) for name in self.output_names)
+        normed = norm(out.reshape(-1, self.head_v_dim), z.reshape(-1, self.head_v_dim))
+        return projection(normed.reshape(*out.shape[:2], -1))

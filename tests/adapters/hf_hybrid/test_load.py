@@ -110,6 +110,28 @@ def test_lfm2_options_attnx_does_not_reproduce_are_refused_by_name(initial_dir, 
     refused(directory, tmp_path, *fragments)
 
 
+@pytest.mark.parametrize(
+    "change,fragments",
+    [
+        (
+            {"layer_types": ["linear_attention", "sliding_attention", "linear_attention", "full_attention"]},
+            ("olmo_hybrid with layer_types sliding_attention", "linear_attention, full_attention"),
+        ),
+        (
+            {"rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}},
+            ("olmo_hybrid with rope_parameters.rope_type='dynamic'",),
+        ),
+    ],
+)
+def test_olmo_hybrid_options_attnx_does_not_reproduce_are_refused_by_name(
+    initial_dir, tmp_path, change, fragments
+):
+    """A layer type other than OLMo Hybrid's two (HF would build it an attention layer and find no mask for
+    it) and a rotary rescaled per forward (the recipe has none; a config may add one)."""
+    directory = copy_of(initial_dir("olmo_hybrid"), tmp_path / "olmo", **change)
+    refused(directory, tmp_path, *fragments)
+
+
 def test_kimi_key_value_heads_other_than_attention_heads_are_refused_by_name(initial_dir, tmp_path):
     directory = copy_of(initial_dir("kimi_linear"), tmp_path / "kv", num_key_value_heads=2)
     refused(directory, tmp_path, "kimi_linear with num_key_value_heads=2", "set num_key_value_heads to 4")

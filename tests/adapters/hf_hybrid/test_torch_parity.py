@@ -25,6 +25,7 @@ from attnx.adapters.hf_hybrid.lightning import LightningAttention
 from attnx.adapters.hf_hybrid.linear import GatedDeltaNet
 from attnx.adapters.hf_hybrid.mamba import SiteAttention
 from attnx.adapters.hf_hybrid.moe import DenseExperts
+from attnx.adapters.hf_hybrid.olmo import OlmoAttention, OlmoGatedDeltaNet
 from attnx.adapters.hf_hybrid.scan import SelectiveScan
 from attnx.adapters.hf_hybrid.ssd import StateSpaceDuality
 from attnx.registry import get_registry
@@ -135,12 +136,13 @@ def test_attention_layers_match_hf(hybrid, arch, n):
 def attention_layers_match_hf(model, layers, x: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor):
     """Each of ``layers`` (full attention of ``model``) converted equals HF's on ``x``; HF given its own 4D
     mask, attnx the 2D one; cos/sin from the model's rotary module where it has one (Kimi's MLA has none;
-    LFM2-MoE names its ``pos_emb``)."""
+    LFM2-MoE names its ``pos_emb``), None where the architecture has one but the model was built without it
+    (OLMo Hybrid's and Granite's configs without positions)."""
     rotary = {}
     kind = next(a.rotary for a in ARCHITECTURES.values() if isinstance(model, a.models))
-    module = next((m for m in model.modules() if kind is not None and isinstance(m, kind)), None)
-    if module is not None:
-        rotary["position_embeddings"] = module(x, positions)
+    if kind is not None:
+        module = next((m for m in model.modules() if isinstance(m, kind)), None)
+        rotary["position_embeddings"] = None if module is None else module(x, positions)
     full = create_causal_mask(
         config=model.config, inputs_embeds=x, attention_mask=mask, cache=None, position_ids=positions
     )
@@ -189,15 +191,20 @@ def test_dense_experts_match_hf_experts(hybrid, arch, implementation):
 def test_whole_models_match_hf_forward(hybrid, arch, n):
     """The adapted model's logits equal HF's forward on generate-style (left-padded) batches, padded
     positions included."""
-    model = hybrid(arch)
-    adapted = convert(copy.deepcopy(model))
     torch.manual_seed(n)
+    whole_model_matches_hf(hybrid(arch), n)
+
+
+def whole_model_matches_hf(model, n: int) -> float:
+    """``model`` converted equals HF's forward on a left-padded batch of ``n`` random tokens (generate's
+    positions), padded positions included; returns the max abs logit error."""
+    adapted = convert(copy.deepcopy(model))
     ids = torch.randint(0, model.config.vocab_size, (2, n))
     mask, positions = padded(n)
     with torch.no_grad():
         expected = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False).logits
         actual = adapted(input_ids=ids, attention_mask=mask.bool(), position_ids=positions).logits
-    assert_close(actual, expected)
+    return assert_close(actual, expected)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -383,17 +390,77 @@ def test_lfm2_convs_with_biases_match_hf_on_padded_batches(n):
         for name, parameter in model.named_parameters():
             if name.endswith(".bias"):
                 parameter.normal_(0.0, 0.5)
-    mask, positions = padded(n)
-    adapted = convert(copy.deepcopy(model))
+    mask, _ = padded(n)
     for layer in layers_of(model, "conv"):
         x = torch.randn(2, n, model.config.hidden_size)
         with torch.no_grad():
             assert_close(call_linear(convert(layer), x, mask), call_linear(layer, x, mask))
-    ids = torch.randint(0, model.config.vocab_size, (2, n))
+    whole_model_matches_hf(model, n)
+
+
+class PerHeadNorms(OlmoAttention):
+    """OLMo's attention with its q/k RMSNorms taken per head (Qwen's and LFM2's form: one mean square per
+    head) instead of over the whole projection."""
+
+    def projections(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        def per_head(norm, t: torch.Tensor) -> torch.Tensor:
+            heads = t.view(*t.shape[:-1], -1, self.head_dim)
+            scale = torch.rsqrt(heads.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
+            return norm.weight * (heads * scale).flatten(-2)
+
+        return per_head(self.q_norm, self.q_proj(x)), per_head(self.k_norm, self.k_proj(x)), self.v_proj(x)
+
+
+class SigmoidBeta(OlmoGatedDeltaNet):
+    """OLMo's Gated DeltaNet with Qwen's beta = sigmoid(b), ignoring ``linear_allow_neg_eigval``."""
+
+    def beta(self, b: torch.Tensor) -> torch.Tensor:
+        return b.sigmoid()
+
+
+@pytest.mark.parametrize(
+    ("kind", "wrong"), [("full_attention", PerHeadNorms), ("linear_attention", SigmoidBeta)]
+)
+def test_an_olmo_layer_in_qwens_form_is_caught(hybrid, kind, wrong):
+    """Seeded defects: OLMo Hybrid's attention with q/k norms per head, its Gated DeltaNet with beta =
+    sigmoid(b) (Qwen's forms, where OLMo normalises the whole projection and doubles beta) each fail the
+    parity the right layer passes."""
+    model = hybrid("olmo_hybrid")
+    layer = layers_of(model, kind)[0]
+    x = torch.randn(2, 33, model.config.hidden_size, generator=torch.Generator().manual_seed(0))
+
+    def run(module) -> torch.Tensor:  # (x, no cos/sin or no cache, no mask): both kinds, HF's and attnx's
+        out = module(x, None, None)
+        return out[0] if isinstance(out, tuple) else out
+
     with torch.no_grad():
-        expected = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False).logits
-        actual = adapted(input_ids=ids, attention_mask=mask.bool(), position_ids=positions).logits
-    assert_close(actual, expected)
+        expected = run(layer)
+        assert_close(run(convert(layer)), expected)
+        with pytest.raises(AssertionError):
+            assert_close(run(wrong(layer)), expected)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}},
+        {"linear_allow_neg_eigval": False},
+    ],
+    ids=["rope", "sigmoid-beta"],
+)
+def test_olmo_hybrid_off_its_recipe_matches_hf(change):
+    """OLMo Hybrid with a rotary (the released checkpoints and the recipe have none) and with beta =
+    sigmoid(b) (``linear_allow_neg_eigval`` false), random weights: the attention layers and the whole model
+    equal HF's on left-padded batches, and prefill then steps (cos/sin from the model's rotary module)
+    equals the full forward."""
+    model = hf_hybrid.build("olmo_hybrid", **change).eval()
+    assert (model.model.rotary_emb is None) == ("rope_parameters" not in change)
+    torch.manual_seed(0)
+    mask, positions = padded(65)
+    x = torch.randn(2, 65, model.config.hidden_size)
+    attention_layers_match_hf(model, layers_of(model, "full_attention"), x, mask, positions)
+    whole_model_matches_hf(model, 65)
+    steps_match_the_full_forward(model, 9)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -401,7 +468,12 @@ def test_lfm2_convs_with_biases_match_hf_on_padded_batches(n):
 def test_prefill_then_steps_equal_the_full_forward(hybrid, arch, prompt):
     """Stepping every layer (the conv and recurrent state of the linear layers, the KV cache of the
     attention layers): prefill ``prompt`` tokens, then one token at a time, equals the full forward."""
-    model = hybrid(arch)
+    steps_match_the_full_forward(hybrid(arch), prompt)
+
+
+def steps_match_the_full_forward(model, prompt: int) -> None:
+    """``model`` converted, every layer stepping: prefill ``prompt`` tokens, then 4 one at a time, equals
+    HF's full forward."""
     adapted = convert(copy.deepcopy(model))
     layers = [m for m in adapted.modules() if hasattr(m, "stepping")]
     steps = 4
