@@ -139,7 +139,7 @@ def test_attention_layers_match_hf(hybrid, arch, n):
     mask, positions = padded(n)
     x = torch.randn(2, n, model.config.hidden_size)
     layers = layers_of(model, "full_attention")
-    assert layers
+    assert layers or not {kind_of(t) for t in model.config.layer_types} & {"full_attention", "hybrid"}
     attention_layers_match_hf(model, layers, x, mask, positions)
 
 
