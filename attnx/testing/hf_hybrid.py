@@ -1,6 +1,6 @@
-"""Small *trained* Hugging Face hybrid models (Qwen3-Next, Qwen3.5's text models, Kimi Linear, MiniMax,
-Mamba2, Bamba, Granite 4.0-H, Nemotron-H, Falcon-H1, Zamba2, Mamba, Falcon-Mamba, Jamba, LFM2,
-LFM2-MoE, OLMo Hybrid) for tests and benchmarks.
+"""Small *trained* Hugging Face hybrid models (Qwen3-Next, the text models of Qwen3.5 and Qwen4-Exp, Kimi
+Linear, MiniMax, Mamba2, Bamba, Granite 4.0-H, Nemotron-H, Falcon-H1, Zamba2, Mamba, Falcon-Mamba, Jamba,
+LFM2, LFM2-MoE, OLMo Hybrid) for tests and benchmarks.
 
 Each recipe is a small config of the architecture (a few layers mixing gated linear attention and
 softmax attention, width 64, MoE with a few experts), a byte-level BPE tokenizer
@@ -192,6 +192,34 @@ RECIPES: dict[str, dict[str, Any]] = {
                 "mrope_section": [2, 1, 1],
                 "mrope_interleaved": True,
             },
+        },
+    },
+    # Qwen4-Exp in small: Qwen3.5-MoE's shape with 2 gated-residual streams, a sigmoid output gate on the
+    # linear layers, and a QSA indexer whose budget is the positions' reach (so it keeps every key: exact)
+    "qwen4_exp": {
+        "class": "Qwen4ExpForCausalLM",
+        "config": "Qwen4ExpTextConfig",
+        "options": {
+            **_SHARED,
+            "layer_types": ["linear_attention", "linear_attention", "linear_attention", "indexed_attention"],
+            "tie_word_embeddings": False,
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 64,
+            "shared_expert_intermediate_size": 64,
+            "rope_parameters": {
+                **_SHARED["rope_parameters"],
+                "mrope_section": [2, 1, 1],
+                "mrope_interleaved": True,
+            },
+            "output_gate_type": "sigmoid",
+            "hc_count": 2,
+            "hc_lowrank": 16,
+            "indexer_n_heads": 2,
+            "indexer_kv_heads": 1,
+            "indexer_head_dim": 16,
+            "indexer_budget": _SHARED["max_position_embeddings"],
+            "indexer_compress_ratio": 4,
         },
     },
     # Mamba2 (SSD) in small: 4 heads of 32 over 2 groups of B/C (each serves 2 heads), state 16, and HF's

@@ -26,6 +26,8 @@ LOADERS: dict[str, str] = {
     "qwen3_5_text": "attnx.adapters.hf_hybrid.load:load",
     "qwen3_5_moe": "attnx.adapters.hf_hybrid.load:load",
     "qwen3_5_moe_text": "attnx.adapters.hf_hybrid.load:load",
+    "qwen4_exp": "attnx.adapters.hf_hybrid.load:load",
+    "qwen4_exp_text": "attnx.adapters.hf_hybrid.load:load",
     "kimi_linear": "attnx.adapters.hf_hybrid.load:load",
     "minimax": "attnx.adapters.hf_hybrid.load:load",
     "mamba2": "attnx.adapters.hf_hybrid.load:load",
@@ -41,6 +43,13 @@ LOADERS: dict[str, str] = {
     "lfm2_moe": "attnx.adapters.hf_hybrid.load:load",
     "olmo_hybrid": "attnx.adapters.hf_hybrid.load:load",
 }
+# model_type -> why attnx does not adapt it (refused by name before anything loads)
+NOT_ADAPTED: dict[str, str] = {
+    kind: "transformers 5.24 gives it no text-only causal LM (Glm5NextForConditionalGeneration carries a "
+    "vision tower, Glm5NextTextModel no LM head), and its KDA layers (one conv over q/k/v, a bounded forget "
+    "gate), NoPE MLA behind a DSA k-pool indexer and Sinkhorn hyper-connections are not mapped onto attnx ops"
+    for kind in ("glm5_next", "glm5_next_text")
+}
 PICKLES = ("pytorch_model.bin", "pytorch_model.bin.index.json", "model.pt", "model.pth")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
 
@@ -49,8 +58,8 @@ def read_config(path: Path) -> dict[str, Any]:
     """``DIR/config.json``.
 
     Raises:
-        AttnxError: no such file, not a JSON object, or a ``model_type`` no loader takes (naming the ones
-            that exist).
+        AttnxError: no such file, not a JSON object, a ``model_type`` attnx refuses (with the reason, from
+            :data:`NOT_ADAPTED`), or one no loader takes (naming the ones that exist).
     """
     file = path / "config.json"
     if not file.is_file():
@@ -62,6 +71,10 @@ def read_config(path: Path) -> dict[str, Any]:
     except (OSError, ValueError) as exc:
         raise AttnxError(f"--from hf:{path}: cannot read config.json: {first_line(exc)}") from None
     kind = config.get("model_type") if isinstance(config, dict) else None
+    if kind in NOT_ADAPTED:
+        raise AttnxError(
+            f"--from hf:{path} holds a '{kind}' model, which attnx does not adapt: {NOT_ADAPTED[kind]}"
+        )
     if kind not in LOADERS:
         raise AttnxError(
             f"--from hf:{path} holds a '{kind}' model; attnx adapts the Hugging Face model types "

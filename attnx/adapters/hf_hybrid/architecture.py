@@ -48,6 +48,9 @@ class Architecture:
             ``mlp`` and ``moe``, which hold no token mixer).
         prepare: runs on the whole model (the walk's private copy) before its layers are converted, to
             record what a layer's converter needs from the model around it (Zamba2's call sites).
+        longest: the longest sequence (prompt and generated tokens) the adapted model reproduces exactly,
+            from the config, below its positions' reach (Qwen4-Exp's indexer budget, past which HF's
+            indexer drops keys); None: no limit of the architecture's own.
     """
 
     model_type: str
@@ -61,6 +64,7 @@ class Architecture:
     mask_by_layer_type: bool = True
     layer_types: tuple[str, ...] = LAYER_TYPES
     prepare: Callable[[nn.Module], None] | None = None
+    longest: Callable[[Any], int | None] | None = None
 
     def check_config(self, config: Any) -> None:
         """Refuse, by name, the options of ``config`` that the adapter does not reproduce.

@@ -23,10 +23,11 @@ from attnx.adapters.hf_hybrid.mamba import (
 from attnx.adapters.hf_hybrid.minimax import MINIMAX
 from attnx.adapters.hf_hybrid.olmo import OLMO_HYBRID
 from attnx.adapters.hf_hybrid.qwen import QWEN3_5, QWEN3_5_MOE, QWEN3_NEXT
+from attnx.adapters.hf_hybrid.qwen4 import QWEN4_EXP
 
 ARCHITECTURES: dict[str, Architecture] = {
     a.model_type: a
-    for a in (QWEN3_NEXT, QWEN3_5, QWEN3_5_MOE, KIMI_LINEAR, MINIMAX, LFM2, LFM2_MOE, OLMO_HYBRID)
+    for a in (QWEN3_NEXT, QWEN3_5, QWEN3_5_MOE, QWEN4_EXP, KIMI_LINEAR, MINIMAX, LFM2, LFM2_MOE, OLMO_HYBRID)
     + (MAMBA2, BAMBA, GRANITE_MOE_HYBRID, NEMOTRON_H, FALCON_H1, ZAMBA2, MAMBA, FALCON_MAMBA, JAMBA)
 }
 
@@ -48,11 +49,13 @@ def needs_adapter(module: nn.Module) -> bool:
 
 def lengths(module: nn.Module) -> Lengths | None:
     """A whole model takes up to its config's ``max_position_embeddings`` tokens (the rotary table's
-    reach, and the context its genai config declares; Mamba2 has none: no limit); anything else: no
-    limit of its own."""
-    if not any(isinstance(module, a.models) for a in ARCHITECTURES.values()):
+    reach, and the context its genai config declares; Mamba2 has none: no limit), and no more than its
+    architecture's ``longest`` (Qwen4-Exp's indexer budget); anything else: no limit of its own."""
+    arch = next((a for a in ARCHITECTURES.values() if isinstance(module, a.models)), None)
+    if arch is None:
         return None
-    return Lengths(maximum=getattr(module.config, "max_position_embeddings", None))
+    limit = Lengths(maximum=getattr(module.config, "max_position_embeddings", None))
+    return limit if arch.longest is None else limit & Lengths(maximum=arch.longest(module.config))
 
 
 IMPL = AdapterImpl(convert=convert, needs_adapter=needs_adapter, lengths=lengths)

@@ -27,6 +27,7 @@ EXAMPLE_LENGTH = 17  # any length >= 2 traces every length (the ops and HF's cod
 TEXT_TYPES = {
     "qwen3_5_text": "qwen3_5",
     "qwen3_5_moe_text": "qwen3_5_moe",
+    "qwen4_exp_text": "qwen4_exp",
 }  # a text model's config model_type -> its architecture
 
 

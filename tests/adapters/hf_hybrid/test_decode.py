@@ -17,7 +17,7 @@ from attnx.registry import get_registry
 from attnx.serve.genai import DEFAULT_CONTEXT
 from attnx.testing import hf_hybrid
 from tests.adapters.hf_hybrid.conftest import ARCHS
-from tests.adapters.hf_hybrid.test_torch_parity import MIXERS, layers_of
+from tests.adapters.hf_hybrid.test_torch_parity import MIXERS, kind_of, layers_of
 from tests.helpers import run_cli
 
 TOLERANCE = get_registry().variant("softmax").tolerance
@@ -61,14 +61,17 @@ def test_genai_config_names_each_layers_state(decode_export, trained, arch):
     decoder = genai_model["decoder"]
     assert decoder["inputs"]["past_recurrent_names"] == "past.%d.recurrent"
     assert decoder["inputs"]["past_conv_names"] == "past.%d.conv"
-    if "full_attention" in trained(arch).config.layer_types:  # Mamba2 has no KV cache to name
+    if "full_attention" in map(kind_of, trained(arch).config.layer_types):  # Mamba2 has no KV cache to name
         assert decoder["inputs"]["past_key_names"] == "past_key_values.%d.key"
     graph = onnx.load(str(out / "genai.onnx"), load_external_data=False).graph
     dims = {i.name: [d.dim_value or d.dim_param for d in i.type.tensor_type.shape.dim] for i in graph.input}
     model = trained(arch)
     # the stateful layers in order: Nemotron-H's mlp and moe blocks hold none, Falcon-H1's hybrid two
     kinds = [
-        k for t in model.config.layer_types for k in (LAYER_TYPES if t == "hybrid" else (t,)) if k in MIXERS
+        k
+        for t in model.config.layer_types
+        for k in (LAYER_TYPES if t == "hybrid" else (kind_of(t),))
+        if k in MIXERS
     ]
     mixers = {kind: iter(layers_of(model, kind)) for kind in set(kinds)}
     for i, kind in enumerate(kinds):

@@ -22,7 +22,7 @@ LENGTHS = (1, 7, 63, 65, 130)
 
 
 # the attnx variant of each token mixer's kind (LFM2's convs, Nemotron-H's mlp and moe blocks: no attnx op)
-VARIANT_OF = {"linear_attention": "gated_delta", "full_attention": "softmax"}
+VARIANT_OF = {"linear_attention": "gated_delta", "full_attention": "softmax", "indexed_attention": "softmax"}
 
 
 def variants_of(config) -> list[str]:

@@ -38,6 +38,20 @@ def test_an_architecture_attnx_does_not_adapt_is_named_with_the_supported_ones(t
     refused(other, tmp_path, "'llama' model", *supported)
 
 
+@pytest.mark.parametrize("kind", ["glm5_next", "glm5_next_text"])
+def test_glm5_next_is_refused_by_name_with_the_reason(tmp_path, kind):
+    """GLM-5-Next is refused before anything loads, with why (docs/importing.md's table says the same)."""
+    directory = tmp_path / kind
+    directory.mkdir()
+    (directory / "config.json").write_text(json.dumps({"model_type": kind}))
+    refused(directory, tmp_path, f"'{kind}' model, which attnx does not adapt", "no text-only causal LM")
+
+
+def test_qwen4_exp_per_layer_ngram_embeddings_are_refused_by_name(initial_dir, tmp_path):
+    directory = copy_of(initial_dir("qwen4_exp"), tmp_path / "ple", ple_layer_ids=[1])
+    refused(directory, tmp_path, "qwen4_exp with ple_layer_ids [1]", "ple_layer_ids empty")
+
+
 def test_a_class_attnx_does_not_export_is_named(initial_dir, tmp_path):
     directory = copy_of(
         initial_dir("qwen3_next"), tmp_path / "cls", architectures=["Qwen3NextForTokenClassification"]

@@ -60,6 +60,14 @@ MIXERS = {
     "conv": ("conv",),
     "full_attention": ("self_attn", "mixer", "shared_transformer.self_attn"),
 }
+# layer types that are another kind for these tests: Qwen4-Exp's indexed attention is full attention within
+# its indexer's budget (which the recipe sets to its positions' reach)
+KIND_OF = {"indexed_attention": "full_attention"}
+
+
+def kind_of(layer_type: str) -> str:
+    """The kind (a key of :data:`MIXERS`, or "hybrid") of a config's layer type."""
+    return KIND_OF.get(layer_type, layer_type)
 
 
 def _at(layer, path: str):
@@ -74,14 +82,14 @@ def layers_of(model, kind: str) -> list:
     return [
         next(_at(layer, path) for path in MIXERS[kind] if _at(layer, path) is not None)
         for layer, layer_type in zip(model.base_model.layers, model.config.layer_types, strict=True)
-        if layer_type in (kind, "hybrid")
+        if kind_of(layer_type) in (kind, "hybrid")
     ]
 
 
 def linear_layers(model) -> list:
     """The token mixers of every layer but the full attention ones (linear attention, the Mamba mixers, LFM2's
     convs; a hybrid layer's linear one)."""
-    kinds = {"linear_attention" if kind == "hybrid" else kind for kind in model.config.layer_types}
+    kinds = {"linear_attention" if kind == "hybrid" else kind_of(kind) for kind in model.config.layer_types}
     kinds &= MIXERS.keys() - {"full_attention"}
     return [mixer for kind in sorted(kinds) for mixer in layers_of(model, kind)]
 
@@ -130,7 +138,9 @@ def test_attention_layers_match_hf(hybrid, arch, n):
     model = hybrid(arch)
     mask, positions = padded(n)
     x = torch.randn(2, n, model.config.hidden_size)
-    attention_layers_match_hf(model, layers_of(model, "full_attention"), x, mask, positions)
+    layers = layers_of(model, "full_attention")
+    assert layers or not {kind_of(t) for t in model.config.layer_types} & {"full_attention", "hybrid"}
+    attention_layers_match_hf(model, layers, x, mask, positions)
 
 
 def attention_layers_match_hf(model, layers, x: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor):
@@ -143,8 +153,14 @@ def attention_layers_match_hf(model, layers, x: torch.Tensor, mask: torch.Tensor
     if kind is not None:
         module = next((m for m in model.modules() if isinstance(m, kind)), None)
         rotary["position_embeddings"] = None if module is None else module(x, positions)
+    # always a mask (never HF's is_causal skip), as Qwen4-Exp's model builds it for its indexer to read
     full = create_causal_mask(
-        config=model.config, inputs_embeds=x, attention_mask=mask, cache=None, position_ids=positions
+        config=model.config,
+        inputs_embeds=x,
+        attention_mask=mask,
+        cache=None,
+        position_ids=positions,
+        allow_is_causal_skip=False,
     )
     for layer in layers:
         with torch.no_grad():
@@ -377,6 +393,30 @@ def test_lfm2_moe_routing_with_an_expert_bias_matches_hf_on_padded_batches():
     expected = logits(model, False)
     assert float((expected - unbiased).abs().max()) > 1e-3
     assert_close(logits(convert(copy.deepcopy(model)), True), expected)
+
+
+def test_qwen4_exp_exports_no_longer_than_its_indexer_budget():
+    """Qwen4-Exp's QSA indexer keeps every key while a query sees at most ``indexer_budget`` of them, and
+    only then is its attention attnx's full attention: with a budget of 16 the adapted model equals HF's
+    on a left-padded batch of 16 tokens, differs past it (HF's indexer drops blocks of keys there), and
+    the adapter caps the export's lengths at the budget."""
+    from attnx.adapters.hf_hybrid.convert import lengths
+
+    model = hf_hybrid.build("qwen4_exp", indexer_budget=16).eval()
+    assert lengths(model).maximum == 16
+    adapted = convert(copy.deepcopy(model))
+    for n, equal in ((16, True), (40, False)):
+        ids = torch.randint(0, model.config.vocab_size, (2, n), generator=torch.Generator().manual_seed(n))
+        mask, positions = padded(n)
+        with torch.no_grad():
+            expected = model(
+                input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False
+            ).logits
+            actual = adapted(input_ids=ids, attention_mask=mask.bool(), position_ids=positions).logits
+        if equal:
+            assert_close(actual, expected)
+        else:
+            assert float((actual - expected).abs().max()) > 1e-3
 
 
 @pytest.mark.parametrize("n", (7, 65))
