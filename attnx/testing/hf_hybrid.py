@@ -1,6 +1,6 @@
 """Small *trained* Hugging Face hybrid models (Qwen3-Next, the text models of Qwen3.5 and Qwen4-Exp, Kimi
 Linear, MiniMax, Mamba2, Bamba, Granite 4.0-H, Nemotron-H, Falcon-H1, Zamba2, Mamba, Falcon-Mamba, Jamba,
-LFM2, LFM2-MoE, OLMo Hybrid) for tests and benchmarks.
+LFM2, LFM2-MoE, OLMo Hybrid, Lara Mini) for tests and benchmarks.
 
 Each recipe is a small config of the architecture (a few layers mixing gated linear attention and
 softmax attention, width 64, MoE with a few experts), a byte-level BPE tokenizer
@@ -409,6 +409,22 @@ RECIPES: dict[str, dict[str, Any]] = {
             "linear_allow_neg_eigval": True,
             "rope_parameters": {"rope_type": "default", "rope_theta": None},
             "tie_word_embeddings": False,
+        },
+    },
+    # Lara Mini in small: Qwen3.5's Gated DeltaNet (3 layers) + 1 full attention layer without positions
+    # (Qwen3's, ungated), a MoE of 4 experts (top-2, float32 softmax router) plus an ungated shared expert;
+    # no sliding_attention layer (attnx does not window), so sliding_window (an int in HF's config) is unused
+    "lara_mini": {
+        "class": "LaraMiniForCausalLM",
+        "config": "LaraMiniConfig",
+        "options": {
+            **{k: v for k, v in _SHARED.items() if k != "intermediate_size"},
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 64,
+            "shared_expert_intermediate_size": 64,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+            "tie_word_embeddings": True,
         },
     },
 }

@@ -21,9 +21,11 @@ additive rule with a decay per key dimension (a value of width 1 per channel). L
 module with no attnx op whose decode state is the conv carry alone, their attention layers (q/k
 RMSNorms) attnx's softmax attention. AI2's OLMo Hybrid (``olmo_hybrid``): its Gated DeltaNet layers
 Qwen3.5's conversion with beta = 2 sigmoid(b), its attention layers (q/k RMSNorms over the whole
-projections, rotary or none) attnx's softmax attention.
+projections, rotary or none) attnx's softmax attention. Translated's Lara Mini (``lara_mini``): Qwen3.5's
+Gated DeltaNet (the same rule), its full attention layers (no positions) attnx's softmax attention, its
+experts the dense sum; its sliding-window layers are refused.
 One module per architecture family (``qwen.py``, ``qwen4.py``, ``kimi.py``, ``minimax.py``,
-``mamba.py``, ``lfm2.py``, ``olmo.py``), shared layers beside it.
+``mamba.py``, ``lfm2.py``, ``olmo.py``, ``lara.py``), shared layers beside it.
 See docs/importing.md.
 """
 
@@ -35,7 +37,7 @@ from attnx.hookspecs import hookimpl
 ADAPTER = Adapter(
     name="hf_hybrid",
     summary="HF Qwen3.5/Qwen3-Next/Qwen4-Exp, Kimi Linear, MiniMax, Mamba1/2 hybrids (Granite-H, ...), "
-    "LFM2(-MoE), OLMo Hybrid -> gated_delta, softmax",
+    "LFM2(-MoE), OLMo Hybrid, Lara Mini -> gated_delta, softmax",
     library="transformers",
     impl="attnx.adapters.hf_hybrid.convert:IMPL",
 )

@@ -51,6 +51,9 @@ class Architecture:
         longest: the longest sequence (prompt and generated tokens) the adapted model reproduces exactly,
             from the config, below its positions' reach (Qwen4-Exp's indexer budget, past which HF's
             indexer drops keys); None: no limit of the architecture's own.
+        windowed: the layer type the config's ``sliding_window`` applies to (Lara Mini's
+            "sliding_attention", refused unless in ``layer_types``); None: the full attention layers
+            (MiniMax), so a window is refused.
     """
 
     model_type: str
@@ -65,6 +68,7 @@ class Architecture:
     layer_types: tuple[str, ...] = LAYER_TYPES
     prepare: Callable[[nn.Module], None] | None = None
     longest: Callable[[Any], int | None] | None = None
+    windowed: str | None = None
 
     def check_config(self, config: Any) -> None:
         """Refuse, by name, the options of ``config`` that the adapter does not reproduce.
@@ -72,7 +76,7 @@ class Architecture:
         Raises:
             AttnxError: see :func:`check_config` and the architecture's own ``check``.
         """
-        check_config(config, self.model_type, self.layer_types)
+        check_config(config, self.model_type, self.layer_types, self.windowed)
         if self.check is not None:
             self.check(config)
 
@@ -109,14 +113,17 @@ class Architecture:
         return None if make is None else make(module)
 
 
-def check_config(config: Any, model_type: str, layer_types: tuple[str, ...]) -> None:
+def check_config(
+    config: Any, model_type: str, layer_types: tuple[str, ...], windowed: str | None = None
+) -> None:
     """Refuse, by name, the options of a hybrid config that the adapter does not reproduce.
 
     Raises:
         AttnxError: a rotary type HF rescales per forward, a layer type not in ``layer_types``, or a
-            sliding window on the full attention layers (MiniMax's ``sliding_window``).
+            sliding window on the full attention layers (MiniMax's ``sliding_window``; not where it
+            applies to its own layer type ``windowed``, which ``layer_types`` accepts or refuses).
     """
-    if getattr(config, "sliding_window", None) is not None:
+    if windowed is None and getattr(config, "sliding_window", None) is not None:
         raise AttnxError(
             f"{model_type} with sliding_window={config.sliding_window}: attnx's full attention layers attend "
             "to every earlier token; export a config with sliding_window null"
@@ -130,7 +137,13 @@ def check_config(config: Any, model_type: str, layer_types: tuple[str, ...]) -> 
         )
     unknown = sorted(set(config.layer_types) - set(layer_types))
     if unknown:
+        window = (
+            f" (they attend to the last sliding_window={config.sliding_window} keys; attnx's attention and "
+            "its KV cache keep every earlier key)"
+            if windowed in unknown
+            else ""
+        )
         raise AttnxError(
-            f"{model_type} with layer_types {', '.join(unknown)}: attnx adapts "
+            f"{model_type} with layer_types {', '.join(unknown)}{window}: attnx adapts "
             f"{', '.join(layer_types)} layers"
         )

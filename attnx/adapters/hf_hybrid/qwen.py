@@ -36,17 +36,19 @@ def _project_next(layer: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, ...]
     return qkv, z, b, a
 
 
-def _project_35(layer: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+def project_35(layer: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Qwen3.5's projections, one each (Lara Mini's too): (q, k, v channels, z per value head, b, a)."""
     batch, n, _ = x.shape
     z = layer.in_proj_z(x).reshape(batch, n, -1, layer.head_v_dim)
     return layer.in_proj_qkv(x), z, layer.in_proj_b(x), layer.in_proj_a(x)
 
 
-def _linear(project: Any, layer: nn.Module) -> GatedDeltaNet:
+def linear(project: Any, layer: nn.Module) -> GatedDeltaNet:
+    """The Gated DeltaNet of an HF linear layer whose projections ``project`` reads."""
     return GatedDeltaNet(layer, project, ACT2FN[layer.activation])
 
 
-def _attention(module: Any, layer: nn.Module) -> GatedAttention:
+def qk_normed_attention(module: Any, layer: nn.Module) -> GatedAttention:
     return GatedAttention(layer, module.apply_rotary_pos_emb, norms=("q_norm", "k_norm"))
 
 
@@ -56,8 +58,8 @@ QWEN3_NEXT = Architecture(
     classes=("Qwen3NextForCausalLM", "Qwen3NextModel"),
     models=(qnext.Qwen3NextForCausalLM, qnext.Qwen3NextModel),
     layers={
-        qnext.Qwen3NextGatedDeltaNet: functools.partial(_linear, _project_next),
-        qnext.Qwen3NextAttention: functools.partial(_attention, qnext),
+        qnext.Qwen3NextGatedDeltaNet: functools.partial(linear, _project_next),
+        qnext.Qwen3NextAttention: functools.partial(qk_normed_attention, qnext),
         qnext.Qwen3NextExperts: DenseExperts,
     },
     untraceable=(qnext.Qwen3NextGatedDeltaNet, qnext.Qwen3NextExperts),
@@ -70,8 +72,8 @@ QWEN3_5 = Architecture(
     classes=("Qwen3_5ForCausalLM", "Qwen3_5TextModel"),
     models=(q35.Qwen3_5ForCausalLM, q35.Qwen3_5TextModel),
     layers={
-        q35.Qwen3_5GatedDeltaNet: functools.partial(_linear, _project_35),
-        q35.Qwen3_5Attention: functools.partial(_attention, q35),
+        q35.Qwen3_5GatedDeltaNet: functools.partial(linear, project_35),
+        q35.Qwen3_5Attention: functools.partial(qk_normed_attention, q35),
     },
     untraceable=(q35.Qwen3_5GatedDeltaNet,),
     rotary=q35.Qwen3_5TextRotaryEmbedding,
@@ -83,8 +85,8 @@ QWEN3_5_MOE = Architecture(
     classes=("Qwen3_5MoeForCausalLM", "Qwen3_5MoeTextModel"),
     models=(q35moe.Qwen3_5MoeForCausalLM, q35moe.Qwen3_5MoeTextModel),
     layers={
-        q35moe.Qwen3_5MoeGatedDeltaNet: functools.partial(_linear, _project_35),
-        q35moe.Qwen3_5MoeAttention: functools.partial(_attention, q35moe),
+        q35moe.Qwen3_5MoeGatedDeltaNet: functools.partial(linear, project_35),
+        q35moe.Qwen3_5MoeAttention: functools.partial(qk_normed_attention, q35moe),
         q35moe.Qwen3_5MoeExperts: DenseExperts,
     },
     untraceable=(q35moe.Qwen3_5MoeGatedDeltaNet, q35moe.Qwen3_5MoeExperts),

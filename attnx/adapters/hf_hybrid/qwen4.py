@@ -28,7 +28,7 @@ from transformers.models.qwen4_exp import modeling_qwen4_exp as q4
 
 from attnx.adapters.hf_hybrid.architecture import Architecture
 from attnx.adapters.hf_hybrid.moe import DenseExperts
-from attnx.adapters.hf_hybrid.qwen import _attention, _linear, _project_35
+from attnx.adapters.hf_hybrid.qwen import linear, project_35, qk_normed_attention
 from attnx.errors import AttnxError
 
 
@@ -48,8 +48,8 @@ QWEN4_EXP = Architecture(
     classes=("Qwen4ExpForCausalLM", "Qwen4ExpTextModel"),
     models=(q4.Qwen4ExpForCausalLM, q4.Qwen4ExpTextModel),
     layers={
-        q4.Qwen4ExpTextGatedDeltaNet: functools.partial(_linear, _project_35),
-        q4.Qwen4ExpTextAttention: functools.partial(_attention, q4),
+        q4.Qwen4ExpTextGatedDeltaNet: functools.partial(linear, project_35),
+        q4.Qwen4ExpTextAttention: functools.partial(qk_normed_attention, q4),
         q4.Qwen4ExpTextExperts: DenseExperts,
     },
     untraceable=(q4.Qwen4ExpTextGatedDeltaNet, q4.Qwen4ExpTextAttention, q4.Qwen4ExpTextExperts),

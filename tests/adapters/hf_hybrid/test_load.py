@@ -146,6 +146,20 @@ def test_olmo_hybrid_options_attnx_does_not_reproduce_are_refused_by_name(
     refused(directory, tmp_path, *fragments)
 
 
+def test_lara_sliding_attention_layers_are_refused_by_name(initial_dir, tmp_path):
+    """Lara Mini's sliding_window applies to its sliding_attention layers only (refused, naming the window);
+    the recipe's, with none, exports with the config's window of 512 as it is."""
+    layer_types = ["linear_attention", "sliding_attention", "linear_attention", "full_attention"]
+    directory = copy_of(initial_dir("lara_mini"), tmp_path / "lara", layer_types=layer_types)
+    refused(
+        directory,
+        tmp_path,
+        "lara_mini with layer_types sliding_attention",
+        "sliding_window=512",
+        "linear_attention, full_attention",
+    )
+
+
 def test_kimi_key_value_heads_other_than_attention_heads_are_refused_by_name(initial_dir, tmp_path):
     directory = copy_of(initial_dir("kimi_linear"), tmp_path / "kv", num_key_value_heads=2)
     refused(directory, tmp_path, "kimi_linear with num_key_value_heads=2", "set num_key_value_heads to 4")

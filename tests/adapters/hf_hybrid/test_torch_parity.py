@@ -145,14 +145,12 @@ def test_attention_layers_match_hf(hybrid, arch, n):
 
 def attention_layers_match_hf(model, layers, x: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor):
     """Each of ``layers`` (full attention of ``model``) converted equals HF's on ``x``; HF given its own 4D
-    mask, attnx the 2D one; cos/sin from the model's rotary module where it has one (Kimi's MLA has none;
-    LFM2-MoE names its ``pos_emb``), None where the architecture has one but the model was built without it
-    (OLMo Hybrid's and Granite's configs without positions)."""
-    rotary = {}
+    mask, attnx the 2D one; cos/sin from the model's rotary module where it has one (LFM2-MoE names its
+    ``pos_emb``), else None (Kimi's MLA; Lara Mini's full attention layers, which HF passes None; OLMo
+    Hybrid's and Granite's configs without positions, whose architecture has a rotary class)."""
     kind = next(a.rotary for a in ARCHITECTURES.values() if isinstance(model, a.models))
-    if kind is not None:
-        module = next((m for m in model.modules() if isinstance(m, kind)), None)
-        rotary["position_embeddings"] = None if module is None else module(x, positions)
+    module = next((m for m in model.modules() if kind is not None and isinstance(m, kind)), None)
+    rotary = {"position_embeddings": None if module is None else module(x, positions)}
     # always a mask (never HF's is_causal skip), as Qwen4-Exp's model builds it for its indexer to read
     full = create_causal_mask(
         config=model.config,
@@ -245,7 +243,7 @@ def test_a_wrong_projection_split_is_caught(hybrid):
     the layer test above checks."""
 
     def swapped(layer, x):
-        qkv, z, b, a = qwen._project_35(layer, x)
+        qkv, z, b, a = qwen.project_35(layer, x)
         return qkv, z, a, b
 
     layer = layers_of(hybrid("qwen3_5"), "linear_attention")[0]
@@ -511,12 +509,11 @@ def test_prefill_then_steps_equal_the_full_forward(hybrid, arch, prompt):
     steps_match_the_full_forward(hybrid(arch), prompt)
 
 
-def steps_match_the_full_forward(model, prompt: int) -> None:
-    """``model`` converted, every layer stepping: prefill ``prompt`` tokens, then 4 one at a time, equals
-    HF's full forward."""
-    adapted = convert(copy.deepcopy(model))
+def steps_match_the_full_forward(model, prompt: int, adapted=None, steps: int = 4) -> None:
+    """``adapted`` (default: ``model`` converted), every layer stepping: prefill ``prompt`` tokens, then
+    ``steps`` one at a time, equals HF's full forward."""
+    adapted = convert(copy.deepcopy(model)) if adapted is None else adapted
     layers = [m for m in adapted.modules() if hasattr(m, "stepping")]
-    steps = 4
     torch.manual_seed(prompt)
     ids = torch.randint(0, model.config.vocab_size, (2, prompt + steps))
     with torch.no_grad():
@@ -532,6 +529,22 @@ def steps_match_the_full_forward(model, prompt: int) -> None:
             start = end
     for layer in layers:
         layer.stepping = None
+
+
+def test_a_lara_full_attention_layer_that_rotates_is_caught(hybrid):
+    """Seeded defect: Lara Mini's full attention layers take no positions (HF passes cos/sin only to its
+    sliding layers); stepped with cos/sin from the model's rotary module, as a declaration with
+    ``rotary=LaraMiniRotaryEmbedding`` would wire them, the adapted model no longer equals HF's forward
+    (the whole-sequence call is unchanged: HF's model passes the layer None)."""
+    model = hybrid("lara_mini")
+    adapted = convert(copy.deepcopy(model))
+    steps_match_the_full_forward(model, 9, adapted)
+    layers = [m for m in adapted.modules() if isinstance(m, FullAttention)]
+    assert layers
+    for layer in layers:
+        layer.rotary = model.base_model.rotary_emb.forward
+    with pytest.raises(AssertionError):
+        steps_match_the_full_forward(model, 9, adapted)
 
 
 @pytest.mark.slow
