@@ -1,6 +1,6 @@
 """Small *trained* Hugging Face hybrid models (Qwen3-Next, the text models of Qwen3.5 and Qwen4-Exp, Kimi
 Linear, MiniMax, Mamba2, Bamba, Granite 4.0-H, Nemotron-H, Falcon-H1, Zamba2, Mamba, Falcon-Mamba, Jamba,
-LFM2, LFM2-MoE, OLMo Hybrid, Lara Mini) for tests and benchmarks.
+LFM2, LFM2-MoE, OLMo Hybrid, Lara Mini, Bailing) for tests and benchmarks.
 
 Each recipe is a small config of the architecture (a few layers mixing gated linear attention and
 softmax attention, width 64, MoE with a few experts), a byte-level BPE tokenizer
@@ -425,6 +425,37 @@ RECIPES: dict[str, dict[str, Any]] = {
             "shared_expert_intermediate_size": 64,
             "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
             "tie_word_embeddings": True,
+        },
+    },
+    # Bailing (Ling 3) in small: KDA x3 (the released bounded forget gate, lower bound -5) + MLA with
+    # interleaved rotary on its 8 positional channels and a gate per head; the first layer a dense MLP,
+    # then 8 experts routed over 4 groups (the best 2 groups, 2 experts) with a shared expert
+    "bailing_hybrid": {
+        "class": "BailingHybridForCausalLM",
+        "config": "BailingHybridConfig",
+        "options": {
+            **{k: _SHARED[k] for k in ("vocab_size", "hidden_size", "intermediate_size", "layer_types")},
+            **{k: _SHARED[k] for k in ("num_hidden_layers", "max_position_embeddings")},
+            **{k: _SHARED[k] for k in ("pad_token_id", "bos_token_id", "eos_token_id")},
+            "num_attention_heads": 4,
+            "num_key_value_heads": 4,
+            "head_dim": 16,  # the KDA heads' width (the config then names the rotary width head_dim)
+            "short_conv_kernel_size": 4,
+            "q_lora_rank": None,
+            "kv_lora_rank": 32,
+            "qk_nope_head_dim": 16,
+            "qk_rope_head_dim": 8,
+            "v_head_dim": 16,
+            "kda_safe_gate": True,
+            "kda_lower_bound": -5.0,
+            "num_local_experts": 8,
+            "num_experts_per_tok": 2,
+            "n_group": 4,
+            "topk_group": 2,
+            "moe_intermediate_size": 32,
+            "mlp_layer_types": ["dense", "sparse", "sparse", "sparse"],
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+            "tie_word_embeddings": False,
         },
     },
 }

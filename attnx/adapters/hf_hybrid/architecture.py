@@ -16,7 +16,7 @@ from typing import Any
 
 from torch import nn
 
-from attnx.adapters.hf_hybrid.attention import GatedAttention, no_positions
+from attnx.adapters.hf_hybrid.attention import FullAttention, no_positions
 from attnx.adapters.hf_hybrid.model import HybridModel, convert_layers
 from attnx.errors import AttnxError
 
@@ -103,7 +103,7 @@ class Architecture:
             converted = convert_layers(module, self.layers)
             rotary = next((m for m in module.modules() if self.rotary and isinstance(m, self.rotary)), None)
             for layer in converted.modules():
-                if isinstance(layer, GatedAttention):
+                if isinstance(layer, FullAttention):
                     layer.rotary = no_positions if rotary is None else rotary.forward
             # the model's mask mapping: its layer types and the two mask kinds (Falcon-H1's "hybrid" layers
             # read both)

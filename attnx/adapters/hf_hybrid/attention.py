@@ -46,6 +46,10 @@ class FullAttention(Stepping, nn.Module):
     layer is that step. Subclasses set ``kv_heads``, ``head_dim`` (of the keys) and ``scaling``;
     ``output`` names the output projection (HF's ``o_proj``; LFM2's ``out_proj``).
 
+    Stepping takes cos/sin from the model's own rotary module (``rotary``, set with the model's by
+    :meth:`attnx.adapters.hf_hybrid.architecture.Architecture.convert`; :func:`no_positions` for a model or
+    layer without positions).
+
     Values narrower than the keys (Kimi's MLA) are cached padded with zeros to the keys' head size:
     onnxruntime-genai sizes the key and the value cache by one ``head_size``. That is exact, since
     softmax(s) [v, 0] = [softmax(s) v, 0], and the padding is sliced off the output.
@@ -55,6 +59,7 @@ class FullAttention(Stepping, nn.Module):
     head_dim: int
     scaling: float
     output: str = "o_proj"
+    rotary: Callable[..., tuple[torch.Tensor, torch.Tensor] | None] | None = None
 
     def decode_state(self) -> list[StateTensor]:
         """A KV cache of the key/value heads (keys as the attention sees them: after norms and rotation)."""
@@ -86,9 +91,20 @@ class FullAttention(Stepping, nn.Module):
         the cache after them."""
         return self.attend(x, self.embeddings_at(x, position), None, state or ())
 
-    def embeddings_at(self, x: torch.Tensor, position: torch.Tensor) -> Any:
-        """What :meth:`project` takes for new tokens ``x`` from ``position`` on (None: no positions)."""
-        return None
+    def embeddings_at(
+        self, x: torch.Tensor, position: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """cos/sin of the new tokens' positions, from the model's own rotary module (None: the model has
+        none).
+
+        Raises:
+            AttnxError: a layer that rotates, converted on its own, without its model's rotary module.
+        """
+        if self.rotary is None:
+            raise AttnxError(
+                f"a {type(self).__name__} layer converted without its model cannot step; convert the model"
+            )
+        return self.rotary(x, (torch.arange(x.shape[1], device=x.device) + position)[None])
 
     def project(
         self, x: torch.Tensor, position_embeddings: Any
@@ -137,8 +153,7 @@ class GatedAttention(FullAttention):
     ``q_proj`` (False: the plain layers, whose keys take Falcon-H1's ``key_multiplier`` where the layer has
     one); ``norms``: the names of the per-head norms of q and k, applied before the rotary (Qwen's
     ``q_norm``/``k_norm``, LFM2's ``q_layernorm``/``k_layernorm``; None: none); ``output``: the output
-    projection's name. Stepping takes cos/sin from the model's own rotary module (``rotary``, set with the
-    model's; :func:`no_positions` for a model without one).
+    projection's name.
     """
 
     def __init__(
@@ -159,22 +174,6 @@ class GatedAttention(FullAttention):
         self.kv_heads = layer.config.num_key_value_heads
         self.layer_idx = layer.layer_idx
         self.key_multiplier = getattr(layer, "key_multiplier", 1.0)  # Falcon-H1's keys before the rotary
-        self.rotary: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None  # set with the model's
-
-    def embeddings_at(
-        self, x: torch.Tensor, position: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """cos/sin of the new tokens' positions, from the model's own rotary module (None: the model has
-        none).
-
-        Raises:
-            AttnxError: a layer converted on its own, without its model's rotary module.
-        """
-        if self.rotary is None:
-            raise AttnxError(
-                "a gated attention layer converted without its model cannot step; convert the model"
-            )
-        return self.rotary(x, (torch.arange(x.shape[1], device=x.device) + position)[None])
 
     def projections(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The flat query, key and value projections of ``x`` (Qwen's output gate still in the query)."""

@@ -7,6 +7,7 @@ from torch import nn
 
 from attnx.adapter import AdapterImpl, Lengths
 from attnx.adapters.hf_hybrid.architecture import Architecture
+from attnx.adapters.hf_hybrid.bailing import BAILING_HYBRID
 from attnx.adapters.hf_hybrid.kimi import KIMI_LINEAR
 from attnx.adapters.hf_hybrid.lara import LARA_MINI
 from attnx.adapters.hf_hybrid.lfm2 import LFM2, LFM2_MOE
@@ -28,8 +29,19 @@ from attnx.adapters.hf_hybrid.qwen4 import QWEN4_EXP
 
 ARCHITECTURES: dict[str, Architecture] = {
     a.model_type: a
-    for a in (QWEN3_NEXT, QWEN3_5, QWEN3_5_MOE, QWEN4_EXP, KIMI_LINEAR, MINIMAX, LFM2, LFM2_MOE, OLMO_HYBRID)
-    + (LARA_MINI,)
+    for a in (
+        QWEN3_NEXT,
+        QWEN3_5,
+        QWEN3_5_MOE,
+        QWEN4_EXP,
+        KIMI_LINEAR,
+        MINIMAX,
+        LFM2,
+        LFM2_MOE,
+        OLMO_HYBRID,
+        BAILING_HYBRID,
+        LARA_MINI,
+    )
     + (MAMBA2, BAMBA, GRANITE_MOE_HYBRID, NEMOTRON_H, FALCON_H1, ZAMBA2, MAMBA, FALCON_MAMBA, JAMBA)
 }
 

@@ -20,18 +20,15 @@ MLP layers (``mlp_layer_types``), which run as they are.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch import nn
 from transformers.activations import ACT2FN
 from transformers.models.kimi_linear import modeling_kimi_linear as kimi
 
 from attnx.adapters.hf_hybrid.architecture import Architecture
-from attnx.adapters.hf_hybrid.latent import LatentAttention
-from attnx.adapters.hf_hybrid.linear import GatedDeltaNet
+from attnx.adapters.hf_hybrid.latent import LatentAttention, check_heads
+from attnx.adapters.hf_hybrid.linear import GatedDeltaNet, Projector
 from attnx.adapters.hf_hybrid.moe import DenseExperts
-from attnx.errors import AttnxError
 from attnx.plugins.gated.op import l2norm
 
 SOFTPLUS_LINEAR_ABOVE = 20.0  # KimiLinearForgetGate's softplus bound
@@ -50,8 +47,8 @@ class KimiDeltaAttention(GatedDeltaNet):
     """An HF ``KimiLinearDeltaAttention`` layer (same parameters, same names) on ``attnx::GatedDeltaRule``
     with a decay per key channel (decode: ``attnx::GatedDeltaRuleStep``, conv + recurrent state)."""
 
-    def __init__(self, layer: nn.Module):
-        super().__init__(layer, _project, ACT2FN[layer.activation])
+    def __init__(self, layer: nn.Module, project: Projector = _project):
+        super().__init__(layer, project, ACT2FN[layer.activation])
 
     def read_heads(self, layer: nn.Module) -> None:
         self.num_k_heads = self.num_v_heads = layer.num_heads
@@ -62,29 +59,18 @@ class KimiDeltaAttention(GatedDeltaNet):
 
     def decay(self, a: torch.Tensor) -> torch.Tensor:
         """g = -exp(A_log[h]) softplus(a + dt_bias), (batch, n, H, d_k)."""
+        a, rate = self.forget_input(a)
+        return -rate * torch.where(a > SOFTPLUS_LINEAR_ABOVE, a, torch.log(1.0 + torch.exp(a)))
+
+    def forget_input(self, a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The forget gate's input a + dt_bias (batch, n, H, d_k) and decay rate exp(A_log) (H, 1), in
+        float32."""
         gate = self.forget_gate
         a = (a.float() + gate.dt_bias.float()).view(*a.shape[:2], -1, self.head_k_dim)
-        softplus = torch.where(a > SOFTPLUS_LINEAR_ABOVE, a, torch.log(1.0 + torch.exp(a)))
-        return -gate.A_log.float().exp() * softplus
+        return a, gate.A_log.float().exp().view(-1, 1)
 
     def output(self, out: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         return self.o_proj(self.o_norm(out, z).reshape(*out.shape[:2], -1))
-
-
-def check(config: Any) -> None:
-    """Refuse the Kimi Linear options the adapter does not reproduce.
-
-    Raises:
-        AttnxError: ``num_key_value_heads`` other than ``num_attention_heads`` (HF's MLA expands every
-            head from the latent and then repeats them again, which its own attention cannot run).
-    """
-    if config.num_key_value_heads != config.num_attention_heads:
-        raise AttnxError(
-            f"kimi_linear with num_key_value_heads={config.num_key_value_heads} and num_attention_heads="
-            f"{config.num_attention_heads}: its MLA layers make a key and value per attention head, so "
-            "Hugging Face's own forward runs only with them equal; set num_key_value_heads to "
-            f"{config.num_attention_heads}"
-        )
 
 
 KIMI_LINEAR = Architecture(
@@ -99,5 +85,5 @@ KIMI_LINEAR = Architecture(
     },
     untraceable=(kimi.KimiLinearDeltaAttention, kimi.KimiLinearExperts),
     rotary=None,
-    check=check,
+    check=check_heads,
 )

@@ -165,6 +165,11 @@ def test_kimi_key_value_heads_other_than_attention_heads_are_refused_by_name(ini
     refused(directory, tmp_path, "kimi_linear with num_key_value_heads=2", "set num_key_value_heads to 4")
 
 
+def test_bailing_key_value_heads_other_than_attention_heads_are_refused_by_name(initial_dir, tmp_path):
+    directory = copy_of(initial_dir("bailing_hybrid"), tmp_path / "kv", num_key_value_heads=2)
+    refused(directory, tmp_path, "bailing_hybrid with num_key_value_heads=2", "set num_key_value_heads to 4")
+
+
 def test_a_sharded_save_loads_and_a_missing_shard_is_named(initialised, tmp_path):
     """Sharded safetensors (an index naming the shards) load through every check; a shard the index
     names but the directory lacks is refused by name."""

@@ -417,6 +417,59 @@ def test_qwen4_exp_exports_no_longer_than_its_indexer_budget():
             assert float((actual - expected).abs().max()) > 1e-3
 
 
+def test_bailing_unbounded_gate_low_rank_query_and_expert_bias_match_hf_on_padded_batches():
+    """Bailing's options the trained recipe leaves at their released values, with random weights: the
+    unbounded forget gate (``kda_safe_gate`` false: -exp(A_log) softplus), a low-rank query (``q_lora_rank``)
+    and a random ``e_score_correction_bias`` (zero as HF initialises it; it changes the routing here): every
+    layer and the whole model equal HF's on a left-padded batch across a chunk."""
+    model = hf_hybrid.build("bailing_hybrid", kda_safe_gate=False, q_lora_rank=24).eval()
+    n = 65
+    ids = torch.randint(0, model.config.vocab_size, (2, n), generator=torch.Generator().manual_seed(3))
+    mask, positions = padded(n)
+
+    def logits(m, adapted: bool) -> torch.Tensor:
+        with torch.no_grad():
+            if adapted:
+                return m(input_ids=ids, attention_mask=mask.bool(), position_ids=positions).logits
+            return m(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False).logits
+
+    unbiased = logits(model, False)
+    with torch.no_grad():
+        for name, buffer in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                buffer.copy_(torch.randn(buffer.shape, generator=torch.Generator().manual_seed(4)))
+    expected = logits(model, False)
+    assert float((expected - unbiased).abs().max()) > 1e-3
+    torch.manual_seed(n)
+    for layer in layers_of(model, "linear_attention"):
+        assert not layer.forget_gate.safe_gate
+        x = torch.randn(2, n, model.config.hidden_size)
+        with torch.no_grad():
+            assert_close(call_linear(convert(layer), x, mask), call_linear(layer, x, mask))
+    layers = layers_of(model, "full_attention")
+    assert all(layer.q_proj is None and layer.q_a_proj is not None for layer in layers)
+    attention_layers_match_hf(model, layers, torch.randn(2, n, model.config.hidden_size), mask, positions)
+    assert_close(logits(convert(copy.deepcopy(model)), True), expected)
+
+
+def test_a_bailing_rotary_on_halves_instead_of_pairs_is_caught(hybrid):
+    """Seeded defect: Bailing's MLA rotated as Llama rotates (``rotate_half``: channel i with i + d/2)
+    instead of HF's interleaved pairs (2i, 2i + 1) fails the attention layer parity."""
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    model = hybrid("bailing_hybrid")
+    (layer,) = layers_of(model, "full_attention")
+    mask, positions = padded(33)
+    x = torch.randn(2, 33, model.config.hidden_size)
+    rotary = {"position_embeddings": model.model.rotary_emb(x, positions)}
+    with torch.no_grad():
+        expected, _ = layer(x, attention_mask=None, **rotary)
+        assert_close(convert(layer)(x, **rotary)[0], expected)
+        halves = LatentAttention(layer, rotate=apply_rotary_pos_emb, head_gate=True)
+        with pytest.raises(AssertionError):
+            assert_close(halves(x, **rotary)[0], expected)
+
+
 @pytest.mark.parametrize("n", (7, 65))
 def test_lfm2_convs_with_biases_match_hf_on_padded_batches(n):
     """LFM2 with ``conv_bias`` (the released configs have none; random weights and biases): a padded
