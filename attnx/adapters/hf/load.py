@@ -39,6 +39,7 @@ LOADERS: dict[str, str] = {
     "jamba": "attnx.adapters.hf_hybrid.load:load",
     "lfm2": "attnx.adapters.hf_hybrid.load:load",
     "lfm2_moe": "attnx.adapters.hf_hybrid.load:load",
+    "recurrent_gemma": "attnx.adapters.hf_hybrid.load:load",
 }
 PICKLES = ("pytorch_model.bin", "pytorch_model.bin.index.json", "model.pt", "model.pth")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")

@@ -1,5 +1,5 @@
-"""``hf_hybrid``: Hugging Face hybrid LLMs (gated linear attention, Mamba2 or short convolutions + a few
-softmax layers) on attnx ops.
+"""``hf_hybrid``: Hugging Face hybrid LLMs (gated linear attention, Mamba, RG-LRU or short convolutions +
+a few softmax layers) on attnx ops.
 
 Qwen3-Next (``qwen3_next``) and the text models of Qwen3.5 (``qwen3_5``) and Qwen3.5-MoE
 (``qwen3_5_moe``): their Gated DeltaNet layers become attnx's gated delta rule
@@ -16,9 +16,12 @@ mixers the additive rule with a decay per head (q = C, k = B, v = dt x) and a D 
 additive rule with a decay per key dimension (a value of width 1 per channel). Liquid's LFM2
 (``lfm2``) and LFM2-MoE (``lfm2_moe``): their gated short convolutions (C * conv(B * x)) an attnx
 module with no attnx op whose decode state is the conv carry alone, their attention layers (q/k
-RMSNorms) attnx's softmax attention.
+RMSNorms) attnx's softmax attention. Google's RecurrentGemma (``recurrent_gemma``, Griffin): its
+recurrent blocks' RG-LRU the additive rule with one decay per channel (a value of width 1 per channel,
+q = k = 1), its conv the carried conv, its local attention layers attnx's softmax attention, exact up to
+the attention window, where the export's lengths stop.
 One module per architecture family (``qwen.py``, ``kimi.py``, ``minimax.py``, ``mamba.py``,
-``lfm2.py``), shared layers beside it.
+``lfm2.py``, ``rgemma.py``), shared layers beside it.
 See docs/importing.md.
 """
 
@@ -29,8 +32,8 @@ from attnx.hookspecs import hookimpl
 
 ADAPTER = Adapter(
     name="hf_hybrid",
-    summary="HF Qwen3.5/Qwen3-Next, Kimi Linear, MiniMax, Mamba1/2 hybrids (Granite-H, ...), LFM2(-MoE) "
-    "-> gated_delta, softmax",
+    summary="HF Qwen3.5/Qwen3-Next, Kimi Linear, MiniMax, Mamba1/2 hybrids (Granite-H, ...), LFM2(-MoE), "
+    "RecurrentGemma -> gated_delta, softmax",
     library="transformers",
     impl="attnx.adapters.hf_hybrid.convert:IMPL",
 )

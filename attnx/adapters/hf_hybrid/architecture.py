@@ -48,6 +48,12 @@ class Architecture:
             ``mlp`` and ``moe``, which hold no token mixer).
         prepare: runs on the whole model (the walk's private copy) before its layers are converted, to
             record what a layer's converter needs from the model around it (Zamba2's call sites).
+        windowed: the attention layers attend to the last ``config.sliding_window`` tokens
+            (RecurrentGemma's ``attention_window_size``), which attnx's attention equals on inputs of up to
+            that many tokens: the export's lengths are capped there instead of the window being refused.
+        leaky_padding: HF's forward lets left-padded tokens reach the real ones (RecurrentGemma's
+            recurrent blocks take no mask); the adapter masks them (a padded row equals the row alone), so
+            on a padded batch it matches HF's forward of each row alone, not HF's padded forward.
     """
 
     model_type: str
@@ -61,6 +67,8 @@ class Architecture:
     mask_by_layer_type: bool = True
     layer_types: tuple[str, ...] = LAYER_TYPES
     prepare: Callable[[nn.Module], None] | None = None
+    windowed: bool = False
+    leaky_padding: bool = False
 
     def check_config(self, config: Any) -> None:
         """Refuse, by name, the options of ``config`` that the adapter does not reproduce.
@@ -68,7 +76,7 @@ class Architecture:
         Raises:
             AttnxError: see :func:`check_config` and the architecture's own ``check``.
         """
-        check_config(config, self.model_type, self.layer_types)
+        check_config(config, self.model_type, self.layer_types, self.windowed)
         if self.check is not None:
             self.check(config)
 
@@ -105,14 +113,15 @@ class Architecture:
         return None if make is None else make(module)
 
 
-def check_config(config: Any, model_type: str, layer_types: tuple[str, ...]) -> None:
+def check_config(config: Any, model_type: str, layer_types: tuple[str, ...], windowed: bool = False) -> None:
     """Refuse, by name, the options of a hybrid config that the adapter does not reproduce.
 
     Raises:
         AttnxError: a rotary type HF rescales per forward, a layer type not in ``layer_types``, or a
-            sliding window on the full attention layers (MiniMax's ``sliding_window``).
+            sliding window on the full attention layers (MiniMax's ``sliding_window``) unless ``windowed``
+            (the export is then capped at the window: :attr:`Architecture.windowed`).
     """
-    if getattr(config, "sliding_window", None) is not None:
+    if getattr(config, "sliding_window", None) is not None and not windowed:
         raise AttnxError(
             f"{model_type} with sliding_window={config.sliding_window}: attnx's full attention layers attend "
             "to every earlier token; export a config with sliding_window null"

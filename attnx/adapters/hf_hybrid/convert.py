@@ -22,11 +22,13 @@ from attnx.adapters.hf_hybrid.mamba import (
 )
 from attnx.adapters.hf_hybrid.minimax import MINIMAX
 from attnx.adapters.hf_hybrid.qwen import QWEN3_5, QWEN3_5_MOE, QWEN3_NEXT
+from attnx.adapters.hf_hybrid.rgemma import RECURRENT_GEMMA
 
 ARCHITECTURES: dict[str, Architecture] = {
     a.model_type: a
     for a in (QWEN3_NEXT, QWEN3_5, QWEN3_5_MOE, KIMI_LINEAR, MINIMAX, LFM2, LFM2_MOE)
     + (MAMBA2, BAMBA, GRANITE_MOE_HYBRID, NEMOTRON_H, FALCON_H1, ZAMBA2, MAMBA, FALCON_MAMBA, JAMBA)
+    + (RECURRENT_GEMMA,)
 }
 
 
@@ -47,11 +49,17 @@ def needs_adapter(module: nn.Module) -> bool:
 
 def lengths(module: nn.Module) -> Lengths | None:
     """A whole model takes up to its config's ``max_position_embeddings`` tokens (the rotary table's
-    reach, and the context its genai config declares; Mamba2 has none: no limit); anything else: no
-    limit of its own."""
-    if not any(isinstance(module, a.models) for a in ARCHITECTURES.values()):
+    reach, and the context its genai config declares; Mamba2 has none: no limit), and a windowed one
+    (:attr:`Architecture.windowed`) up to its attention window (``sliding_window``: RecurrentGemma's
+    ``attention_window_size``), past which HF's local attention and attnx's differ; anything else: no limit
+    of its own."""
+    arch = next((a for a in ARCHITECTURES.values() if isinstance(module, a.models)), None)
+    if arch is None:
         return None
-    return Lengths(maximum=getattr(module.config, "max_position_embeddings", None))
+    limits = [getattr(module.config, "max_position_embeddings", None)]
+    if arch.windowed:
+        limits.append(module.config.sliding_window)
+    return Lengths.of(Lengths(maximum=limit) for limit in limits)
 
 
 IMPL = AdapterImpl(convert=convert, needs_adapter=needs_adapter, lengths=lengths)

@@ -11,13 +11,13 @@ import json
 import pytest
 
 from attnx.adapters.hf_hybrid.architecture import LAYER_TYPES
-from attnx.adapters.hf_hybrid.convert import convert
+from attnx.adapters.hf_hybrid.convert import convert, lengths
 from attnx.decode.generate import generate
 from attnx.registry import get_registry
 from attnx.serve.genai import DEFAULT_CONTEXT
 from attnx.testing import hf_hybrid
 from tests.adapters.hf_hybrid.conftest import ARCHS
-from tests.adapters.hf_hybrid.test_torch_parity import MIXERS, layers_of
+from tests.adapters.hf_hybrid.test_torch_parity import ATTENTION, MIXERS, layers_of
 from tests.helpers import run_cli
 
 TOLERANCE = get_registry().variant("softmax").tolerance
@@ -56,12 +56,13 @@ def test_genai_config_names_each_layers_state(decode_export, trained, arch):
 
     out = decode_export(arch)
     genai_model = json.loads((out / "genai_config.json").read_text())["model"]
-    limit = getattr(trained(arch).config, "max_position_embeddings", DEFAULT_CONTEXT)  # Mamba2: none
+    # the adapter's limit: max_position_embeddings (Mamba2: none), RecurrentGemma's attention window
+    limit = lengths(trained(arch)).maximum or DEFAULT_CONTEXT
     assert genai_model["context_length"] == limit
     decoder = genai_model["decoder"]
     assert decoder["inputs"]["past_recurrent_names"] == "past.%d.recurrent"
     assert decoder["inputs"]["past_conv_names"] == "past.%d.conv"
-    if "full_attention" in trained(arch).config.layer_types:  # Mamba2 has no KV cache to name
+    if set(ATTENTION) & set(trained(arch).config.layer_types):  # Mamba2 has no KV cache to name
         assert decoder["inputs"]["past_key_names"] == "past_key_values.%d.key"
     graph = onnx.load(str(out / "genai.onnx"), load_external_data=False).graph
     dims = {i.name: [d.dim_value or d.dim_param for d in i.type.tensor_type.shape.dim] for i in graph.input}
@@ -73,12 +74,12 @@ def test_genai_config_names_each_layers_state(decode_export, trained, arch):
     mixers = {kind: iter(layers_of(model, kind)) for kind in set(kinds)}
     for i, kind in enumerate(kinds):
         mixer = next(mixers[kind])
-        if kind == "full_attention":
+        if kind in ATTENTION:
             wanted = {f"past_key_values.{i}.key", f"past_key_values.{i}.value"}
         else:
             wanted = {f"past.{i}.recurrent", f"past.{i}.conv"}
         assert wanted <= set(dims), (i, kind, sorted(dims))
-        if kind != "full_attention":
+        if kind not in ATTENTION:
             placeholder = dims[f"past.{i}.conv"][1:] == [1, 1]
             convolves = any("conv" in name for name, _ in mixer.named_children())  # Kimi: q/k/v_conv1d
             assert placeholder != convolves, (i, dims[f"past.{i}.conv"])
@@ -122,6 +123,17 @@ def test_generate_takes_text_with_the_saved_tokenizer(decode_export, saved_dir):
     tokenizer = transformers.AutoTokenizer.from_pretrained(saved_dir("qwen3_next"))
     assert result["prompt"] == tokenizer(hf_hybrid.PROMPT).input_ids
     assert result["text"] == tokenizer.decode(result["tokens"])
+
+
+@pytest.mark.slow
+def test_generate_past_recurrent_gemmas_attention_window_is_refused_by_name(decode_export, trained):
+    """RecurrentGemma's export is exact up to its attention window (HF's attention is local, attnx's sees
+    every earlier token): ``attnx generate`` refuses a prompt and new tokens past it, naming the limit."""
+    out = decode_export("recurrent_gemma")
+    window = trained("recurrent_gemma").config.attention_window_size
+    code, _, stderr = run_cli(["generate", str(out), "--prompt-ids", "5,17,230", "-n", str(window - 2)])
+    assert code == 2, stderr
+    assert f"need {window + 1} positions" in stderr and f"module.lengths.maximum={window}" in stderr
 
 
 def triton_tokens(out, repo, cache, log, prompt: list[int], new_tokens: int) -> list[int]:
