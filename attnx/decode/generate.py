@@ -4,7 +4,9 @@ No tokenizer: a prompt is a list of ids below the model's ``vocab_size``. The ne
 is the argmax of the last logits (greedy) or a draw from softmax(logits / temperature),
 optionally restricted to the ``top_k`` largest, with a numpy Generator seeded by ``seed``:
 given the same logits, every backend picks the same ids. A variant whose positions are bounded
-(``Variant.position_limit``, cosFormer's M) refuses a prompt plus new tokens past the bound.
+(``Variant.position_limit``, cosFormer's M) refuses a prompt plus new tokens past the bound, and so does a
+module export past the longest input its adapters accept (``module.lengths``: e.g. RecurrentGemma's
+attention window, a Hugging Face config's ``max_position_embeddings``).
 """
 
 from __future__ import annotations
@@ -175,14 +177,23 @@ def generate(
     return Generation(backend, prompt, tokens, prefill_seconds, time.perf_counter() - start)
 
 
+MODULE_LIMIT = "module"  # position_limits' name of a module export's own limit
+
+
 def check_positions(manifest: Manifest, positions: int) -> None:
     """Refuse more positions than the export's variants handle (``Variant.position_limit``; the cross
-    variant's too, whose queries sit at their target positions).
+    variant's too, whose queries sit at their target positions) or its adapted module accepts.
 
     Raises:
         AttnxError: the prompt and the new tokens need more positions than a limit.
     """
     for option, name, limit in position_limits(manifest):
+        if positions > limit and name == MODULE_LIMIT:
+            raise AttnxError(
+                f"the prompt and new tokens need {positions} positions, but this export's model is exact on "
+                f"up to {limit} ({option}={limit} in attnx.json: what its adapters accept, e.g. an attention "
+                "window); generate fewer tokens"
+            )
         if positions > limit:
             raise AttnxError(
                 f"the prompt and new tokens need {positions} positions, but this {name} model handles "
@@ -193,7 +204,8 @@ def check_positions(manifest: Manifest, positions: int) -> None:
 
 def position_limits(manifest: Manifest) -> list[tuple[str, str, int]]:
     """(option, variant, positions) for each of the export's variants that handles a limited number of
-    positions."""
+    positions, and ("module.lengths.maximum", :data:`MODULE_LIMIT`, positions) for a module export whose
+    adapters accept inputs up to a length."""
     roles = [
         ("", manifest.variant, manifest.variant_config),
         ("cross.", manifest.cross_variant, manifest.cross_variant_config),
@@ -206,4 +218,7 @@ def position_limits(manifest: Manifest) -> list[tuple[str, str, int]]:
         limit = variant.position_limit(variant.make_config(config))
         if limit is not None:
             limits.append((f"{scope}{variant.position_limit_option}", name, limit))
+    module = manifest.module
+    if module is not None and module.lengths is not None and module.lengths.maximum is not None:
+        limits.append(("module.lengths.maximum", MODULE_LIMIT, module.lengths.maximum))
     return limits

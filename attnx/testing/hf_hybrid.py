@@ -1,6 +1,6 @@
 """Small *trained* Hugging Face hybrid models (Qwen3-Next, the text models of Qwen3.5 and Qwen4-Exp, Kimi
 Linear, MiniMax, Mamba2, Bamba, Granite 4.0-H, Nemotron-H, Falcon-H1, Zamba2, Mamba, Falcon-Mamba, Jamba,
-LFM2, LFM2-MoE, OLMo Hybrid, Lara Mini, Bailing) for tests and benchmarks.
+LFM2, LFM2-MoE, OLMo Hybrid, Lara Mini, Bailing, RecurrentGemma) for tests and benchmarks.
 
 Each recipe is a small config of the architecture (a few layers mixing gated linear attention and
 softmax attention, width 64, MoE with a few experts), a byte-level BPE tokenizer
@@ -456,6 +456,27 @@ RECIPES: dict[str, dict[str, Any]] = {
             "mlp_layer_types": ["dense", "sparse", "sparse", "sparse"],
             "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
             "tie_word_embeddings": False,
+        },
+    },
+    # RecurrentGemma (Griffin) in small: the released block pattern (recurrent, recurrent, attention) over 4
+    # layers, RG-LRU width 64 in 4 blocks of its block-diagonal gates, conv width 4, MQA local attention with
+    # HF's default partial rotary 0.5 and a window of 256 (the export's length cap: room for a prompt and
+    # 200 generated tokens), the logit soft-cap 30 as released
+    "recurrent_gemma": {
+        "class": "RecurrentGemmaForCausalLM",
+        "config": "RecurrentGemmaConfig",
+        "options": {
+            **{
+                k: _SHARED[k] for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers")
+            },
+            **{
+                k: _SHARED[k] for k in ("num_attention_heads", "pad_token_id", "bos_token_id", "eos_token_id")
+            },
+            "num_key_value_heads": 1,
+            "block_types": ["recurrent", "recurrent", "attention"],
+            "attention_window_size": 256,
+            "conv1d_width": 4,
+            "tie_word_embeddings": True,
         },
     },
 }

@@ -1,5 +1,5 @@
-"""``hf_hybrid``: Hugging Face hybrid LLMs (gated linear attention, Mamba2 or short convolutions + a few
-softmax layers) on attnx ops.
+"""``hf_hybrid``: Hugging Face hybrid LLMs (gated linear attention, Mamba, RG-LRU or short convolutions +
+a few softmax layers) on attnx ops.
 
 Qwen3-Next (``qwen3_next``) and the text models of Qwen3.5 (``qwen3_5``) and Qwen3.5-MoE
 (``qwen3_5_moe``): their Gated DeltaNet layers become attnx's gated delta rule (``attnx::GatedDeltaRule``,
@@ -26,8 +26,13 @@ projections, rotary or none) attnx's softmax attention. Translated's Lara Mini (
 Gated DeltaNet (the same rule), its full attention layers (no positions) attnx's softmax attention, its
 experts the dense sum; its sliding-window layers are refused. Ant Group's Bailing (``bailing_hybrid``):
 Kimi Delta Attention with its own forget gate, MLA with interleaved rotary and a per-head gate.
+Google's RecurrentGemma (``recurrent_gemma``, Griffin): its recurrent blocks' RG-LRU the additive rule
+with one decay per channel (a value of width 1 per channel, q = k = 1), its conv the carried conv, its
+local attention layers attnx's softmax attention, exact up to the attention window, where the export's
+lengths stop.
 One module per architecture family (``qwen.py``, ``qwen4.py``, ``kimi.py``, ``bailing.py``,
-``minimax.py``, ``mamba.py``, ``lfm2.py``, ``olmo.py``, ``lara.py``), shared layers beside it.
+``minimax.py``, ``mamba.py``, ``lfm2.py``, ``olmo.py``, ``lara.py``, ``rgemma.py``), shared layers beside
+it.
 See docs/importing.md.
 """
 
@@ -39,7 +44,7 @@ from attnx.hookspecs import hookimpl
 ADAPTER = Adapter(
     name="hf_hybrid",
     summary="HF Qwen3.5/Qwen3-Next/Qwen4-Exp, Kimi Linear, Bailing, MiniMax, Mamba1/2 hybrids "
-    "(Granite-H, ...), LFM2(-MoE), OLMo Hybrid, Lara Mini -> gated_delta, softmax",
+    "(Granite-H, ...), LFM2(-MoE), OLMo Hybrid, Lara Mini, RecurrentGemma -> gated_delta, softmax",
     library="transformers",
     impl="attnx.adapters.hf_hybrid.convert:IMPL",
 )

@@ -50,10 +50,14 @@ class Architecture:
             record what a layer's converter needs from the model around it (Zamba2's call sites).
         longest: the longest sequence (prompt and generated tokens) the adapted model reproduces exactly,
             from the config, below its positions' reach (Qwen4-Exp's indexer budget, past which HF's
-            indexer drops keys); None: no limit of the architecture's own.
-        windowed: the layer type the config's ``sliding_window`` applies to (Lara Mini's
-            "sliding_attention", refused unless in ``layer_types``); None: the full attention layers
-            (MiniMax), so a window is refused.
+            indexer drops keys; RecurrentGemma's attention window); None: no limit of the architecture's own.
+        windowed: the layer type the config's ``sliding_window`` applies to, refused unless in
+            ``layer_types`` (Lara Mini's "sliding_attention"), else adapted as attention over every earlier
+            token, which equals HF's local attention up to the window, where ``longest`` caps the export
+            (RecurrentGemma's); None: the full attention layers (MiniMax), so a window is refused.
+        leaky_padding: HF's forward lets left-padded tokens reach the real ones (RecurrentGemma's
+            recurrent blocks take no mask); the adapter masks them (a padded row equals the row alone), so
+            on a padded batch it matches HF's forward of each row alone, not HF's padded forward.
     """
 
     model_type: str
@@ -69,6 +73,7 @@ class Architecture:
     prepare: Callable[[nn.Module], None] | None = None
     longest: Callable[[Any], int | None] | None = None
     windowed: str | None = None
+    leaky_padding: bool = False
 
     def check_config(self, config: Any) -> None:
         """Refuse, by name, the options of ``config`` that the adapter does not reproduce.

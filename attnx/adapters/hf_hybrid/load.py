@@ -6,7 +6,8 @@ graphs) in float32 whatever dtype its checkpoint is stored in (released checkpoi
 which ONNX Runtime's CPU kernels do not run), its modeling module calling HF's own pure-torch
 functions rather than the GPU kernels of flash-linear-attention bound in their place when that is
 installed (the forward is the parity reference). The example inputs are what generate passes: token
-ids, a bool padding mask and position ids.
+ids, a bool padding mask and position ids. An architecture that adapts its windowed layers notes its window,
+its length limit (:attr:`~attnx.adapters.hf_hybrid.architecture.Architecture.windowed`).
 """
 
 from __future__ import annotations
@@ -86,4 +87,10 @@ def load(path: Path) -> tuple[Any, dict[str, Any], None, list[str]]:
         "position_ids": torch.arange(EXAMPLE_LENGTH).expand(2, -1).contiguous(),
         "use_cache": False,
     }
-    return model.eval(), example, None, []
+    notes = []
+    if arch.windowed in arch.layer_types:
+        notes.append(
+            f"sliding_window={config.sliding_window}: attnx's attention sees every earlier token, equal to "
+            f"HF's local attention on up to {config.sliding_window} tokens, the export's length limit"
+        )
+    return model.eval(), example, None, notes

@@ -11,7 +11,7 @@ import json
 import pytest
 
 from attnx.adapters.hf_hybrid.architecture import LAYER_TYPES
-from attnx.adapters.hf_hybrid.convert import convert
+from attnx.adapters.hf_hybrid.convert import convert, lengths
 from attnx.decode.generate import generate
 from attnx.registry import get_registry
 from attnx.serve.genai import DEFAULT_CONTEXT
@@ -56,7 +56,8 @@ def test_genai_config_names_each_layers_state(decode_export, trained, arch):
 
     out = decode_export(arch)
     genai_model = json.loads((out / "genai_config.json").read_text())["model"]
-    limit = getattr(trained(arch).config, "max_position_embeddings", DEFAULT_CONTEXT)  # Mamba2: none
+    # the adapter's limit: max_position_embeddings (Mamba2: none), RecurrentGemma's attention window
+    limit = lengths(trained(arch)).maximum or DEFAULT_CONTEXT
     assert genai_model["context_length"] == limit
     decoder = genai_model["decoder"]
     assert decoder["inputs"]["past_recurrent_names"] == "past.%d.recurrent"
@@ -125,6 +126,17 @@ def test_generate_takes_text_with_the_saved_tokenizer(decode_export, saved_dir):
     tokenizer = transformers.AutoTokenizer.from_pretrained(saved_dir("qwen3_next"))
     assert result["prompt"] == tokenizer(hf_hybrid.PROMPT).input_ids
     assert result["text"] == tokenizer.decode(result["tokens"])
+
+
+@pytest.mark.slow
+def test_generate_past_recurrent_gemmas_attention_window_is_refused_by_name(decode_export, trained):
+    """RecurrentGemma's export is exact up to its attention window (HF's attention is local, attnx's sees
+    every earlier token): ``attnx generate`` refuses a prompt and new tokens past it, naming the limit."""
+    out = decode_export("recurrent_gemma")
+    window = trained("recurrent_gemma").config.attention_window_size
+    code, _, stderr = run_cli(["generate", str(out), "--prompt-ids", "5,17,230", "-n", str(window - 2)])
+    assert code == 2, stderr
+    assert f"need {window + 1} positions" in stderr and f"module.lengths.maximum={window}" in stderr
 
 
 def triton_tokens(out, repo, cache, log, prompt: list[int], new_tokens: int) -> list[int]:

@@ -160,6 +160,28 @@ def test_lara_sliding_attention_layers_are_refused_by_name(initial_dir, tmp_path
     )
 
 
+def test_a_recurrent_gemma_conv_of_one_tap_is_refused_by_name(initial_dir, tmp_path):
+    directory = copy_of(initial_dir("recurrent_gemma"), tmp_path / "rg", conv1d_width=1)
+    refused(directory, tmp_path, "recurrent_gemma with conv1d_width=1", "conv1d_width >= 2")
+
+
+def test_a_recurrent_gemma_export_is_capped_at_its_attention_window(initial_dir, tmp_path):
+    """RecurrentGemma's local attention equals attnx's (every earlier token) only up to its window: the
+    window is accepted (MiniMax's is refused), named in the export's notes, and is the longest length the
+    adapter accepts, so the default verify lengths and the genai context stop there."""
+    from attnx.adapters.hf.load import load
+    from attnx.adapters.hf_hybrid.convert import lengths
+    from attnx.recipes.loader import DEFAULT_SEQ_LENS
+
+    directory = copy_of(initial_dir("recurrent_gemma"), tmp_path / "rg", attention_window_size=48)
+    model, _, _, notes = load(directory)
+    assert model.config.sliding_window == 48
+    assert any("sliding_window=48" in note and "48 tokens" in note for note in notes)
+    limit = lengths(model)
+    assert limit is not None and limit.maximum == 48
+    assert limit.fit(DEFAULT_SEQ_LENS) == (1, 7, 32, 48)
+
+
 def test_kimi_key_value_heads_other_than_attention_heads_are_refused_by_name(initial_dir, tmp_path):
     directory = copy_of(initial_dir("kimi_linear"), tmp_path / "kv", num_key_value_heads=2)
     refused(directory, tmp_path, "kimi_linear with num_key_value_heads=2", "set num_key_value_heads to 4")

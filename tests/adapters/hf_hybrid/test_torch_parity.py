@@ -10,6 +10,7 @@ against the full forward.
 from __future__ import annotations
 
 import copy
+import functools
 
 import pytest
 import torch
@@ -26,6 +27,7 @@ from attnx.adapters.hf_hybrid.linear import GatedDeltaNet
 from attnx.adapters.hf_hybrid.mamba import SiteAttention
 from attnx.adapters.hf_hybrid.moe import DenseExperts
 from attnx.adapters.hf_hybrid.olmo import OlmoAttention, OlmoGatedDeltaNet
+from attnx.adapters.hf_hybrid.rgemma import RecurrentBlock
 from attnx.adapters.hf_hybrid.scan import SelectiveScan
 from attnx.adapters.hf_hybrid.ssd import StateSpaceDuality
 from attnx.registry import get_registry
@@ -43,7 +45,12 @@ def padded(n: int) -> tuple[torch.Tensor, torch.Tensor]:
     """A (2, n) mask whose second row is left-padded by n // 3, and generate's position ids for it."""
     mask = torch.ones(2, n, dtype=torch.long)
     mask[1, : n // 3] = 0
-    return mask, (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
+    return mask, padded_positions(mask)
+
+
+def padded_positions(mask: torch.Tensor) -> torch.Tensor:
+    """generate's position ids for a left-padded 2D ``mask``: cumsum(mask) - 1, 0 at padded tokens."""
+    return (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
 
 
 def assert_close(actual: torch.Tensor, expected: torch.Tensor) -> float:
@@ -54,15 +61,25 @@ def assert_close(actual: torch.Tensor, expected: torch.Tensor) -> float:
 # where each kind's mixer sits in a decoder layer: Qwen keeps the linear ones in ``linear_attn``, Bamba,
 # Granite, Jamba and Falcon-H1 in ``mamba``, Mamba2 and Nemotron-H every kind in ``mixer``, MiniMax every
 # kind in ``self_attn``, Zamba2's hybrid layers in their mamba decoder and shared transformer, LFM2 its
-# short convolutions in ``conv``
+# short convolutions in ``conv``, RecurrentGemma both its kinds (its local attention "sliding_attention") in
+# ``temporal_block``
 MIXERS = {
-    "linear_attention": ("linear_attn", "mamba", "mixer", "mamba_decoder.mamba", "self_attn"),
+    "linear_attention": (
+        "linear_attn",
+        "mamba",
+        "mixer",
+        "mamba_decoder.mamba",
+        "self_attn",
+        "temporal_block",
+    ),
     "conv": ("conv",),
     "full_attention": ("self_attn", "mixer", "shared_transformer.self_attn"),
+    "sliding_attention": ("temporal_block",),
 }
 # layer types that are another kind for these tests: Qwen4-Exp's indexed attention is full attention within
-# its indexer's budget (which the recipe sets to its positions' reach)
-KIND_OF = {"indexed_attention": "full_attention"}
+# its indexer's budget (which the recipe sets to its positions' reach), RecurrentGemma's local attention
+# within its window (the export's longest length)
+KIND_OF = {"indexed_attention": "full_attention", "sliding_attention": "full_attention"}
 
 
 def kind_of(layer_type: str) -> str:
@@ -96,10 +113,41 @@ def linear_layers(model) -> list:
 
 def call_linear(layer, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     """A linear layer's output on ``x`` (HF's and attnx's: Qwen's take x and the mask, MiniMax's the
-    rotary too and return a pair)."""
+    rotary too and return a pair, RecurrentGemma's generate's positions and no cache and return a pair)."""
     if hasattr(layer, "output_gate"):
         return layer(x, None, mask)[0]
+    if hasattr(layer, "rg_lru"):
+        positions = torch.arange(x.shape[1])[None] if mask is None else padded_positions(mask)
+        return layer(x, position_ids=positions, attention_mask=mask, use_cache=False)[0]
     return layer(x, attention_mask=mask)
+
+
+def leaky(model) -> bool:
+    """HF's forward of ``model`` lets left padding reach the real tokens (``Architecture.leaky_padding``)."""
+    return next(a for a in ARCHITECTURES.values() if isinstance(model, a.models)).leaky_padding
+
+
+def hf_reference(model, run, x: torch.Tensor, mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """HF's output for the (left-padded by ``mask``) batch ``x`` and the positions to compare it at.
+
+    ``run(x, mask)`` is HF's forward of a layer or model (``mask`` None: no padding). Its padded forward,
+    every position; for a :func:`leaky` model each row alone, its real tokens only, placed at their positions
+    (zeros at the padded ones, which are not compared)."""
+    if mask is None or not leaky(model):
+        out = run(x, mask)
+        return out, torch.ones(out.shape[:2], dtype=torch.bool)
+    outs = []
+    for row, keep in zip(x, mask.bool(), strict=True):
+        alone = run(row[keep][None], None)[0]
+        zeros = torch.zeros(len(keep), *alone.shape[1:], dtype=alone.dtype)
+        outs.append(zeros.index_copy(0, keep.nonzero()[:, 0], alone))
+    return torch.stack(outs), mask.bool()
+
+
+def hf_logits(model, ids: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """HF's forward of ``model`` on ``ids`` (``mask``: left padding, with generate's positions)."""
+    positions = None if mask is None else padded_positions(mask)
+    return model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False).logits
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -114,21 +162,28 @@ def test_linear_layers_match_hf(hybrid, arch, n):
     assert layers
     for layer in layers:
         adapted = convert(layer)
-        assert isinstance(
-            adapted, (GatedDeltaNet, LightningAttention, StateSpaceDuality, SelectiveScan, GatedShortConv)
+        kinds = (
+            GatedDeltaNet,
+            LightningAttention,
+            StateSpaceDuality,
+            SelectiveScan,
+            GatedShortConv,
+            RecurrentBlock,
         )
+        assert isinstance(adapted, kinds)
         x = torch.randn(2, n, model.config.hidden_size)
         with torch.no_grad():
             for attention_mask in (None, mask):
-                assert_close(call_linear(adapted, x, attention_mask), call_linear(layer, x, attention_mask))
+                expected, keep = hf_reference(model, functools.partial(call_linear, layer), x, attention_mask)
+                assert_close(call_linear(adapted, x, attention_mask)[keep], expected[keep])
 
 
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("n", LENGTH_CASES)
 def test_attention_layers_match_hf(hybrid, arch, n):
-    """Every full attention layer (Qwen's output gate, partial rotary and q/k norms; grouped KV heads)
-    equals HF's (default SDPA path) on a left-padded batch, padded positions included (HF given its own
-    4D mask, attnx the 2D one)."""
+    """Every full attention layer (Qwen's output gate, partial rotary and q/k norms; grouped KV heads;
+    RecurrentGemma's local ones within their window) equals HF's (default SDPA path) on a left-padded batch,
+    padded positions included (HF given its own 4D mask, attnx the 2D one)."""
     if arch == "zamba2":
         pytest.skip(
             "Zamba2's shared attention takes its caller's layer index and 2 x width inputs: the whole-model, "
@@ -147,10 +202,14 @@ def attention_layers_match_hf(model, layers, x: torch.Tensor, mask: torch.Tensor
     """Each of ``layers`` (full attention of ``model``) converted equals HF's on ``x``; HF given its own 4D
     mask, attnx the 2D one; cos/sin from the model's rotary module where it has one (LFM2-MoE names its
     ``pos_emb``), else None (Kimi's MLA; Lara Mini's full attention layers, which HF passes None; OLMo
-    Hybrid's and Granite's configs without positions, whose architecture has a rotary class)."""
+    Hybrid's and Granite's configs without positions, whose architecture has a rotary class); a layer that
+    holds its own rotary module (RecurrentGemma's) takes the positions."""
     kind = next(a.rotary for a in ARCHITECTURES.values() if isinstance(model, a.models))
     module = next((m for m in model.modules() if kind is not None and isinstance(m, kind)), None)
-    rotary = {"position_embeddings": None if module is None else module(x, positions)}
+    if module is not None and any(module is m for layer in layers for m in layer.children()):
+        rotary = {"position_ids": positions}
+    else:
+        rotary = {"position_embeddings": None if module is None else module(x, positions)}
     # always a mask (never HF's is_causal skip), as Qwen4-Exp's model builds it for its indexer to read
     full = create_causal_mask(
         config=model.config,
@@ -204,7 +263,8 @@ def test_dense_experts_match_hf_experts(hybrid, arch, implementation):
 @pytest.mark.parametrize("n", LENGTH_CASES)
 def test_whole_models_match_hf_forward(hybrid, arch, n):
     """The adapted model's logits equal HF's forward on generate-style (left-padded) batches, padded
-    positions included."""
+    positions included (RecurrentGemma, whose HF forward lets the padding leak: HF's forward of each row
+    alone, at the real positions)."""
     torch.manual_seed(n)
     whole_model_matches_hf(hybrid(arch), n)
 
@@ -216,9 +276,9 @@ def whole_model_matches_hf(model, n: int) -> float:
     ids = torch.randint(0, model.config.vocab_size, (2, n))
     mask, positions = padded(n)
     with torch.no_grad():
-        expected = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False).logits
+        expected, keep = hf_reference(model, functools.partial(hf_logits, model), ids, mask)
         actual = adapted(input_ids=ids, attention_mask=mask.bool(), position_ids=positions).logits
-    return assert_close(actual, expected)
+    return assert_close(actual[keep], expected[keep])
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -366,6 +426,44 @@ def test_an_lfm2_conv_with_b_and_c_swapped_is_caught(hybrid):
         assert_close(right(x), layer(x))
         with pytest.raises(AssertionError):
             assert_close(wrong(x), layer(x))
+
+
+def test_a_recurrent_gemma_block_without_the_reset_is_caught(hybrid):
+    """Seeded defect: RecurrentGemma's RG-LRU without HF's reset at position 0 (its first input scaled by
+    sqrt(1 - a^2) like every other) fails the layer parity the right block passes."""
+
+    class NoReset(RecurrentBlock):
+        def mix(self, x, mask, state, positions=None):
+            return super().mix(x, mask, state, torch.arange(1, x.shape[1] + 1)[None])
+
+    layer = layers_of(hybrid("recurrent_gemma"), "linear_attention")[0]
+    x = torch.randn(1, 33, layer.hidden_size)
+    with torch.no_grad():
+        assert_close(call_linear(convert(layer), x, None), call_linear(layer, x, None))
+        with pytest.raises(AssertionError):
+            assert_close(call_linear(NoReset(layer), x, None), call_linear(layer, x, None))
+
+
+def test_a_recurrent_gemma_conv_that_reads_padding_as_hf_does_is_caught(hybrid):
+    """Seeded defect: RecurrentGemma's recurrent blocks convolving ``linear_x`` of the padded tokens, as
+    HF's own forward does (its leak), fail the padded parity (HF's rows alone) the right model passes."""
+
+    class Unmasked(RecurrentBlock):
+        def conv_input(self, x, mask):
+            return super().conv_input(x, None)
+
+    model = hybrid("recurrent_gemma")
+    right, leaking = convert(copy.deepcopy(model)), convert(copy.deepcopy(model))
+    for block in [m for m in leaking.modules() if isinstance(m, RecurrentBlock)]:
+        block.__class__ = Unmasked
+    ids = torch.randint(0, model.config.vocab_size, (2, 21), generator=torch.Generator().manual_seed(0))
+    mask, positions = padded(21)
+    with torch.no_grad():
+        expected, keep = hf_reference(model, functools.partial(hf_logits, model), ids, mask)
+        inputs = {"input_ids": ids, "attention_mask": mask.bool(), "position_ids": positions}
+        assert_close(right(**inputs).logits[keep], expected[keep])
+        with pytest.raises(AssertionError):
+            assert_close(leaking(**inputs).logits[keep], expected[keep])
 
 
 def test_lfm2_moe_routing_with_an_expert_bias_matches_hf_on_padded_batches():
@@ -641,7 +739,7 @@ def test_each_layer_steps_on_its_own(hybrid, arch):
         x = torch.randn(2, 12, width)
         with torch.no_grad():
             if isinstance(layer, FullAttention):
-                expected = layer(x, layer.embeddings_at(x, torch.tensor([0])))[0]
+                expected = layer.attend(x, layer.embeddings_at(x, torch.tensor([0])), None, None)[0]
             else:
                 expected = call_linear(layer, x, None)
             out, state = layer.step(x[:, :9], None, torch.tensor([0]))
