@@ -56,20 +56,34 @@ class FlaLayer(Stepping, nn.Module):
         **kwargs: Any,
     ) -> tuple[torch.Tensor, None, Any]:
         refuse_call(self.kind, attention_mask, past_key_values, use_cache, kwargs)
-        out = self.run(hidden_states, None, None)[0] if self.stepping is None else self.stepped(hidden_states)
+        context = self.context(kwargs)
+        if self.stepping is None:
+            out = self.run(hidden_states, None, None, **context)[0]
+        else:
+            out = self.stepped(hidden_states, **context)
         return out, None, past_key_values
 
+    def context(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """What else :meth:`run` takes from the keyword arguments the library's model passes the layer
+        (HGRN2's ``lower_bound``); none by default."""
+        return {}
+
     def step(
-        self, x: torch.Tensor, state: tuple[torch.Tensor, ...] | None, position: torch.Tensor
+        self, x: torch.Tensor, state: tuple[torch.Tensor, ...] | None, position: torch.Tensor, **context: Any
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
         """The layer on new tokens x after ``state`` (None: none) at ``position``; the state after them."""
-        return self.run(x, state, position)
+        return self.run(x, state, position, **context)
 
     def run(
-        self, x: torch.Tensor, past: tuple[torch.Tensor, ...] | None, position: torch.Tensor | None
+        self,
+        x: torch.Tensor,
+        past: tuple[torch.Tensor, ...] | None,
+        position: torch.Tensor | None,
+        **context: Any,
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
         """The layer on x (batch, n, hidden) after ``past`` (None: nothing before) at ``position``
-        (None: a full forward, no state kept); returns the output and the state after x."""
+        (None: a full forward, no state kept) with its :meth:`context`; returns the output and the
+        state after x."""
         raise NotImplementedError
 
     def take(self, layer: nn.Module, *names: str) -> None:
@@ -178,6 +192,25 @@ class OutputGate(nn.Module):
         if self.fused:
             return parts.gated_rms_norm(o, heads(g, self.d_value), self.weight, self.eps, "swish").flatten(-2)
         return parts.norm(o, self.weight, None, self.eps, rms=True).flatten(-2) * self.gate_fn(g)
+
+
+class NormGate(nn.Module):
+    """The delta-rule layers' output stage (``o_norm``): a per-head RMSNorm, or with ``gated``
+    ``FusedRMSNormGated``, rms_norm(o) * act(g_proj(x)) (its ``activation``: swish/silu/sigmoid)."""
+
+    def __init__(self, layer: nn.Module, gated: bool) -> None:
+        super().__init__()
+        self.d_value, self.gated = layer.head_v_dim, gated
+        norm = layer.o_norm
+        self.weight, self.eps = norm_weight(norm), norm.eps
+        if gated:
+            self.g_proj, self.gate = layer.g_proj, norm.activation
+
+    def forward(self, o: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        if not self.gated:
+            return parts.norm(o, self.weight, None, self.eps, rms=True).flatten(-2)
+        g = heads(self.g_proj(x), self.d_value)
+        return parts.gated_rms_norm(o, g, self.weight, self.eps, self.gate).flatten(-2)
 
 
 def _act2fn() -> dict[str, Any]:
@@ -290,10 +323,7 @@ class DeltaNet(FlaLayer):
         self.use_beta, self.neg = layer.use_beta, layer.allow_neg_eigval
         if self.use_beta:
             self.b_proj = layer.b_proj
-        self.use_gate = layer.use_gate
-        if self.use_gate:
-            self.g_proj = layer.g_proj
-        self.norm_w, self.norm_eps = norm_weight(layer.o_norm), layer.o_norm.eps
+        self.output = NormGate(layer, layer.use_gate)
         self.heads, self.d_key, self.d_value = self.n_heads, self.head_k, self.head_v
 
     def run(self, x, past, position):
@@ -317,13 +347,7 @@ class DeltaNet(FlaLayer):
         if self.neg:
             beta = beta * 2.0
         o, state = self.rule(q, k, v, zeros_g(x, self.n_heads), beta, past, position, True, self.head_k**-0.5)
-        if self.use_gate:
-            o = parts.gated_rms_norm(
-                o, heads(self.g_proj(x), self.head_v), self.norm_w, self.norm_eps, "swish"
-            )
-        else:
-            o = parts.norm(o, self.norm_w, None, self.norm_eps, rms=True)
-        return self.o_proj(o.flatten(-2)), conv + state
+        return self.o_proj(self.output(o, x)), conv + state
 
 
 class GatedDeltaNet(FlaLayer):
@@ -331,43 +355,129 @@ class GatedDeltaNet(FlaLayer):
     g = -exp(A_log) * softplus(a_proj(x) + dt_bias), beta = sigmoid(b_proj(x)) (x2 with
     ``allow_neg_eigval``), L2-normalised q/k (eps 1e-6), scale d_k^-1/2, value heads a multiple of the
     q/k heads (each q/k head serves consecutive value heads); output gated RMSNorm (swish/sigmoid) or
-    a plain per-head RMSNorm."""
+    a plain per-head RMSNorm (:class:`NormGate`)."""
+
+    output_gate = "use_gate"  # the library layer's option that gates the output
 
     def __init__(self, layer: nn.Module) -> None:
         super().__init__(layer)
         if layer.num_v_heads < layer.num_heads:
             raise AttnxError(
-                f"flash-linear-attention GatedDeltaNet with num_v_heads={layer.num_v_heads} < num_heads="
+                f"flash-linear-attention {self.kind} with num_v_heads={layer.num_v_heads} < num_heads="
                 f"{layer.num_heads}: the library's kernels need value heads a multiple of the q/k heads"
             )
         self.n_heads, self.v_heads = layer.num_heads, layer.num_v_heads
         self.head_k, self.head_v = layer.head_k_dim, layer.head_v_dim
-        self.take(layer, "q_proj", "k_proj", "v_proj", "o_proj")
-        self.take(layer, "a_proj", "b_proj", "A_log", "dt_bias")
+        self.take(layer, "q_proj", "k_proj", "v_proj", "b_proj", "o_proj")
+        self.decays = getattr(layer, "use_forget_gate", True)
+        if self.decays:
+            self.take(layer, "a_proj", "A_log", "dt_bias")
         self.conv = short_conv(layer)
-        self.neg, self.use_gate = layer.allow_neg_eigval, layer.use_gate
-        if self.use_gate:
-            self.g_proj, self.gate = layer.g_proj, layer.o_norm.activation
-        self.norm_w, self.norm_eps = norm_weight(layer.o_norm), layer.o_norm.eps
+        self.neg = layer.allow_neg_eigval
+        self.output = NormGate(layer, getattr(layer, self.output_gate))
         self.heads, self.d_key, self.d_value = self.v_heads, self.head_k, self.head_v
 
-    def run(self, x, past, position):
-        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        if self.conv is not None:
-            (q, k, v), conv = self.convolve([q, k, v], past)
-        else:
-            (q, k, v), conv = (F.silu(q), F.silu(k), F.silu(v)), ()
-        q, k, v = l2norm(heads(q, self.head_k)), l2norm(heads(k, self.head_k)), heads(v, self.head_v)
+    def projected(
+        self, x: torch.Tensor, past: tuple[torch.Tensor, ...] | None
+    ) -> tuple[list[torch.Tensor], tuple[torch.Tensor, ...]]:
+        """q, k, v projections after the short convolutions (SiLU inside them), or SiLU alone without
+        them; and the convolutions' state."""
+        qkv = [self.q_proj(x), self.k_proj(x), self.v_proj(x)]
+        return self.convolve(qkv, past) if self.conv is not None else ([F.silu(t) for t in qkv], ())
+
+    def gates(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """beta = sigmoid(b_proj(x)) (x2 with ``allow_neg_eigval``) and the log-decay g (batch, n, value
+        heads): -exp(A_log) * softplus(a_proj(x) + dt_bias), 0 without a forget gate."""
         beta = self.b_proj(x).float().sigmoid() * (2.0 if self.neg else 1.0)
-        g = -self.A_log.float().exp() * F.softplus(self.a_proj(x).float() + self.dt_bias.float())
+        if not self.decays:
+            return beta, x.new_zeros(x.shape[0], x.shape[1], self.v_heads, dtype=torch.float32)
+        return beta, -self.A_log.float().exp() * F.softplus(self.a_proj(x).float() + self.dt_bias.float())
+
+    def run(self, x, past, position):
+        (q, k, v), conv = self.projected(x, past)
+        q, k, v = l2norm(heads(q, self.head_k)), l2norm(heads(k, self.head_k)), heads(v, self.head_v)
+        beta, g = self.gates(x)
         o, state = self.rule(q, k, v, g[..., None], beta, past, position, True, self.head_k**-0.5)
-        if self.use_gate:
-            o = parts.gated_rms_norm(
-                o, heads(self.g_proj(x), self.head_v), self.norm_w, self.norm_eps, self.gate
-            )
-        else:
-            o = parts.norm(o, self.norm_w, None, self.norm_eps, rms=True)
-        return self.o_proj(o.flatten(-2)), conv + state
+        return self.o_proj(self.output(o, x)), conv + state
+
+
+class GatedDeltaProduct(GatedDeltaNet):
+    """``fla.layers.GatedDeltaProduct``: ``num_householder`` (m) gated delta-rule updates per token, each
+    with its own k, v, beta (the projections hold m blocks per token, ``(n h d)``), the decay before the
+    first and the query read after the last.
+
+    That is the gated delta rule on the sequence expanded to m sub-steps per token: sub-step j of token
+    t takes k_{t,j}, v_{t,j}, beta_{t,j}, g = g_t at j = 0 and 0 after (exp(0) = 1 keeps S), q = 0
+    before the last sub-step and q_t at it; token t's output is the last sub-step's. The library runs
+    exactly this expansion in its fused_recurrent path and in its float64 reference
+    (``naive_recurrent_gated_delta_product``); its chunk kernel computes the same sums without the
+    zero queries. ``use_forget_gate=False``: g = 0. Otherwise as :class:`GatedDeltaNet` (the output
+    gate is ``use_output_gate``); the state is per value head after the token's last sub-step."""
+
+    output_gate = "use_output_gate"
+
+    def __init__(self, layer: nn.Module) -> None:
+        super().__init__(layer)
+        self.householder = layer.num_householder
+
+    def run(self, x, past, position):
+        m = self.householder
+        (q, k, v), conv = self.projected(x, past)
+        expanded = [t.unflatten(-1, (m, -1)).flatten(1, 2) for t in (k, v)]  # (b, n * m, h * d)
+        k, v = l2norm(heads(expanded[0], self.head_k)), heads(expanded[1], self.head_v)
+        beta, g = self.gates(x)
+        beta = beta.unflatten(-1, (m, -1)).flatten(1, 2)
+        q, g = sub_steps(l2norm(heads(q, self.head_k)), g, m)
+        o, state = self.rule(q, k, v, g[..., None], beta, past, position, True, self.head_k**-0.5)
+        return self.o_proj(self.output(o.unflatten(1, (-1, m))[:, :, -1], x)), conv + state
+
+
+def sub_steps(q: torch.Tensor, g: torch.Tensor, m: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """q (batch, n, heads, d_k) and g (batch, n, value heads) on m sub-steps per token, (batch, n * m, ...):
+    q read at each token's last sub-step and g decaying at its first, zeros at the others."""
+    return (
+        F.pad(q.unsqueeze(2), (0, 0, 0, 0, m - 1, 0)).flatten(1, 2),
+        F.pad(g.unsqueeze(2), (0, 0, 0, m - 1)).flatten(1, 2),
+    )
+
+
+class HGRN2Attention(FlaLayer):
+    """``fla.layers.HGRN2Attention`` (HGRN2): GLA's additive rule with the key tied to the forget gate:
+    per key dim g = logsigmoid(f_proj(x)), k = 1 - exp(g), q = swish(q_proj(x)), v = i_proj(x), beta 1,
+    scale ``expand_ratio``^-1/2 (the chunk_gla / fused_recurrent_gla default: d_k^-1/2); short convs
+    without activation.
+
+    In the library's model, from the second layer on (``layer_idx`` > 0), the forget gate is raised to
+    the model's lower bound lb (``lower_bound``, passed by the model's forward):
+    g = log(lb + (1 - lb) sigmoid(f)) = logaddexp(log lb, log1p(-lb) + g). The output is an RMSNorm over
+    the whole width (not per head) then ``o_proj`` (``rms_norm_linear``), whose eps is that function's
+    default 1e-5: the layer does not pass its ``norm_eps`` (:data:`NORM_EPS`)."""
+
+    NORM_EPS = 1e-5  # fla.modules.norm.layernorm.rms_norm_linear's default eps (HGRN2 passes none)
+
+    def __init__(self, layer: nn.Module) -> None:
+        super().__init__(layer)
+        self.n_heads, self.head_k, self.head_v = layer.num_heads, layer.head_f_dim, layer.head_i_dim
+        self.take(layer, "q_proj", "f_proj", "i_proj", "o_proj")
+        convs = [layer.q_conv1d, layer.f_conv1d, layer.i_conv1d] if layer.use_short_conv else None
+        self.conv = parts.ShortConv(convs) if convs else None
+        self.norm_w, self.norm_b = norm_weight(layer.g_norm), getattr(layer.g_norm, "bias", None)
+        self.heads, self.d_key, self.d_value = self.n_heads, self.head_k, self.head_v
+
+    def context(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        return {"lower_bound": kwargs.get("lower_bound")}
+
+    def run(self, x, past, position, lower_bound=None):
+        (q, f, i), conv = self.convolve([self.q_proj(x), self.f_proj(x), self.i_proj(x)], past)
+        g = F.logsigmoid(f)
+        if lower_bound is not None and self.layer_idx > 0:
+            g = torch.logaddexp(lower_bound.log(), torch.log1p(-lower_bound) + g)
+        k = (1 - g.exp()).to(i.dtype)
+        q, k, g = (heads(t, self.head_k) for t in (F.silu(q), k, g))
+        v = heads(i, self.head_v)
+        o, state = self.rule(q, k, v, g, ones(x, self.n_heads), past, position, False, self.head_k**-0.5)
+        o = parts.norm(o.flatten(-2), self.norm_w, self.norm_b, self.NORM_EPS, rms=True)
+        return self.o_proj(o), conv + state
 
 
 class MultiScaleRetention(FlaLayer):
@@ -476,6 +586,8 @@ LAYERS = {
     "GatedLinearAttention": GatedLinearAttention,
     "DeltaNet": DeltaNet,
     "GatedDeltaNet": GatedDeltaNet,
+    "GatedDeltaProduct": GatedDeltaProduct,
+    "HGRN2Attention": HGRN2Attention,
     "MultiScaleRetention": MultiScaleRetention,
     "RWKV6Attention": RWKV6Attention,
 }

@@ -25,6 +25,8 @@ MODEL_TYPES = {
     "gla": "GatedLinearAttention",
     "delta_net": "DeltaNet",
     "gated_deltanet": "GatedDeltaNet",
+    "gated_deltaproduct": "GatedDeltaProduct",
+    "hgrn2": "HGRN2Attention",
     "retnet": "MultiScaleRetention",
     "rwkv6": "RWKV6Attention",
 }

@@ -52,6 +52,21 @@ MODELS: dict[str, tuple[str, dict[str, Any]]] = {
         "GatedDeltaNetConfig",
         {"num_heads": 1, "num_v_heads": 2, "head_dim": 16, "expand_v": 1},
     ),
+    # float32 again: the library's chunked DeltaProduct kernel refuses it (ChunkGatedDeltaProductFunction)
+    "gated_deltaproduct": (
+        "GatedDeltaProductConfig",
+        {
+            "num_heads": 2,
+            "head_dim": 16,
+            "expand_v": 1,
+            "num_householder": 2,
+            "use_forget_gate": True,
+            "allow_neg_eigval": True,
+            "attn_mode": "fused_recurrent",
+        },
+    ),
+    # expand_ratio 16: 2 heads of 16 forget / 16 input channels; the model's lower bounds (default) on
+    "hgrn2": ("HGRN2Config", {"expand_ratio": 16}),
     "retnet": ("RetNetConfig", {"num_heads": 2, "expand_v": 1}),
     "rwkv6": ("RWKV6Config", {"num_heads": 2, "proj_low_rank_dim": 8, "gate_low_rank_dim": 8}),
 }

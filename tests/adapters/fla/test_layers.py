@@ -103,6 +103,45 @@ LAYERS = {
         "gated_delta_rule",
         "chunk",
     ),
+    # the library's chunked DeltaProduct kernel refuses float32 (ChunkGatedDeltaProductFunction), so these
+    # run its fused_recurrent path at every length; its chunk kernel: test_deltaproducts_chunk_kernel_agrees
+    "gated-deltaproduct": (
+        lambda: fla_layers.GatedDeltaProduct(
+            hidden_size=HIDDEN, num_heads=2, head_dim=16, expand_v=1, mode="fused_recurrent"
+        ),
+        "gated_delta_rule",
+        "fused_recurrent",
+    ),
+    "gated-deltaproduct-3-gva-ungated": (
+        lambda: fla_layers.GatedDeltaProduct(
+            hidden_size=HIDDEN,
+            num_heads=1,
+            num_v_heads=2,
+            head_dim=16,
+            expand_v=1,
+            num_householder=3,
+            use_forget_gate=False,
+            use_output_gate=False,
+            use_short_conv=False,
+            allow_neg_eigval=False,
+            mode="fused_recurrent",
+        ),
+        "gated_delta_rule",
+        "fused_recurrent",
+    ),
+    "hgrn2": (
+        lambda: fla_layers.HGRN2Attention(hidden_size=HIDDEN, num_heads=2, expand_ratio=None),
+        "gla",
+        "chunk",
+    ),
+    # norm_eps 0.5: the output norm must still use rms_norm_linear's 1e-5 (HGRN2Attention.NORM_EPS)
+    "hgrn2-4-heads-conv-eps": (
+        lambda: fla_layers.HGRN2Attention(
+            hidden_size=HIDDEN, expand_ratio=8, use_short_conv=True, norm_eps=0.5
+        ),
+        "gla",
+        "chunk",
+    ),
     "retnet": (lambda: fla_layers.MultiScaleRetention(hidden_size=HIDDEN, num_heads=2), "retention", "chunk"),
     "retnet-mqa-ungated-conv": (
         lambda: fla_layers.MultiScaleRetention(
@@ -211,6 +250,8 @@ CASES = [
     ("gla-conv", 9),
     ("deltanet", 9),
     ("gated-deltanet", 65),
+    ("gated-deltaproduct", 9),
+    ("hgrn2", 65),
     ("retnet", 65),
     ("rwkv6", 65),
 ]
@@ -265,6 +306,124 @@ def test_stepping_continues_the_full_forward(name):
         assert spec.dtype is None or str(tensor.dtype) == f"torch.{spec.dtype}"
 
 
+def _library_and_attnx(name: str, length: int, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+    """The library layer's output and its conversion's on the same input (``kwargs``: the model's)."""
+    layer = library_layer(name)
+    x = torch.randn(2, length, HIDDEN, generator=torch.Generator().manual_seed(length))
+    with torch.no_grad():
+        return layer(x, **kwargs)[0], convert(layer)(x, **kwargs)[0]
+
+
+def test_hgrn2_norm_eps_is_rms_norm_linears(monkeypatch):
+    """HGRN2's output RMSNorm runs in ``rms_norm_linear`` with that function's default eps, not the layer's
+    ``norm_eps`` (0.5 here): the seeded defect, the layer's eps, is caught."""
+    from attnx.adapters.fla.layers import HGRN2Attention
+
+    expected, actual = _library_and_attnx("hgrn2-4-heads-conv-eps", 9)
+    close(actual, expected, "hgrn2")
+    monkeypatch.setattr(HGRN2Attention, "NORM_EPS", 0.5)
+    expected, actual = _library_and_attnx("hgrn2-4-heads-conv-eps", 9)
+    with pytest.raises(AssertionError):
+        close(actual, expected, "hgrn2")
+
+
+def test_hgrn2_takes_the_models_lower_bound():
+    """In the library's model, layers after the first raise the forget gate to the model's lower bound
+    (passed as ``lower_bound``); the first ignores it. Prefill and steps continue the full forward too."""
+    from fla.layers import HGRN2Attention
+
+    torch.manual_seed(0)
+    layer = HGRN2Attention(hidden_size=HIDDEN, num_heads=2, expand_ratio=None, layer_idx=1).eval()
+    replacement = convert(layer)
+    bound = torch.rand(HIDDEN, generator=torch.Generator().manual_seed(2)) * 0.9
+    x = torch.randn(2, 9, HIDDEN, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        expected = layer(x, lower_bound=bound)[0]
+        full = replacement(x, lower_bound=bound)[0]
+        unbounded = replacement(x)[0]
+        replacement.stepping = Step(None, torch.tensor([0]))
+        first = replacement(x[:, :5], lower_bound=bound)[0]
+        replacement.stepping = Step(replacement.stepping.present, torch.tensor([5]))
+        rest = replacement(x[:, 5:], lower_bound=bound)[0]
+        replacement.stepping = None
+        layer.layer_idx = replacement.layer_idx = 0
+        first_layer = replacement(x, lower_bound=bound)[0]
+    close(full, expected, "hgrn2")
+    close(torch.cat([first, rest], dim=1), expected, "hgrn2")
+    close(first_layer, unbounded, "hgrn2")
+    assert (unbounded - expected).abs().max() > 1e-2  # the bound matters at these values
+
+
+def test_deltaproduct_decays_first_and_reads_last(monkeypatch):
+    """Token t's decay scales the state before its first Householder sub-step and its query reads the
+    state after the last; the seeded defect, the decay moved to the last sub-step, is caught."""
+    import torch.nn.functional as F
+
+    from attnx.adapters.fla import layers
+
+    expected, actual = _library_and_attnx("gated-deltaproduct", 9)
+    close(actual, expected, "gated-deltaproduct")
+
+    original = layers.sub_steps
+
+    def decay_last(q, g, m):
+        return original(q, g, m)[0], F.pad(g.unsqueeze(2), (0, 0, m - 1, 0)).flatten(1, 2)
+
+    monkeypatch.setattr(layers, "sub_steps", decay_last)
+    expected, actual = _library_and_attnx("gated-deltaproduct", 9)
+    with pytest.raises(AssertionError):
+        close(actual, expected, "gated-deltaproduct")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("householder,length", [(2, 65), (3, 130)])
+def test_deltaproducts_chunk_kernel_agrees(householder, length, monkeypatch):
+    """The library's chunked DeltaProduct kernel (``fla.ops.gated_delta_product.chunk``), which its layer
+    runs above 64 tokens in ``mode="chunk"``, computes what the conversion does. Its wrapper refuses
+    float32 by an assertion; the test calls the kernel's autograd Function itself, as the wrapper does."""
+    import fla.layers.gated_deltaproduct as library_module
+    from fla.ops.gated_delta_product.chunk import ChunkGatedDeltaProductFunction
+
+    def float32_chunk(
+        q,
+        k,
+        v,
+        g,
+        beta,
+        num_householder,
+        initial_state=None,
+        output_final_state=False,
+        use_qk_l2norm_in_kernel=False,
+        cu_seqlens=None,
+        **_,
+    ):
+        scale = k.shape[-1] ** -0.5
+        return ChunkGatedDeltaProductFunction.apply(
+            q,
+            k,
+            v,
+            g,
+            beta,
+            scale,
+            num_householder,
+            initial_state,
+            output_final_state,
+            use_qk_l2norm_in_kernel,
+            cu_seqlens,
+            None,
+            None,
+        )
+
+    monkeypatch.setattr(library_module, "chunk_gated_delta_product", float32_chunk)
+    torch.manual_seed(0)
+    layer = fla_layers.GatedDeltaProduct(
+        hidden_size=HIDDEN, num_heads=2, head_dim=16, expand_v=1, num_householder=householder
+    ).eval()
+    x = torch.randn(2, length, HIDDEN, generator=torch.Generator().manual_seed(length))
+    with torch.no_grad():
+        close(convert(layer)(x)[0], layer(x)[0], "gated-deltaproduct")
+
+
 def test_library_layers_need_the_adapter():
     layer = fla_layers.GatedLinearAttention(hidden_size=HIDDEN, num_heads=2)
     assert needs_adapter(layer) and needs_adapter(layer.g_norm_swish_gate)
@@ -289,8 +448,18 @@ def test_library_layers_need_the_adapter():
             ),
             ("activation 'gelu'",),
         ),
+        (
+            lambda: fla_layers.GatedDeltaProduct(hidden_size=HIDDEN, num_heads=2, num_v_heads=1, head_dim=16),
+            ("GatedDeltaProduct with num_v_heads=1 < num_heads=2",),
+        ),
     ],
-    ids=["unmapped-hgrn", "unmapped-mamba2", "gdn-fewer-value-heads", "gla-gelu-gate"],
+    ids=[
+        "unmapped-hgrn",
+        "unmapped-mamba2",
+        "gdn-fewer-value-heads",
+        "gla-gelu-gate",
+        "gdp-fewer-value-heads",
+    ],
 )
 def test_what_attnx_does_not_reproduce_is_refused_by_name(make, fragments):
     with pytest.raises(AttnxError) as error:
