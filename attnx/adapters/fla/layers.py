@@ -650,9 +650,10 @@ LAYERS = {
 # Layers of the family the op cannot run, refused with the reason rather than the generic line.
 REFUSED = {
     "RWKV7Attention": (
-        "its generalised delta rule S_t = S_{t-1} (diag(w_t) + a_t b_t^T) + v_t k_t^T removes along a "
-        "vector a (the negated normalised key) at a rate b apart from the added key k, and attnx's gated "
-        "op removes only along the added key (S (I - beta k k^T)), so no setting of its rules is RWKV-7's"
+        "its generalised delta rule S_t = S_{t-1} (diag(w_t) + a_t b_t^T) + v_t k_t^T has a = -kk, "
+        "b = kk * rate (a per-channel rate, so a b^T is not symmetric) and adds along a key k apart from "
+        "kk, and attnx's gated op removes only along the key it adds with one scalar rate "
+        "(S (I - beta k k^T)), so no setting of its rules is RWKV-7's"
     ),
 }
 

@@ -478,7 +478,7 @@ def test_library_layers_need_the_adapter():
                 layer_idx=1,
                 num_hidden_layers=2,
             ),
-            ("RWKV7Attention", "diag(w_t) + a_t b_t^T", "removes only along the added key"),
+            ("RWKV7Attention", "diag(w_t) + a_t b_t^T", "removes only along the key it adds"),
         ),
         (
             lambda: fla_layers.GatedDeltaNet(hidden_size=HIDDEN, num_heads=2, num_v_heads=1, head_dim=16),
@@ -527,9 +527,9 @@ def test_runtime_arguments_the_export_does_not_take_are_refused():
 def test_from_fla_refuses_a_directory_it_cannot_load(tmp_path):
     code, _, err = run_cli(["export", "--from", f"fla:{tmp_path}", "-o", str(tmp_path / "out")])
     assert_one_line_error(code, err, "no config.json")
-    (tmp_path / "config.json").write_text('{"model_type": "mamba2"}')
+    (tmp_path / "config.json").write_text('{"model_type": "rwkv7"}')
     code, _, err = run_cli(["export", "--from", f"fla:{tmp_path}", "-o", str(tmp_path / "out")])
-    assert_one_line_error(code, err, "'mamba2'", "gla (GatedLinearAttention)", "rwkv6 (RWKV6Attention)")
+    assert_one_line_error(code, err, "'rwkv7'", "gla (GatedLinearAttention)", "rwkv6 (RWKV6Attention)")
     assert not (tmp_path / "out").exists()
 
 
