@@ -95,6 +95,11 @@ def convert(module: nn.Module) -> nn.Module | None:
     refuse_model_options(module)
     lib, kind = library(), type(module)
     if isinstance(module, lib.layers):
+        if kind.__name__ in layers.REFUSED:
+            raise AttnxError(
+                f"flash-linear-attention layer {kind.__name__} is not exported by attnx: "
+                f"{layers.REFUSED[kind.__name__]}"
+            )
         if kind.__name__ not in layers.LAYERS:
             raise AttnxError(
                 f"flash-linear-attention layer {kind.__name__} is not exported by attnx; it maps "

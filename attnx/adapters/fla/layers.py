@@ -23,9 +23,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from attnx.adapters.fla import parts
+from attnx.adapters.hf_hybrid.ssd import ssd_rule
 from attnx.attention import Stepping
 from attnx.errors import AttnxError
 from attnx.plugins.gated.op import l2norm, rule_state, run_rule, split_state
+from attnx.shortconv import carried_conv
 from attnx.state import StateTensor, conv_state
 
 
@@ -581,6 +583,57 @@ def shift(x: torch.Tensor, last: torch.Tensor | None) -> torch.Tensor:
     return torch.cat([first, x], dim=1)[:, :-1]
 
 
+class Mamba2(FlaLayer):
+    """``fla.layers.Mamba2`` (SSD; its torch path, the one it runs without ``mamba_ssm``/CUDA): the
+    mapping of HF's Mamba2 mixer (:func:`attnx.adapters.hf_hybrid.ssd.ssd_rule`: q = C, k = B,
+    v = dt x, g = dt A per head, the D skip outside; a (heads, head_dim) D with ``D_has_hdim``), dt
+    clamped to ``dt_limit``, the conv and its activation over [x, B, C], then the library's
+    ``RMSNormGated`` (per group of intermediate_size / n_groups, the gate silu(z) before the norm or,
+    with ``norm_before_gate``, after) or, without ``rmsnorm``, y * act(z). ``conv`` carries the conv's
+    inputs (batch, intermediate_size + 2 n_groups d_state, kernel - 1)."""
+
+    def __init__(self, layer: nn.Module) -> None:
+        super().__init__(layer)
+        where = "flash-linear-attention Mamba2"
+        self.take(layer, "in_proj", "conv1d", "dt_bias", "A_log", "D", "out_proj")
+        self.heads, self.d_key, self.d_value = layer.num_heads, layer.ssm_state_size, layer.head_dim
+        self.groups, self.inner, self.conv_dim = layer.n_groups, layer.intermediate_size, layer.conv_dim
+        self.dt_limit, self.per_channel_d = tuple(layer.dt_limit), layer.D_has_hdim
+        self.act = parts.activation(_name_of(layer.act), where)
+        self.rmsnorm, self.before = layer.rmsnorm, layer.norm_before_gate
+        if self.rmsnorm:
+            self.norm_w, self.norm_eps = layer.norm.weight, layer.norm.eps
+
+    def carry(self) -> StateTensor:
+        return conv_state(self.conv_dim, self.conv1d.weight.shape[-1])
+
+    def run(self, x, past, position):
+        gate, channels, dt = self.in_proj(x).split([self.inner, self.conv_dim, self.heads], -1)
+        carried, recurrent = split_state(past, True)
+        mixed, conv = carried_conv(channels.transpose(1, 2), self.conv1d.weight, self.conv1d.bias, carried)
+        mixed = self.act(mixed.transpose(1, 2))
+        width = self.groups * self.d_key
+        xs, b, c = torch.split(mixed, [self.inner, width, width], dim=-1)
+        dt = F.softplus(dt + self.dt_bias).clamp(*self.dt_limit)
+        d = self.D.unflatten(0, (self.heads, -1)) if self.per_channel_d else self.D[:, None]
+        # the torch path tiles the groups over the heads (head h reads group h % n_groups: B.repeat),
+        # where the library's CUDA kernels and its own one-token step give each group consecutive heads
+        b, c = (heads(t, self.d_key).repeat(1, 1, self.heads // self.groups, 1) for t in (b, c))
+        step = position is not None
+        y, state = ssd_rule(heads(xs, self.d_value), b, c, dt, self.A_log, d, recurrent, step)
+        y = self.gated(y.flatten(-2), gate)
+        return self.out_proj(y.to(x.dtype)), (conv, state) if step else ()
+
+    def gated(self, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        """The library's ``RMSNormGated`` (``rms_norm_ref``, float32) or y * act(z) without a norm."""
+        if not self.rmsnorm:
+            return y * self.act(z)
+        gate = F.silu(z.float())
+        y = y.float() if self.before else y.float() * gate
+        y = parts.norm(y, self.norm_w, None, self.norm_eps, rms=True, groups=self.groups)
+        return y * gate if self.before else y
+
+
 LAYERS = {
     "LinearAttention": LinearAttention,
     "GatedLinearAttention": GatedLinearAttention,
@@ -590,6 +643,18 @@ LAYERS = {
     "HGRN2Attention": HGRN2Attention,
     "MultiScaleRetention": MultiScaleRetention,
     "RWKV6Attention": RWKV6Attention,
+    "Mamba2": Mamba2,
+}
+
+
+# Layers of the family the op cannot run, refused with the reason rather than the generic line.
+REFUSED = {
+    "RWKV7Attention": (
+        "its generalised delta rule S_t = S_{t-1} (diag(w_t) + a_t b_t^T) + v_t k_t^T has a = -kk, "
+        "b = kk * rate (a per-channel rate, so a b^T is not symmetric) and adds along a key k apart from "
+        "kk, and attnx's gated op removes only along the key it adds with one scalar rate "
+        "(S (I - beta k k^T)), so no setting of its rules is RWKV-7's"
+    ),
 }
 
 

@@ -79,13 +79,32 @@ class StateSpaceDuality(PaddedMixer):
         xs, b, c = torch.split(mixed, [self.inner, width, width], dim=-1)
         xs = xs.reshape(batch, n, self.heads, self.head_dim).float()
         dt = F.softplus(dt.float() + self.dt_bias.float()).clamp(*self.time_step_limit)  # (b, n, h)
-        g = (dt * -self.A_log.float().exp()).transpose(1, 2)[..., None]
-        q, k = (t.reshape(batch, n, self.groups, self.state_size).float().transpose(1, 2) for t in (c, b))
-        v = (xs * dt[..., None]).transpose(1, 2)
-        beta = torch.ones(batch, self.heads, n, dtype=torch.float32, device=x.device)
+        b, c = (t.reshape(batch, n, self.groups, self.state_size) for t in (b, c))
         step = state is not None
-        out, recurrent = run_rule(q, k, v, g, beta, past, delta=False, scale=1.0, step=step)
-        y = out.transpose(1, 2) + xs * self.D.float()[:, None]
+        y, recurrent = ssd_rule(xs, b, c, dt, self.A_log, self.D[:, None], past, step)
         y = y.reshape(batch, n, -1)
         y = self.norm(y, gate) if self.normed else y * F.silu(gate)
         return self.out_proj(y.to(x.dtype)), (carry, recurrent) if step else None
+
+
+def ssd_rule(
+    xs: torch.Tensor,
+    b: torch.Tensor,
+    c: torch.Tensor,
+    dt: torch.Tensor,
+    a_log: torch.Tensor,
+    d: torch.Tensor,
+    past: torch.Tensor | None,
+    step: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Step 3 of the module docstring on the op: xs (batch, n, heads, head_dim), B and C (batch, n,
+    groups, d_state), dt (batch, n, heads; after softplus and clamp), A = -exp(a_log) per head, the skip
+    ``d`` broadcast to (heads, head_dim); y (batch, n, heads, head_dim) in float32 and the state after
+    the tokens when ``step`` (``past``: the state before them, None: zeros)."""
+    xs, dt = xs.float(), dt.float()
+    g = (dt * -a_log.float().exp()).transpose(1, 2)[..., None]
+    q, k = (t.float().transpose(1, 2) for t in (c, b))
+    v = (xs * dt[..., None]).transpose(1, 2)
+    beta = torch.ones_like(dt.transpose(1, 2))
+    out, recurrent = run_rule(q, k, v, g, beta, past, delta=False, scale=1.0, step=step)
+    return out.transpose(1, 2) + xs * d.float(), recurrent

@@ -69,6 +69,11 @@ MODELS: dict[str, tuple[str, dict[str, Any]]] = {
     "hgrn2": ("HGRN2Config", {"expand_ratio": 16}),
     "retnet": ("RetNetConfig", {"num_heads": 2, "expand_v": 1}),
     "rwkv6": ("RWKV6Config", {"num_heads": 2, "proj_low_rank_dim": 8, "gate_low_rank_dim": 8}),
+    # two groups over four heads (the torch path tiles them) and the library's SSD chunk at 64
+    "mamba2": (
+        "Mamba2Config",
+        {"num_heads": 4, "head_dim": 16, "state_size": 16, "n_groups": 2, "chunk_size": 64},
+    ),
 }
 
 

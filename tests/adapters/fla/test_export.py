@@ -226,7 +226,10 @@ MODEL_IDS = [f"{t}-{ROUTE}" for t in fla_models.MODELS]
 # The library's cached decoding of LinearAttention (its generate) is not its own full forward: the trained
 # linear_attn model's greedy continuation of [17, 0, 0] is all 0 by generate and 0, 12, 16, 16, 16, 0, ...
 # by the full forward (what attnx generates); attnx is checked against the full forward there.
-OWN_GENERATE_DIFFERS = {"linear_attn"}
+# Mamba2's generate likewise: its one-token step gives each of the two groups consecutive heads where its
+# full forward (torch path) tiles them (docs/importing.md, "Mamba2's groups"): [0, 0, 0, ...] by generate,
+# [0, 4, 16, 16, 2, 0, ...] by the full forward and attnx.
+OWN_GENERATE_DIFFERS = {"linear_attn", "mamba2"}
 
 
 @pytest.fixture(scope="module")

@@ -151,6 +151,36 @@ LAYERS = {
         "chunk",
     ),
     "rwkv6": (lambda: fla_layers.RWKV6Attention(hidden_size=HIDDEN, num_heads=2), "rwkv6", "chunk"),
+    # Mamba2 runs the library's torch path at every length (no mamba_ssm here), its SSD in chunks of
+    # chunk_size (64 here); two groups over four heads: the torch path tiles them (head h, group h % 2)
+    "mamba2-groups": (
+        lambda: fla_layers.Mamba2(
+            hidden_size=HIDDEN, num_heads=4, head_dim=16, state_size=8, n_groups=2, chunk_size=64
+        ),
+        "mamba2",
+        None,
+    ),
+    "mamba2-hdim-d-norm-first-limit": (
+        lambda: fla_layers.Mamba2(
+            hidden_size=HIDDEN,
+            num_heads=4,
+            head_dim=16,
+            state_size=8,
+            D_has_hdim=True,
+            norm_before_gate=True,
+            dt_limit=(0.01, 0.5),
+            chunk_size=64,
+        ),
+        "mamba2",
+        None,
+    ),
+    "mamba2-no-norm": (
+        lambda: fla_layers.Mamba2(
+            hidden_size=HIDDEN, num_heads=2, head_dim=32, state_size=8, rmsnorm=False, chunk_size=64
+        ),
+        "mamba2",
+        None,
+    ),
 }
 # The library's chunked RWKV-6 kernel itself is 1.1e-4 from its own float64 recurrence at 70 tokens
 # (values up to 30; its fused_recurrent kernel: 4e-6), so that kernel is compared relative to scale.
@@ -172,6 +202,8 @@ def library_layer(name: str) -> torch.nn.Module:
 def route(name: str, length: int) -> str:
     """The library function the layer's forward runs at ``length`` tokens (its own dispatch)."""
     _, package, mode = LAYERS[name]
+    if mode is None:
+        return f"fla.layers.{package}.torch_forward"
     return f"fla.ops.{package}.{'fused_recurrent' if length <= 64 else mode}"
 
 
@@ -254,6 +286,7 @@ CASES = [
     ("hgrn2", 65),
     ("retnet", 65),
     ("rwkv6", 65),
+    ("mamba2-groups", 65),
 ]
 SLOW_CASES = [(name, n) for name in LAYERS for n in (1, 9, 64, 65, 130) if (name, n) not in CASES]
 
@@ -435,8 +468,17 @@ def test_library_layers_need_the_adapter():
     [
         (lambda: fla_layers.HGRNAttention(hidden_size=HIDDEN), ("HGRNAttention", "it maps LinearAttention")),
         (
-            lambda: fla_layers.Mamba2(hidden_size=HIDDEN, num_heads=4, head_dim=16),
-            ("Mamba2", "GatedDeltaNet"),
+            lambda: fla_layers.RWKV7Attention(
+                hidden_size=HIDDEN,
+                head_dim=16,
+                decay_low_rank_dim=8,
+                gate_low_rank_dim=8,
+                a_low_rank_dim=8,
+                v_low_rank_dim=8,
+                layer_idx=1,
+                num_hidden_layers=2,
+            ),
+            ("RWKV7Attention", "diag(w_t) + a_t b_t^T", "removes only along the key it adds"),
         ),
         (
             lambda: fla_layers.GatedDeltaNet(hidden_size=HIDDEN, num_heads=2, num_v_heads=1, head_dim=16),
@@ -455,7 +497,7 @@ def test_library_layers_need_the_adapter():
     ],
     ids=[
         "unmapped-hgrn",
-        "unmapped-mamba2",
+        "rwkv7-outside-the-rules",
         "gdn-fewer-value-heads",
         "gla-gelu-gate",
         "gdp-fewer-value-heads",
@@ -485,9 +527,9 @@ def test_runtime_arguments_the_export_does_not_take_are_refused():
 def test_from_fla_refuses_a_directory_it_cannot_load(tmp_path):
     code, _, err = run_cli(["export", "--from", f"fla:{tmp_path}", "-o", str(tmp_path / "out")])
     assert_one_line_error(code, err, "no config.json")
-    (tmp_path / "config.json").write_text('{"model_type": "mamba2"}')
+    (tmp_path / "config.json").write_text('{"model_type": "rwkv7"}')
     code, _, err = run_cli(["export", "--from", f"fla:{tmp_path}", "-o", str(tmp_path / "out")])
-    assert_one_line_error(code, err, "'mamba2'", "gla (GatedLinearAttention)", "rwkv6 (RWKV6Attention)")
+    assert_one_line_error(code, err, "'rwkv7'", "gla (GatedLinearAttention)", "rwkv6 (RWKV6Attention)")
     assert not (tmp_path / "out").exists()
 
 
