@@ -23,10 +23,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from attnx.adapters.fla import parts
-from attnx.adapters.hf_hybrid.ssd import ssd_rule
 from attnx.attention import Stepping
 from attnx.errors import AttnxError
-from attnx.plugins.gated.op import l2norm, rule_state, run_rule, split_state
+from attnx.plugins.gated.op import l2norm, rule_state, run_rule, split_state, ssd_rule
 from attnx.shortconv import carried_conv
 from attnx.state import StateTensor, conv_state
 
@@ -585,7 +584,7 @@ def shift(x: torch.Tensor, last: torch.Tensor | None) -> torch.Tensor:
 
 class Mamba2(FlaLayer):
     """``fla.layers.Mamba2`` (SSD; its torch path, the one it runs without ``mamba_ssm``/CUDA): the
-    mapping of HF's Mamba2 mixer (:func:`attnx.adapters.hf_hybrid.ssd.ssd_rule`: q = C, k = B,
+    mapping of HF's Mamba2 mixer (:func:`attnx.plugins.gated.op.ssd_rule`: q = C, k = B,
     v = dt x, g = dt A per head, the D skip outside; a (heads, head_dim) D with ``D_has_hdim``), dt
     clamped to ``dt_limit``, the conv and its activation over [x, B, C], then the library's
     ``RMSNormGated`` (per group of intermediate_size / n_groups, the gate silu(z) before the norm or,

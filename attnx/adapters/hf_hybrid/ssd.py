@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from attnx.adapters.hf_hybrid.mixer import PaddedMixer, mask_padding
-from attnx.plugins.gated.op import rule_state, run_rule
+from attnx.plugins.gated.op import rule_state, ssd_rule
 from attnx.shortconv import carried_conv
 from attnx.state import StateTensor, conv_state
 
@@ -85,26 +85,3 @@ class StateSpaceDuality(PaddedMixer):
         y = y.reshape(batch, n, -1)
         y = self.norm(y, gate) if self.normed else y * F.silu(gate)
         return self.out_proj(y.to(x.dtype)), (carry, recurrent) if step else None
-
-
-def ssd_rule(
-    xs: torch.Tensor,
-    b: torch.Tensor,
-    c: torch.Tensor,
-    dt: torch.Tensor,
-    a_log: torch.Tensor,
-    d: torch.Tensor,
-    past: torch.Tensor | None,
-    step: bool,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Step 3 of the module docstring on the op: xs (batch, n, heads, head_dim), B and C (batch, n,
-    groups, d_state), dt (batch, n, heads; after softplus and clamp), A = -exp(a_log) per head, the skip
-    ``d`` broadcast to (heads, head_dim); y (batch, n, heads, head_dim) in float32 and the state after
-    the tokens when ``step`` (``past``: the state before them, None: zeros)."""
-    xs, dt = xs.float(), dt.float()
-    g = (dt * -a_log.float().exp()).transpose(1, 2)[..., None]
-    q, k = (t.float().transpose(1, 2) for t in (c, b))
-    v = (xs * dt[..., None]).transpose(1, 2)
-    beta = torch.ones_like(dt.transpose(1, 2))
-    out, recurrent = run_rule(q, k, v, g, beta, past, delta=False, scale=1.0, step=step)
-    return out.transpose(1, 2) + xs * d.float(), recurrent

@@ -25,7 +25,7 @@ Every layer built on the rule (this family's :mod:`attnx.plugins.gated.layer`, a
 layers of flash-linear-attention and Hugging Face hybrids) calls it through one entry: :func:`run_rule`
 (full forward or step, one chunk-size policy), declares its state with :func:`rule_state` (one order:
 a convolution's carry, then the recurrent state; :func:`split_state` and :func:`join_state` read and
-write it) and normalises q and k with :func:`l2norm`.
+write it) and normalises q and k with :func:`l2norm`; Mamba2's mixers run it through :func:`ssd_rule`.
 """
 
 from __future__ import annotations
@@ -61,6 +61,7 @@ __all__ = [
     "rule_state",
     "run_rule",
     "split_state",
+    "ssd_rule",
 ]
 
 
@@ -294,3 +295,29 @@ def l2norm(x: torch.Tensor, *, divide: bool = False) -> torch.Tensor:
     wide = at_least_float32(x)
     total = (wide * wide).sum(-1, keepdim=True) + L2_EPS
     return (wide / torch.sqrt(total) if divide else wide * torch.rsqrt(total)).to(x.dtype)
+
+
+def ssd_rule(
+    xs: torch.Tensor,
+    b: torch.Tensor,
+    c: torch.Tensor,
+    dt: torch.Tensor,
+    a_log: torch.Tensor,
+    d: torch.Tensor,
+    past: torch.Tensor | None,
+    step: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Mamba2's state-space duality (SSD) on the additive rule: q = C, k = B, v = dt x, g = dt A per head,
+    scale 1, the D skip outside (HF's Mamba2 mixer, :mod:`attnx.adapters.hf_hybrid.ssd`, and
+    flash-linear-attention's ``Mamba2``). xs (batch, n, heads, head_dim), B and C (batch, n, groups,
+    d_state; group i serves consecutive heads), dt (batch, n, heads; after softplus and clamp),
+    A = -exp(a_log) per head, the skip ``d`` broadcast to (heads, head_dim); y (batch, n, heads,
+    head_dim) in float32 and the state after the tokens when ``step`` (``past``: the state before them,
+    None: zeros)."""
+    xs, dt = xs.float(), dt.float()
+    g = (dt * -a_log.float().exp()).transpose(1, 2)[..., None]
+    q, k = (t.float().transpose(1, 2) for t in (c, b))
+    v = (xs * dt[..., None]).transpose(1, 2)
+    beta = torch.ones_like(dt.transpose(1, 2))
+    out, recurrent = run_rule(q, k, v, g, beta, past, delta=False, scale=1.0, step=step)
+    return out.transpose(1, 2) + xs * d.float(), recurrent
