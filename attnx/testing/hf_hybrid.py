@@ -1,6 +1,6 @@
 """Small *trained* Hugging Face hybrid models (Qwen3-Next, the text models of Qwen3.5 and Qwen4-Exp, Kimi
 Linear, MiniMax, Mamba2, Bamba, Granite 4.0-H, Nemotron-H, Falcon-H1, Zamba2, Mamba, Falcon-Mamba, Jamba,
-LFM2, LFM2-MoE, OLMo Hybrid, Lara Mini, Bailing, RecurrentGemma) for tests and benchmarks.
+LFM2, LFM2-MoE, OLMo Hybrid, Lara Mini, Bailing, RecurrentGemma, xLSTM) for tests and benchmarks.
 
 Each recipe is a small config of the architecture (a few layers mixing gated linear attention and
 softmax attention, width 64, MoE with a few experts), a byte-level BPE tokenizer
@@ -479,6 +479,21 @@ RECIPES: dict[str, dict[str, Any]] = {
             "tie_word_embeddings": True,
         },
     },
+    # xLSTM in small: 4 mLSTM blocks of 4 heads (q/k and values 16 wide: HF's cache rounds qk_dim up to a
+    # multiple of 64 where its layers do not, so width x qk_dim_factor must be one), HF's chunk 16 so its
+    # chunkwise kernel and its recurrent remainder both run at the tests' lengths
+    "xlstm": {
+        "class": "xLSTMForCausalLM",
+        "config": "xLSTMConfig",
+        "options": {
+            **{k: _SHARED[k] for k in ("vocab_size", "hidden_size", "num_hidden_layers")},
+            **{k: _SHARED[k] for k in ("pad_token_id", "bos_token_id", "eos_token_id")},
+            "num_heads": 4,
+            "qk_dim_factor": 1.0,
+            "chunk_size": 16,
+            "tie_word_embeddings": False,
+        },
+    },
 }
 
 
@@ -640,6 +655,11 @@ def hf_greedy(model: Any, prompt: Any, new_tokens: int) -> tuple[list[int], Any]
             pad_token_id=model.config.pad_token_id,
         )
     return out.sequences[0, prompt.shape[1] :].tolist(), torch.cat(out.logits)
+
+
+def layer_types(config: Any) -> list[str]:
+    """The config's ``layer_types``; one "linear_attention" per layer where it has none (xLSTM: one kind)."""
+    return getattr(config, "layer_types", None) or ["linear_attention"] * config.num_hidden_layers
 
 
 def genai_greedy(model_dir: Path | str, prompt: list[int], new_tokens: int) -> tuple[list[int], float]:

@@ -45,6 +45,7 @@ LOADERS: dict[str, str] = {
     "lara_mini": "attnx.adapters.hf_hybrid.load:load",
     "bailing_hybrid": "attnx.adapters.hf_hybrid.load:load",
     "recurrent_gemma": "attnx.adapters.hf_hybrid.load:load",
+    "xlstm": "attnx.adapters.hf_hybrid.load:load",
 }
 # model_type -> why attnx does not adapt it (refused by name before anything loads)
 NOT_ADAPTED: dict[str, str] = {

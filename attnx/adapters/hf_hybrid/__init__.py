@@ -29,10 +29,12 @@ Kimi Delta Attention with its own forget gate, MLA with interleaved rotary and a
 Google's RecurrentGemma (``recurrent_gemma``, Griffin): its recurrent blocks' RG-LRU the additive rule
 with one decay per channel (a value of width 1 per channel, q = k = 1), its conv the carried conv, its
 local attention layers attnx's softmax attention, exact up to the attention window, where the export's
-lengths stop.
+lengths stop. NX-AI's xLSTM (``xlstm``): its mLSTM layers the additive rule with a decay per head
+(g = log f, k scaled by exp(i)) on values with a ones column (the normaliser state), computed unstabilised;
+its model passes the padding mask HF's ignores.
 One module per architecture family (``qwen.py``, ``qwen4.py``, ``kimi.py``, ``bailing.py``,
-``minimax.py``, ``mamba.py``, ``lfm2.py``, ``olmo.py``, ``lara.py``, ``rgemma.py``), shared layers beside
-it.
+``minimax.py``, ``mamba.py``, ``lfm2.py``, ``olmo.py``, ``lara.py``, ``rgemma.py``, ``xlstm.py``), shared
+layers beside it.
 See docs/importing.md.
 """
 
@@ -44,7 +46,7 @@ from attnx.hookspecs import hookimpl
 ADAPTER = Adapter(
     name="hf_hybrid",
     summary="HF Qwen3.5/Qwen3-Next/Qwen4-Exp, Kimi Linear, Bailing, MiniMax, Mamba1/2 hybrids "
-    "(Granite-H, ...), LFM2(-MoE), OLMo Hybrid, Lara Mini, RecurrentGemma -> gated_delta, softmax",
+    "(Granite-H, ...), LFM2(-MoE), OLMo Hybrid, Lara Mini, RecurrentGemma, xLSTM -> gated_delta, softmax",
     library="transformers",
     impl="attnx.adapters.hf_hybrid.convert:IMPL",
 )

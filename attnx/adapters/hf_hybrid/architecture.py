@@ -56,8 +56,11 @@ class Architecture:
             token, which equals HF's local attention up to the window, where ``longest`` caps the export
             (RecurrentGemma's); None: the full attention layers (MiniMax), so a window is refused.
         leaky_padding: HF's forward lets left-padded tokens reach the real ones (RecurrentGemma's
-            recurrent blocks take no mask); the adapter masks them (a padded row equals the row alone), so
-            on a padded batch it matches HF's forward of each row alone, not HF's padded forward.
+            recurrent blocks take no mask, xLSTM's model ignores it); the adapter masks them (a padded row
+            equals the row alone), so on a padded batch it matches HF's forward of each row alone, not HF's
+            padded forward.
+        whole: replaces the whole model (its layers converted) with a module of the same parameters whose
+            forward passes what HF's does not (xLSTM's padding mask); None: HF's forward runs.
     """
 
     model_type: str
@@ -74,6 +77,7 @@ class Architecture:
     longest: Callable[[Any], int | None] | None = None
     windowed: str | None = None
     leaky_padding: bool = False
+    whole: Callable[[nn.Module], nn.Module] | None = None
 
     def check_config(self, config: Any) -> None:
         """Refuse, by name, the options of ``config`` that the adapter does not reproduce.
@@ -106,6 +110,8 @@ class Architecture:
             if self.prepare is not None:
                 self.prepare(module)
             converted = convert_layers(module, self.layers)
+            if self.whole is not None:
+                converted = self.whole(converted)
             rotary = next((m for m in module.modules() if self.rotary and isinstance(m, self.rotary)), None)
             for layer in converted.modules():
                 if isinstance(layer, FullAttention):
@@ -140,7 +146,8 @@ def check_config(
             "frequencies from the input length at every forward, which an exported graph cannot follow; "
             f"attnx exports the other rotary types (not {', '.join(RESCALED_ROPE)})"
         )
-    unknown = sorted(set(config.layer_types) - set(layer_types))
+    # a config without layer_types has one kind of layer (xLSTM), which its architecture converts
+    unknown = sorted(set(getattr(config, "layer_types", None) or ()) - set(layer_types))
     if unknown:
         window = (
             f" (they attend to the last sliding_window={config.sliding_window} keys; attnx's attention and "

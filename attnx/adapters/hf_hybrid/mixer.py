@@ -32,7 +32,7 @@ class PaddedMixer(Stepping, nn.Module):
     def __init__(self, layer: nn.Module):
         super().__init__()
         adopt(self, layer)  # Falcon-H1's mup_vector buffer too
-        self.layer_idx = getattr(layer, "layer_idx", None)  # RecurrentGemma's recurrent block has none
+        self.layer_idx = getattr(layer, "layer_idx", None)  # none in RecurrentGemma and xLSTM
 
     def forward(
         self,

@@ -62,7 +62,9 @@ def test_genai_config_names_each_layers_state(decode_export, trained, arch):
     decoder = genai_model["decoder"]
     assert decoder["inputs"]["past_recurrent_names"] == "past.%d.recurrent"
     assert decoder["inputs"]["past_conv_names"] == "past.%d.conv"
-    if "full_attention" in map(kind_of, trained(arch).config.layer_types):  # Mamba2 has no KV cache to name
+    if "full_attention" in map(
+        kind_of, hf_hybrid.layer_types(trained(arch).config)
+    ):  # Mamba2 has no KV cache to name
         assert decoder["inputs"]["past_key_names"] == "past_key_values.%d.key"
     graph = onnx.load(str(out / "genai.onnx"), load_external_data=False).graph
     dims = {i.name: [d.dim_value or d.dim_param for d in i.type.tensor_type.shape.dim] for i in graph.input}
@@ -70,7 +72,7 @@ def test_genai_config_names_each_layers_state(decode_export, trained, arch):
     # the stateful layers in order: Nemotron-H's mlp and moe blocks hold none, Falcon-H1's hybrid two
     kinds = [
         k
-        for t in model.config.layer_types
+        for t in hf_hybrid.layer_types(model.config)
         for k in (LAYER_TYPES if t == "hybrid" else (kind_of(t),))
         if k in MIXERS
     ]

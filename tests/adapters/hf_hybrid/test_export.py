@@ -35,7 +35,7 @@ VARIANT_OF = {
 def variants_of(config) -> list[str]:
     """The variants whose ops an export of a model with ``config`` holds, sorted (the manifest's; a hybrid
     layer holds both kinds)."""
-    kinds = {k for t in config.layer_types for k in (VARIANT_OF if t == "hybrid" else (t,))}
+    kinds = {k for t in hf_hybrid.layer_types(config) for k in (VARIANT_OF if t == "hybrid" else (t,))}
     return sorted({VARIANT_OF[kind] for kind in kinds if kind in VARIANT_OF})
 
 
@@ -55,8 +55,8 @@ def full_attention_copy(arch: str, path):
 
 def ort_matches_hf_on_left_padded_batches(model, onnx_path, lengths) -> None:
     """model.onnx on generate-style batches (second row left-padded, positions cumsum(mask) - 1) equals
-    HF's forward at every position (where HF's padded forward lets the padding leak, RecurrentGemma's: HF's
-    forward of each row alone, at the real positions)."""
+    HF's forward at every position (where HF's padded forward lets the padding leak, RecurrentGemma's and
+    xLSTM's: HF's forward of each row alone, at the real positions)."""
     session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
     for n in lengths:
         torch.manual_seed(n)

@@ -182,6 +182,18 @@ def test_a_recurrent_gemma_export_is_capped_at_its_attention_window(initial_dir,
     assert limit.fit(DEFAULT_SEQ_LENS) == (1, 7, 32, 48)
 
 
+@pytest.mark.parametrize(
+    "change,fragments",
+    [
+        ({"inference_state_dtype": "bfloat16"}, ("xlstm with inference_state_dtype='bfloat16'", "float32")),
+        ({"gate_soft_cap": 50.0}, ("xlstm with gate_soft_cap=50.0", "capped at 30")),
+    ],
+)
+def test_xlstm_options_attnx_does_not_reproduce_are_refused_by_name(initial_dir, tmp_path, change, fragments):
+    directory = copy_of(initial_dir("xlstm"), tmp_path / "xlstm", **change)
+    refused(directory, tmp_path, *fragments)
+
+
 def test_kimi_key_value_heads_other_than_attention_heads_are_refused_by_name(initial_dir, tmp_path):
     directory = copy_of(initial_dir("kimi_linear"), tmp_path / "kv", num_key_value_heads=2)
     refused(directory, tmp_path, "kimi_linear with num_key_value_heads=2", "set num_key_value_heads to 4")

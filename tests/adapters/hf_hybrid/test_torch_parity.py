@@ -15,6 +15,7 @@ import functools
 import pytest
 import torch
 from transformers.masking_utils import create_causal_mask
+from transformers.models.xlstm import modeling_xlstm as xlstm
 
 from attnx.adapters.hf_hybrid import qwen
 from attnx.adapters.hf_hybrid.attention import FullAttention
@@ -30,6 +31,7 @@ from attnx.adapters.hf_hybrid.olmo import OlmoAttention, OlmoGatedDeltaNet
 from attnx.adapters.hf_hybrid.rgemma import RecurrentBlock
 from attnx.adapters.hf_hybrid.scan import SelectiveScan
 from attnx.adapters.hf_hybrid.ssd import StateSpaceDuality
+from attnx.adapters.hf_hybrid.xlstm import MatrixLSTM
 from attnx.registry import get_registry
 from attnx.state import Step
 from attnx.testing import hf_hybrid
@@ -62,7 +64,7 @@ def assert_close(actual: torch.Tensor, expected: torch.Tensor) -> float:
 # Granite, Jamba and Falcon-H1 in ``mamba``, Mamba2 and Nemotron-H every kind in ``mixer``, MiniMax every
 # kind in ``self_attn``, Zamba2's hybrid layers in their mamba decoder and shared transformer, LFM2 its
 # short convolutions in ``conv``, RecurrentGemma both its kinds (its local attention "sliding_attention") in
-# ``temporal_block``
+# ``temporal_block``, xLSTM its mLSTM layers in ``mlstm_layer``
 MIXERS = {
     "linear_attention": (
         "linear_attn",
@@ -71,6 +73,7 @@ MIXERS = {
         "mamba_decoder.mamba",
         "self_attn",
         "temporal_block",
+        "mlstm_layer",
     ),
     "conv": ("conv",),
     "full_attention": ("self_attn", "mixer", "shared_transformer.self_attn"),
@@ -96,9 +99,11 @@ def _at(layer, path: str):
 def layers_of(model, kind: str) -> list:
     """The token mixers of the ``kind`` (a config's layer type: "linear_attention", LFM2's "conv",
     "full_attention") layers (Falcon-H1's and Zamba2's "hybrid" layers hold a linear and a full one)."""
+    base = model.base_model
+    layers = getattr(base, "layers", None) or base.blocks  # xLSTM's blocks
     return [
         next(_at(layer, path) for path in MIXERS[kind] if _at(layer, path) is not None)
-        for layer, layer_type in zip(model.base_model.layers, model.config.layer_types, strict=True)
+        for layer, layer_type in zip(layers, hf_hybrid.layer_types(model.config), strict=True)
         if kind_of(layer_type) in (kind, "hybrid")
     ]
 
@@ -106,14 +111,20 @@ def layers_of(model, kind: str) -> list:
 def linear_layers(model) -> list:
     """The token mixers of every layer but the full attention ones (linear attention, the Mamba mixers, LFM2's
     convs; a hybrid layer's linear one)."""
-    kinds = {"linear_attention" if kind == "hybrid" else kind_of(kind) for kind in model.config.layer_types}
+    kinds = {
+        "linear_attention" if kind == "hybrid" else kind_of(kind)
+        for kind in hf_hybrid.layer_types(model.config)
+    }
     kinds &= MIXERS.keys() - {"full_attention"}
     return [mixer for kind in sorted(kinds) for mixer in layers_of(model, kind)]
 
 
 def call_linear(layer, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     """A linear layer's output on ``x`` (HF's and attnx's: Qwen's take x and the mask, MiniMax's the
-    rotary too and return a pair, RecurrentGemma's generate's positions and no cache and return a pair)."""
+    rotary too and return a pair, RecurrentGemma's generate's positions and no cache and return a pair;
+    xLSTM's no mask: the reference runs it on each row alone)."""
+    if isinstance(layer, xlstm.xLSTMLayer):
+        return layer(x)[0]
     if hasattr(layer, "output_gate"):
         return layer(x, None, mask)[0]
     if hasattr(layer, "rg_lru"):
@@ -169,6 +180,7 @@ def test_linear_layers_match_hf(hybrid, arch, n):
             SelectiveScan,
             GatedShortConv,
             RecurrentBlock,
+            MatrixLSTM,
         )
         assert isinstance(adapted, kinds)
         x = torch.randn(2, n, model.config.hidden_size)
@@ -194,7 +206,8 @@ def test_attention_layers_match_hf(hybrid, arch, n):
     mask, positions = padded(n)
     x = torch.randn(2, n, model.config.hidden_size)
     layers = layers_of(model, "full_attention")
-    assert layers or not {kind_of(t) for t in model.config.layer_types} & {"full_attention", "hybrid"}
+    kinds = {kind_of(t) for t in hf_hybrid.layer_types(model.config)}
+    assert layers or not kinds & {"full_attention", "hybrid"}
     attention_layers_match_hf(model, layers, x, mask, positions)
 
 
@@ -748,3 +761,35 @@ def test_each_layer_steps_on_its_own(hybrid, arch):
                 out, state = layer.step(x[:, i : i + 1], state, torch.tensor([i]))
                 outs.append(out)
         assert_close(torch.cat(outs, dim=1), expected)
+
+
+def test_an_xlstm_normaliser_without_its_floor_of_one_is_caught(hybrid):
+    """Seeded defect: the mLSTM's h = q.C / |q.n| without HF's max(|q.n|, 1) (exp(-m) stabilised) fails the
+    layer parity (HF initialises the input gates at exp(-10), so |q.n| is far below 1)."""
+
+    class Unfloored(MatrixLSTM):
+        def normalise(self, out):
+            return out[..., :-1] / out[..., -1:].abs()
+
+    layer = layers_of(hybrid("xlstm"), "linear_attention")[0]
+    x = torch.randn(1, 33, hybrid("xlstm").config.hidden_size)
+    with torch.no_grad():
+        expected = layer(x)[0]
+        assert_close(MatrixLSTM(layer)(x), expected)
+        with pytest.raises(AssertionError):
+            assert_close(Unfloored(layer)(x), expected)
+
+
+def test_xlstm_left_padding_reaches_hf_but_not_attnx(hybrid):
+    """HF's xLSTM ignores ``attention_mask`` (its padding enters the state); attnx masks it: the padded row
+    differs from the row alone in HF and equals it in attnx."""
+    model = hybrid("xlstm")
+    ids = torch.randint(0, model.config.vocab_size, (1, 21), generator=torch.Generator().manual_seed(2))
+    mask = torch.ones(1, 21, dtype=torch.long)
+    mask[:, :8] = 0
+    with torch.no_grad():
+        alone = model(input_ids=ids[:, 8:], use_cache=False).logits
+        padded_hf = model(input_ids=ids, attention_mask=mask, use_cache=False).logits[:, 8:]
+        padded = convert(copy.deepcopy(model))(input_ids=ids, attention_mask=mask.bool()).logits[:, 8:]
+    assert float((padded_hf - alone).abs().max()) > 1e-3
+    assert_close(padded, alone)
