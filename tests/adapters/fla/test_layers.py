@@ -340,11 +340,13 @@ def test_stepping_continues_the_full_forward(name):
 
 
 def _library_and_attnx(name: str, length: int, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
-    """The library layer's output and its conversion's on the same input (``kwargs``: the model's)."""
+    """The library layer's output and its conversion's on the same input (``kwargs``: the model's); converted
+    first, which switches the library's kernels onto the CPU route, whatever ran before."""
     layer = library_layer(name)
+    replacement = convert(layer)
     x = torch.randn(2, length, HIDDEN, generator=torch.Generator().manual_seed(length))
     with torch.no_grad():
-        return layer(x, **kwargs)[0], convert(layer)(x, **kwargs)[0]
+        return layer(x, **kwargs)[0], replacement(x, **kwargs)[0]
 
 
 def test_hgrn2_norm_eps_is_rms_norm_linears(monkeypatch):
