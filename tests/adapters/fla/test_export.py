@@ -228,8 +228,10 @@ MODEL_IDS = [f"{t}-{ROUTE}" for t in fla_models.MODELS]
 # by the full forward (what attnx generates); attnx is checked against the full forward there.
 # Mamba2's generate likewise: its one-token step gives each of the two groups consecutive heads where its
 # full forward (torch path) tiles them (docs/importing.md, "Mamba2's groups"): [0, 0, 0, ...] by generate,
-# [0, 4, 16, 16, 2, 0, ...] by the full forward and attnx.
-OWN_GENERATE_DIFFERS = {"linear_attn", "mamba2"}
+# [0, 4, 16, 16, 2, 0, ...] by the full forward and attnx. So is GatedDeltaProduct's: the trained model's
+# generate gives 0, 0, 0, 0, ... where its full forward (and attnx, which also continues that forward over
+# 2000 decode steps) gives 0, 0, 16, 8, 0, 0, ... (cause in the library's cached path not yet found).
+OWN_GENERATE_DIFFERS = {"linear_attn", "mamba2", "gated_deltaproduct"}
 
 
 @pytest.fixture(scope="module")
