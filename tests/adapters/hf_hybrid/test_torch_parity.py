@@ -161,6 +161,26 @@ def hf_logits(model, ids: torch.Tensor, mask: torch.Tensor | None) -> torch.Tens
     return model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False).logits
 
 
+def a_random_bias_reaches_the_routing_and_matches_hf(model, buffer: str, n: int) -> tuple[torch.Tensor, ...]:
+    """Set ``model``'s router buffers named ``*buffer`` (zero as HF initialises them) at random: HF's
+    logits on a left-padded batch of ``n`` tokens change, and the adapted model's equal them. Returns the
+    batch's mask and positions."""
+    ids = torch.randint(0, model.config.vocab_size, (2, n), generator=torch.Generator().manual_seed(3))
+    mask, positions = padded(n)
+    with torch.no_grad():
+        unbiased = hf_logits(model, ids, mask)
+        for name, values in model.named_buffers():
+            if name.endswith(buffer):
+                values.copy_(torch.randn(values.shape, generator=torch.Generator().manual_seed(4)))
+        expected = hf_logits(model, ids, mask)
+        actual = convert(copy.deepcopy(model))(
+            input_ids=ids, attention_mask=mask.bool(), position_ids=positions
+        )
+    assert float((expected - unbiased).abs().max()) > 1e-3
+    assert_close(actual.logits, expected)
+    return mask, positions
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("n", LENGTH_CASES)
 def test_linear_layers_match_hf(hybrid, arch, n):
@@ -484,24 +504,7 @@ def test_lfm2_moe_routing_with_an_expert_bias_matches_hf_on_padded_batches():
     initialises it and as training leaves it) but weights by the scores alone; with a random bias that
     changes the choice, the whole model equals HF's on a left-padded batch, and differs from the same model
     without the bias (so the bias reaches the routing)."""
-    model = hf_hybrid.build("lfm2_moe").eval()
-    ids = torch.randint(0, model.config.vocab_size, (2, 37), generator=torch.Generator().manual_seed(3))
-    mask, positions = padded(37)
-
-    def logits(m, adapted: bool) -> torch.Tensor:
-        with torch.no_grad():
-            if adapted:
-                return m(input_ids=ids, attention_mask=mask.bool(), position_ids=positions).logits
-            return m(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False).logits
-
-    unbiased = logits(model, False)
-    with torch.no_grad():
-        for name, buffer in model.named_buffers():
-            if name.endswith("expert_bias"):
-                buffer.copy_(torch.randn(buffer.shape, generator=torch.Generator().manual_seed(4)))
-    expected = logits(model, False)
-    assert float((expected - unbiased).abs().max()) > 1e-3
-    assert_close(logits(convert(copy.deepcopy(model)), True), expected)
+    a_random_bias_reaches_the_routing_and_matches_hf(hf_hybrid.build("lfm2_moe").eval(), "expert_bias", 37)
 
 
 def test_qwen4_exp_exports_no_longer_than_its_indexer_budget():
@@ -535,22 +538,7 @@ def test_bailing_unbounded_gate_low_rank_query_and_expert_bias_match_hf_on_padde
     layer and the whole model equal HF's on a left-padded batch across a chunk."""
     model = hf_hybrid.build("bailing_hybrid", kda_safe_gate=False, q_lora_rank=24).eval()
     n = 65
-    ids = torch.randint(0, model.config.vocab_size, (2, n), generator=torch.Generator().manual_seed(3))
-    mask, positions = padded(n)
-
-    def logits(m, adapted: bool) -> torch.Tensor:
-        with torch.no_grad():
-            if adapted:
-                return m(input_ids=ids, attention_mask=mask.bool(), position_ids=positions).logits
-            return m(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False).logits
-
-    unbiased = logits(model, False)
-    with torch.no_grad():
-        for name, buffer in model.named_buffers():
-            if name.endswith("e_score_correction_bias"):
-                buffer.copy_(torch.randn(buffer.shape, generator=torch.Generator().manual_seed(4)))
-    expected = logits(model, False)
-    assert float((expected - unbiased).abs().max()) > 1e-3
+    mask, positions = a_random_bias_reaches_the_routing_and_matches_hf(model, "e_score_correction_bias", n)
     torch.manual_seed(n)
     for layer in layers_of(model, "linear_attention"):
         assert not layer.forget_gate.safe_gate
@@ -560,7 +548,6 @@ def test_bailing_unbounded_gate_low_rank_query_and_expert_bias_match_hf_on_padde
     layers = layers_of(model, "full_attention")
     assert all(layer.q_proj is None and layer.q_a_proj is not None for layer in layers)
     attention_layers_match_hf(model, layers, torch.randn(2, n, model.config.hidden_size), mask, positions)
-    assert_close(logits(convert(copy.deepcopy(model)), True), expected)
 
 
 def test_a_bailing_rotary_on_halves_instead_of_pairs_is_caught(hybrid):
