@@ -82,12 +82,16 @@ class StateNames:
         placeholders: every recurrent layer has both a recurrent and a conv tensor (a placeholder where
             the layer lacks one), all layers' of one role in one shape and dtype (genai allocates them
             from the first layer's).
+        numbers: the number the runtime gives each state layer in its names (index: attnx's layer, from
+            0), e.g. the model's own layer indices where layers without state are counted too; None:
+            attnx's own numbering.
     """
 
     past: Mapping[str, str]
     present: Mapping[str, str]
     batch: str = BATCH
     placeholders: bool = False
+    numbers: Sequence[int] | None = None
 
 
 GENAI_NAMES = StateNames(PAST, PRESENT, placeholders=True)
@@ -135,7 +139,8 @@ def genai_state(section: DecodeSection, names: StateNames = GENAI_NAMES) -> list
 
 
 def _names(layer: int, role: str, names: StateNames) -> tuple[str, str]:
-    return names.past[role] % layer, names.present[role] % layer
+    number = layer if names.numbers is None else names.numbers[layer]
+    return names.past[role] % number, names.present[role] % number
 
 
 def _cache(layer: int, pairs: Sequence[StatePair], names: StateNames) -> list[GenaiState]:

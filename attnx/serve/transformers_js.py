@@ -8,28 +8,37 @@ inputs), through the same layout as the genai decoder (:func:`attnx.serve.genai.
 
 * a KV cache layer: ``past_key_values.<layer>.key/value`` in, ``present.<layer>.key/value`` out;
 * a short convolution's carry: ``past_conv.<layer>`` in, ``present_conv.<layer>`` out;
-* a recurrent state: ``past_recurrent.<layer>`` (Qwen3-Next) in, ``present_recurrent.<layer>`` out,
-  several tensors packed along the last axis as for genai; no placeholders (transformers.js feeds
-  exactly the names it expects);
+* a recurrent state: ``past_recurrent.<layer>`` (Qwen3-Next) or ``past_ssm.<layer>`` (the Mamba2
+  hybrids) in, ``present_*`` out, several tensors packed along the last axis as for genai; no
+  placeholders (transformers.js feeds exactly the names it expects);
+* ``<layer>`` is the model's own decoder layer (:func:`layer_numbers`: stateless MLP layers keep their
+  numbers, a layer with both a KV cache and an SSM has one number);
 * the state's batch axis is ``batch_size``, the symbol transformers.js makes its empty state with
   (every other symbolic axis of a state input starts at 0, a KV cache of length 0).
 
 ``position_ids`` give the first new token's position (transformers.js derives them from its attention
 mask); rows of one batch share it, so transformers.js runs the graph on one sequence at a time. The
 Hugging Face ``config.json`` written beside it is the model's own, which transformers.js reads to pick
-its model class and cache names. The graph keeps its weights where the decode graph keeps them (the
+its model class and cache names, its layer types spelled as transformers.js reads them (:func:`js_config`).
+The graph keeps its weights where the decode graph keeps them (the
 export's ``weights.safetensors`` when shared), so transformers.js in Node.js loads it from OUT with
 ``AutoModelForCausalLM.from_pretrained(OUT, {subfolder: "", model_file_name: "transformers-js"})``.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import re
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import onnx
+from torch import nn
 
 from attnx.decode.export import DECODE_FILE, layout_of
+from attnx.decode.module import stepping_layers
 from attnx.errors import AttnxError
 from attnx.exporter.assemble import Assembly
 from attnx.exporter.export import ExportJob, ExtraGraphs
@@ -43,30 +52,97 @@ from attnx.serve.genai import StateNames, decoder_layout, genai_state
 RUNTIME = "transformers.js"
 DECODER_FILE, HF_CONFIG = "transformers-js.onnx", "config.json"
 BATCH = "batch_size"
-# transformers.js 4.3's name of a recurrent layer's state, per model_type whose checkpoints of transformers
-# 5.24 it runs as a decoder of input_ids and position_ids (None: its layers carry a conv state alone).
-# Not here: qwen3_5(_moe)_text, which it runs as vision-language models (inputs_embeds, multimodal
-# positions), and granitemoehybrid / nemotron_h, whose layer_types it reads as "mamba"/"attention"
-# where transformers 5.24 saves "linear_attention"/"full_attention".
-RECURRENT = {"lfm2": None, "lfm2_moe": None, "qwen3_next": "recurrent"}
+# transformers 5.24's layer types under the names transformers.js 4.3 reads them by (the older spelling)
+OLD_SPELLING = {"linear_attention": "mamba", "full_attention": "attention"}
+LAYER_PATH = re.compile(r"(?:^|\.)layers\.(\d+)(?:\.|$)")
 
 
-def state_names(model_type: str) -> StateNames:
-    """transformers.js's state names for a Hugging Face ``model_type``.
+@dataclasses.dataclass(frozen=True)
+class JsFamily:
+    """What transformers.js 4.3 expects of one ``model_type``'s decoder (its ``configs.js``
+    ``getCacheNames``).
+
+    Attributes:
+        recurrent: its name of a layer's recurrent state (``past_<recurrent>.<layer>``); None: the
+            layers carry a conv state alone.
+        spelling: the config's layer types as transformers.js reads them, where transformers 5.24 saves
+            them otherwise (``layer_types`` / ``layers_block_type`` in the config.json written).
+    """
+
+    recurrent: str | None = None
+    spelling: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+
+# The model types whose checkpoints of transformers 5.24 transformers.js runs as a decoder of input_ids
+# and position_ids. Not here: qwen3_5(_moe)_text, which it runs as vision-language models (inputs_embeds,
+# multimodal positions); olmo_hybrid, whose conv state it splits into query/key/value tensors; the
+# Mamba2 hybrids it has no model class for (bamba, zamba2, jamba, mamba2).
+FAMILIES = {
+    "lfm2": JsFamily(),
+    "lfm2_moe": JsFamily(),
+    "qwen3_next": JsFamily("recurrent"),
+    "granitemoehybrid": JsFamily("ssm", OLD_SPELLING),
+    "nemotron_h": JsFamily("ssm", OLD_SPELLING),
+    "falcon_h1": JsFamily("ssm"),  # no layer types saved: every layer has both a KV cache and an SSM
+}
+
+
+def family(model_type: str) -> JsFamily:
+    """transformers.js's expectations of a Hugging Face ``model_type``.
 
     Raises:
         AttnxError: a model type whose hybrid cache transformers.js does not name.
     """
-    if model_type not in RECURRENT:
+    if model_type not in FAMILIES:
         raise AttnxError(
-            f"--state-names {RUNTIME}: transformers.js 4.3 decodes {', '.join(RECURRENT)} models by their "
+            f"--state-names {RUNTIME}: transformers.js 4.3 decodes {', '.join(FAMILIES)} models by their "
             f"state names, not model_type '{model_type}' (docs/deploying.md); export with --state-names genai"
         )
-    recurrent = RECURRENT[model_type] or "recurrent"
+    return FAMILIES[model_type]
+
+
+def state_names(model_type: str, numbers: Sequence[int] | None = None) -> StateNames:
+    """transformers.js's state names for a Hugging Face ``model_type``, its layers numbered ``numbers``
+    (:func:`layer_numbers`).
+
+    Raises:
+        AttnxError: a model type whose hybrid cache transformers.js does not name.
+    """
+    recurrent = family(model_type).recurrent or "recurrent"
     past = {"key": "past_key_values.%d.key", "value": "past_key_values.%d.value", "conv": "past_conv.%d"}
     present = {"key": "present.%d.key", "value": "present.%d.value", "conv": "present_conv.%d"}
     past["recurrent"], present["recurrent"] = f"past_{recurrent}.%d", f"present_{recurrent}.%d"
-    return StateNames(past, present, batch=BATCH)
+    return StateNames(past, present, batch=BATCH, numbers=numbers)
+
+
+def layer_numbers(model: nn.Module) -> list[int]:
+    """The Hugging Face decoder layer (``...layers.<i>``) of each of ``model``'s state layers, in attnx's
+    order: transformers.js numbers a state by the model's layer, stateless layers (an MLP) counted too.
+
+    Raises:
+        AttnxError: a state layer outside a ``layers.<i>`` module.
+    """
+    paths = {id(module): path for path, module in model.named_modules()}
+    numbers = []
+    for layer in stepping_layers(model):
+        found = LAYER_PATH.search(paths[id(layer)])
+        if found is None:
+            raise AttnxError(
+                f"--state-names {RUNTIME}: the state layer {paths[id(layer)]!r} is not inside a decoder "
+                "layer (layers.<i>), which transformers.js numbers its state by; use --state-names genai"
+            )
+        numbers.append(int(found.group(1)))
+    return numbers
+
+
+def js_config(config: Any) -> str:
+    """The Hugging Face config as JSON, its layer types spelled as transformers.js reads them."""
+    data = json.loads(config.to_json_string(use_diff=False))
+    spelling = family(config.model_type).spelling
+    for key in ("layer_types", "layers_block_type"):
+        if isinstance(data.get(key), list):
+            data[key] = [spelling.get(kind, kind) for kind in data[key]]
+    return json.dumps(data, indent=2, sort_keys=True) + "\n"
 
 
 def hf_config(module: Any) -> Any | None:
@@ -100,7 +176,7 @@ class TransformersJsDecoder:
                 f"--state-names {RUNTIME} names the state of Hugging Face models (--from hf:DIR); this "
                 "export is not one: use --state-names genai"
             )
-        state_names(config.model_type)
+        family(config.model_type)
 
     def export(
         self,
@@ -118,11 +194,13 @@ class TransformersJsDecoder:
         if section.context:
             raise AttnxError(f"--state-names {RUNTIME}: its decoder needs an encoder's output at every step")
         config = hf_config(assembly.module)
-        state = genai_state(section, state_names(config.model_type))
+        assert isinstance(assembly, ModuleAssembly) and assembly.adapted is not None, "check() refuses others"
+        numbers = layer_numbers(assembly.adapted)
+        state = genai_state(section, state_names(config.model_type, numbers))
         decode = onnx.load(str(directory / DECODE_FILE), load_external_data=False)
         proto = decoder_layout(decode, section, state, BATCH)
         save_onnx(proto, directory / DECODER_FILE)
-        (directory / HF_CONFIG).write_text(config.to_json_string(use_diff=False), encoding="utf-8")
+        (directory / HF_CONFIG).write_text(js_config(config), encoding="utf-8")
         files = {self.name: DECODER_FILE, "hf_config": HF_CONFIG}
         return ExtraGraphs(files, attnx_ops(proto), GenaiSection(state))
 

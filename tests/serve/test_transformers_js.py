@@ -25,12 +25,21 @@ def _kv(i: int) -> list[str]:
     return [f"past_key_values.{i}.key", f"past_key_values.{i}.value"]
 
 
+def _ssm(i: int, kind: str) -> list[str]:
+    """Granite 4.0-H / Nemotron-H: Mamba2 layers and attention layers, MLP/MoE layers without state."""
+    return {"linear_attention": [f"past_conv.{i}", f"past_ssm.{i}"], "full_attention": _kv(i)}.get(kind, [])
+
+
 EXPECTED = {
     "qwen3_next": lambda i, kind: (
         _kv(i) if kind == "full_attention" else [f"past_conv.{i}", f"past_recurrent.{i}"]
     ),
     "lfm2": lambda i, kind: _kv(i) if kind == "full_attention" else [f"past_conv.{i}"],
     "lfm2_moe": lambda i, kind: _kv(i) if kind == "full_attention" else [f"past_conv.{i}"],
+    "granitemoehybrid": _ssm,
+    "nemotron_h": _ssm,
+    # every layer runs attention and a Mamba2 mixer side by side ("hybrid")
+    "falcon_h1": lambda i, kind: [*_kv(i), f"past_conv.{i}", f"past_ssm.{i}"],
 }
 ARCHS = list(EXPECTED)  # slow: the default run lays out a hybrid's decode graph (tests/serve/test_hybrid.py)
 STEPS = 6
@@ -84,16 +93,17 @@ def hf_model(arch: str, directory: Path):
 @pytest.mark.parametrize("arch", ARCHS)
 def test_the_decoder_driven_as_transformers_js_computes_hf_forward(arch, tmp_path):
     import torch
+    import transformers
 
     source = hf_hybrid.make(arch, steps=0)
     out = export(source, tmp_path / "out", "--no-verify")
-    config = json.loads((out / "config.json").read_text())
-    expected = {name for i, kind in enumerate(config["layer_types"]) for name in EXPECTED[arch](i, kind)}
+    config = transformers.AutoConfig.from_pretrained(source)
+    expected = {name for i, kind in enumerate(config.layer_types) for name in EXPECTED[arch](i, kind)}
     session = ort.InferenceSession(str(out / "transformers-js.onnx"))
     inputs = {spec.name for spec in session.get_inputs()}
     assert inputs - {"input_ids", "position_ids"} == expected
 
-    ids = np.random.default_rng(3).integers(1, config["vocab_size"], (1, 11 + STEPS))
+    ids = np.random.default_rng(3).integers(1, config.vocab_size, (1, 11 + STEPS))
     with torch.no_grad():
         full = hf_model(arch, source)(torch.from_numpy(ids)).logits.numpy()
     cache, start = empty_cache(session, expected), 0
@@ -194,3 +204,31 @@ def test_optimize_lays_the_decoder_out_again_and_checks_it(tmp_path):
     parity = json.loads((tmp_path / "opt" / "parity.json").read_text())
     statuses = {b["backend"]: b["status"] for b in parity["backends"]}
     assert statuses["ort-cpu transformers.js"] == statuses["ort-cpu genai"] == "passed"
+
+
+@pytest.mark.parametrize(
+    "make, key",
+    [
+        (
+            lambda t: t.GraniteMoeHybridConfig(
+                num_hidden_layers=2, layer_types=["linear_attention", "full_attention"]
+            ),
+            "layer_types",
+        ),
+        (
+            lambda t: t.NemotronHConfig(layers_block_type=["linear_attention", "mlp", "full_attention"]),
+            "layers_block_type",
+        ),
+    ],
+)
+def test_the_config_written_spells_layer_types_as_transformers_js_reads_them(make, key):
+    import transformers
+
+    from attnx.serve.transformers_js import js_config
+
+    config = make(transformers)
+    written = json.loads(js_config(config))[key]
+    assert written == [
+        {"linear_attention": "mamba", "full_attention": "attention"}.get(k, k) for k in config.layer_types
+    ]
+    assert "mamba" in written and "attention" in written
