@@ -37,6 +37,29 @@ def test_standard_bodies_match_the_torch_op(shape):
         torch.testing.assert_close(full, expected_out, **TOLERANCE)
 
 
+@pytest.mark.parametrize(
+    "shape",
+    [
+        Shape(2, 2, 4, 13, 6, 5, True, True, 8, state=True),
+        Shape(1, 1, 3, 17, 4, 6, False, False, 8),
+        Shape(2, 1, 2, 9, 5, 3, True, False, 8, state=True),
+    ],
+    ids=str,
+)
+def test_onnx_reference_evaluator_runs_the_standard_bodies(shape):
+    """A second runtime: onnx's reference evaluator (its numpy LinearAttention, not the function body
+    ONNX Runtime expands) gives the torch op's output and state."""
+    inputs = draw(shape, seed=shape.n)
+    call = harness.op_call(GATED_DELTA_RULE_STEP_OP, *inputs, shape.delta, SCALE, 8)
+    model = lower(
+        node_model(GATED_DELTA_RULE_STEP_OP, call, STANDARD), [GATED_DELTA_RULE_STEP_OP], "function"
+    )
+    feed = {name: value.numpy() for name, value in call.bound().items() if isinstance(value, torch.Tensor)}
+    found = harness.run_natively(model, feed)
+    for got, want in zip(found, gated_delta_rule_step(*inputs, shape.delta, SCALE, 8), strict=True):
+        torch.testing.assert_close(torch.from_numpy(got), want, **TOLERANCE)
+
+
 @pytest.mark.parametrize("delta", [True, False], ids=["delta", "additive"])
 def test_decoding_token_by_token_equals_the_whole_sequence(delta):
     """A prompt, then one token at a time with the state fed back: the outputs and the last state are the
