@@ -41,7 +41,7 @@ from attnx.ops import AttentionOp
 from attnx.parity.runners import ort_session_options
 from attnx.plugins.gated._ort import ORT_GATED_DELTA_NET_BODIES
 from attnx.plugins.gated.op import GATED_DELTA_RULE_OP, ORT_BODIES, gated_delta_rule
-from attnx.testing.onnx_op import node_model
+from attnx.testing.onnx_op import OPSET, node_model
 from attnx.testing.subject import Case, OpCall
 
 
@@ -98,14 +98,17 @@ def inputs(rule: str, n: int, seed: int, heads: Heads = DEFAULT_HEADS) -> Inputs
     return Inputs(q, k, v, g, beta, delta)
 
 
-def op_session(op: AttentionOp, args: tuple, outputs: tuple, threads: int, bodies: tuple | None) -> Any:
-    """An ONNX Runtime session of the one-node model of ``op`` called with ``args`` (its portable bodies, or
-    ``bodies`` in their place: ``ORT_BODIES[op.name]`` is what ``--target ort`` lowers it with)."""
+def op_session(
+    op: AttentionOp, args: tuple, outputs: tuple, threads: int, bodies: tuple | None, opset: int = OPSET
+) -> Any:
+    """An ONNX Runtime session of the one-node model of ``op`` called with ``args`` at ``opset`` (the bodies
+    an export at that opset holds, or ``bodies`` in their place: ``ORT_BODIES[op.name]`` is what ``--target
+    ort`` lowers it with)."""
     import onnxruntime
 
     op = op if bodies is None else dataclasses.replace(op, bodies=bodies)
     call = OpCall(Case(op.name), op.overload, op, args, {}, outputs)
-    model = lower(node_model(op, call), [op], "function")
+    model = lower(node_model(op, call, opset), [op], "function")
     model.opset_import.append(onnx_opset("com.microsoft"))
     return onnxruntime.InferenceSession(model.SerializeToString(), ort_session_options(threads))
 

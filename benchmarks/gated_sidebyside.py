@@ -13,8 +13,12 @@ before run i + 1 of any; median of ``--repeat``, fewer once a row has spent ``--
 
 attnx portable   the op's one-node model, portable (standard-op) body, in ONNX Runtime
 attnx ort        the same model lowered with the ONNX Runtime kernel bodies (what ``--target ort`` gives)
+attnx opset27    the same model at opset 27: the body on the standard ``LinearAttention`` (``--opset 27``)
 ORT native       one ``com.microsoft::LinearAttention`` node driven directly, packed (b, n, h*d) inputs,
-                 q/kv head counts as attributes (keys repeated to the value heads before the call)
+                 q/kv head counts as attributes (queries and keys repeated to the value heads before the
+                 call: the standard op takes no more key than query heads)
+ONNX std27       the same node in the default domain at opset 27 (the standard op; ONNX Runtime 1.32
+                 expands onnx's function body of it, a Scan over the tokens)
 attnx torch      the torch op, eager
 HF ... / fla     transformers' and flash-linear-attention's references (benchmarks/references.py)
 
@@ -26,6 +30,12 @@ other jobs on a shared machine only adds time, and adds it unevenly. Decode: ms 
 step graph (state in, state out) after a prefill of P tokens through the same graph. Peak memory: at the
 largest N each ONNX Runtime row and attnx torch run once in a fresh subprocess of this script (``--peak``),
 RSS high-water mark minus the RSS before the call.
+
+The short convolution (``--conv``; Gated DeltaNet's before the rule: 1024 channels, kernel 4, bias,
+SiLU): a prefill of N tokens and a one-token step after a carry, as attnx exports it
+(:func:`attnx.shortconv.carried_conv` through torch.export: a grouped ``Conv`` over a sequence, the taps'
+products in a step) beside one ``com.microsoft::CausalConvWithState`` node and one standard
+``CausalConvWithState`` of opset 27 (ONNX Runtime 1.32 expands onnx's function body of it).
 
 The lightning layer (``layer`` rows): transformers' ``MiniMaxLightningAttention`` (d_model 256, 4 heads of
 64, the slope buffer of layer 1 of 4) beside the same layer assembled from the op (qkv projection, SiLU,
@@ -57,7 +67,7 @@ from torch import nn
 
 from attnx.bench.machine import MemoryProbe, machine_info
 from attnx.exporter.lowering import lower
-from attnx.exporter.opsets import DEFAULT_OPSET
+from attnx.exporter.opsets import DEFAULT_OPSET, IR_VERSIONS
 from attnx.exporter.signature import dynamic_shapes
 from attnx.exporter.trace import export_onnx
 from attnx.models.spec import TensorSpec
@@ -69,6 +79,7 @@ from attnx.plugins.gated.op import (
     default_chunk_size,
     gated_delta_rule,
 )
+from attnx.plugins.lib.standard import STANDARD_OPSET
 
 SIZES = (1024, 4096, 16384)
 QUICK_SIZES = (128, 256)
@@ -79,8 +90,10 @@ DECODE_ROUNDS = 3  # lowest median of 32 steps, as attnx.bench.decode
 SHAPES = {"d256": Heads(2, 4, 64), "qwen3-next": Heads(16, 32, 128)}
 SHAPE_RULES = {"d256": tuple(RULES), "qwen3-next": ("gated_delta",)}
 PORTABLE, ORT, NATIVE, EAGER = "attnx portable", "attnx ort", "ORT native", "attnx torch"
-ATTNX_ONNX = (PORTABLE, ORT)
-PEAK_ROWS = (PORTABLE, ORT, NATIVE, EAGER)
+STANDARD, STANDARD_NATIVE = "attnx opset27", "ONNX std27"
+ATTNX_ONNX = (PORTABLE, ORT, STANDARD)
+PEAK_ROWS = (PORTABLE, ORT, STANDARD, NATIVE, EAGER)
+NATIVE_ROWS = {NATIVE: ("com.microsoft", DEFAULT_OPSET), STANDARD_NATIVE: ("", STANDARD_OPSET)}
 # LinearAttention's update rule per attnx rule (a per-key decay is a (b, n, h*dk) decay input)
 NATIVE_RULES = {
     "linear": "linear",
@@ -132,14 +145,25 @@ def window(x: Inputs, start: int, stop: int) -> Inputs:
 # ---------------------------------------------------------------- ONNX Runtime rows
 
 
-def attnx_session(x: Inputs, chunk: int, threads: int, bodies: tuple | None, step: bool) -> Any:
-    """The one-node model of the op (``step``: the step op, with a state input) in ONNX Runtime."""
+def attnx_session(
+    x: Inputs, chunk: int, threads: int, bodies: tuple | None, step: bool, opset: int = DEFAULT_OPSET
+) -> Any:
+    """The one-node model of the op (``step``: the step op, with a state input) at ``opset`` in ONNX
+    Runtime."""
     b, hv, _, dv = x.v.shape
     if step:
         state = torch.zeros(b, hv, x.k.shape[-1], dv)
         args = (x.q, x.k, x.v, x.g, x.beta, state, x.delta, x.scale, chunk)
-        return op_session(GATED_DELTA_RULE_STEP_OP, args, (torch.empty_like(x.v), state), threads, bodies)
-    return op_session(GATED_DELTA_RULE_OP, x.args(chunk), torch.empty_like(x.v), threads, bodies)
+        outputs = (torch.empty_like(x.v), state)
+        return op_session(GATED_DELTA_RULE_STEP_OP, args, outputs, threads, bodies, opset)
+    return op_session(GATED_DELTA_RULE_OP, x.args(chunk), torch.empty_like(x.v), threads, bodies, opset)
+
+
+def attnx_lowering(name: str, step: bool) -> tuple[tuple | None, int]:
+    """(bodies, opset) of attnx row ``name``: the ORT kernel bodies, or the op's own at the row's opset."""
+    if name == ORT:
+        return ORT_BODIES[GATED_DELTA_RULE_STEP_OP.name if step else GATED_DELTA_RULE_OP.name], DEFAULT_OPSET
+    return None, STANDARD_OPSET if name == STANDARD else DEFAULT_OPSET
 
 
 def attnx_feed(x: Inputs, state: np.ndarray | None = None) -> dict[str, np.ndarray]:
@@ -147,11 +171,13 @@ def attnx_feed(x: Inputs, state: np.ndarray | None = None) -> dict[str, np.ndarr
     return feed if state is None else {**feed, "state": state}
 
 
-def native_model(rule: str, x: Inputs) -> bytes:
-    """One ``com.microsoft::LinearAttention`` node for ``rule`` with a state input and output."""
+def native_model(rule: str, x: Inputs, name: str = NATIVE) -> bytes:
+    """One ``LinearAttention`` node for ``rule`` with a state input and output: ``com.microsoft``'s, or
+    the standard op of opset 27 (row ``name``, :data:`NATIVE_ROWS`)."""
+    domain, opset = NATIVE_ROWS[name]
     from onnx import TensorProto, helper
 
-    hk, hv = x.q.shape[1], x.v.shape[1]
+    hv = x.v.shape[1]
     names = ["query", "key", "value", "past_state"]
     if rule not in ("linear", "delta"):
         names.append("decay")
@@ -161,8 +187,8 @@ def native_model(rule: str, x: Inputs) -> bytes:
         "LinearAttention",
         names,
         ["output", "present_state"],
-        domain="com.microsoft",
-        q_num_heads=hk,
+        domain=domain,
+        q_num_heads=hv,
         kv_num_heads=hv,
         update_rule=NATIVE_RULES[rule],
         scale=x.scale,
@@ -177,18 +203,19 @@ def native_model(rule: str, x: Inputs) -> bytes:
     )
     model = helper.make_model(
         graph,
-        opset_imports=[helper.make_opsetid("", DEFAULT_OPSET), helper.make_opsetid("com.microsoft", 1)],
-        ir_version=10,
+        opset_imports=[helper.make_opsetid("", opset), helper.make_opsetid("com.microsoft", 1)],
+        ir_version=IR_VERSIONS[opset],
     )
     return model.SerializeToString()
 
 
 def native_feed(rule: str, x: Inputs, state: np.ndarray) -> dict[str, np.ndarray]:
-    """``x`` packed (b, n, h*d) as LinearAttention takes it: keys repeated to the value heads, v scaled by
+    """``x`` packed (b, n, h*d) as LinearAttention takes it: q and k repeated to the value heads, v scaled by
     beta for the additive rules (which take no beta), the decay only where the rule has one."""
     packed = lambda t: t.transpose(1, 2).reshape(t.shape[0], t.shape[2], -1).contiguous().numpy()  # noqa: E731
     r = x.v.shape[1] // x.k.shape[1]
-    feed = {"query": packed(x.q), "key": packed(x.k.repeat_interleave(r, dim=1)), "past_state": state}
+    q, k = (t.repeat_interleave(r, dim=1) for t in (x.q, x.k))
+    feed = {"query": packed(q), "key": packed(k), "past_state": state}
     feed["value"] = packed(x.v if x.delta else x.v * x.beta[..., None])
     if rule not in ("linear", "delta"):
         feed["decay"] = packed(x.g)
@@ -206,10 +233,10 @@ def empty_state(x: Inputs) -> np.ndarray:
     return np.zeros((x.v.shape[0], x.v.shape[1], x.k.shape[-1], x.v.shape[-1]), np.float32)
 
 
-def native_session(rule: str, x: Inputs, threads: int) -> Any:
+def native_session(rule: str, x: Inputs, threads: int, name: str = NATIVE) -> Any:
     import onnxruntime
 
-    return onnxruntime.InferenceSession(native_model(rule, x), ort_session_options(threads))
+    return onnxruntime.InferenceSession(native_model(rule, x, name), ort_session_options(threads))
 
 
 def op_rows(rule: str, x: Inputs, threads: int, use_fla: bool) -> dict[str, Callable[[], Row]]:
@@ -217,18 +244,19 @@ def op_rows(rule: str, x: Inputs, threads: int, use_fla: bool) -> dict[str, Call
     chunk = default_chunk_size(x.delta, x.g.shape[-1] > 1)
     flat = lambda out: out[0]  # noqa: E731
 
-    def attnx_row(bodies: tuple | None) -> Row:
-        session, feed = attnx_session(x, chunk, threads, bodies, step=False), attnx_feed(x)
+    def attnx_row(name: str) -> Row:
+        bodies, opset = attnx_lowering(name, step=False)
+        session = attnx_session(x, chunk, threads, bodies, step=False, opset=opset)
+        feed = attnx_feed(x)
         return Row(lambda: session.run(None, feed), flat)
 
-    def native_row() -> Row:
-        session, feed = native_session(rule, x, threads), native_feed(rule, x, empty_state(x))
+    def native_row(name: str) -> Row:
+        session, feed = native_session(rule, x, threads, name), native_feed(rule, x, empty_state(x))
         return Row(lambda: session.run(None, feed), lambda out: native_output(out, x))
 
     rows: dict[str, Callable[[], Row]] = {
-        PORTABLE: lambda: attnx_row(None),
-        ORT: lambda: attnx_row(ORT_BODIES["GatedDeltaRule"]),
-        NATIVE: native_row,
+        **{name: lambda name=name: attnx_row(name) for name in ATTNX_ONNX},
+        **{name: lambda name=name: native_row(name) for name in NATIVE_ROWS},
         EAGER: lambda: Row(lambda: gated_delta_rule(*x.args(chunk)), lambda out: out.numpy()),
     }
     for name, build in references(rule, use_fla).items():
@@ -420,6 +448,126 @@ def describe(r: Result) -> str:
     return f"{r.name} {r.median_s * 1e3:.1f} ms" if r.median_s else f"{r.name} ({r.note})"
 
 
+# ---------------------------------------------------------------- the short convolution
+
+CONV_CHANNELS, CONV_KERNEL = 1024, 4
+CONV_ATTNX, CONV_MICROSOFT, CONV_STANDARD = "attnx conv", "ORT CausalConvWithState", "ONNX std27 conv"
+
+
+class CarriedConv(nn.Module):
+    """SiLU of :func:`attnx.shortconv.carried_conv` on (batch, C, n) inputs: after a carry (a step) or
+    from zeros (a prefill)."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor, step: bool) -> None:
+        super().__init__()
+        self.weight, self.bias, self.step = nn.Parameter(weight), nn.Parameter(bias), step
+
+    def forward(self, x: torch.Tensor, carry: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        from attnx.shortconv import carried_conv
+
+        out, grown = carried_conv(x, self.weight, self.bias, carry if self.step else None)
+        return F.silu(out), grown
+
+
+def conv_model(name: str, weight: torch.Tensor, bias: torch.Tensor, step: bool) -> bytes:
+    """Row ``name``'s graph of the convolution (inputs x, carry; outputs y, carry')."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    shapes = {"x": ["batch", CONV_CHANNELS, "seq"], "carry": ["batch", CONV_CHANNELS, CONV_KERNEL - 1]}
+    if name == CONV_ATTNX:
+        specs = [TensorSpec(n, "float32", tuple(d)) for n, d in shapes.items()]
+        outputs = [
+            TensorSpec("y", "float32", tuple(shapes["x"])),
+            TensorSpec("grown", "float32", tuple(shapes["carry"])),
+        ]
+        example = (torch.randn(1, CONV_CHANNELS, 8), torch.randn(1, CONV_CHANNELS, CONV_KERNEL - 1))
+        module = CarriedConv(weight, bias, step)
+        return export_onnx(
+            module, example, [], DEFAULT_OPSET, specs, outputs, dynamic_shapes(specs)
+        ).SerializeToString()
+    domain, opset = ("com.microsoft", DEFAULT_OPSET) if name == CONV_MICROSOFT else ("", STANDARD_OPSET)
+    node = helper.make_node(
+        "CausalConvWithState",
+        ["x", "weight", "bias", "carry" if step else ""],
+        ["y", "grown"],
+        domain=domain,
+        activation="silu",
+    )
+    value = lambda n, dims: helper.make_tensor_value_info(n, TensorProto.FLOAT, dims)  # noqa: E731
+    inputs = [value("x", shapes["x"])] + ([value("carry", shapes["carry"])] if step else [])
+    graph = helper.make_graph(
+        [node],
+        "conv",
+        inputs,
+        [value("y", shapes["x"]), value("grown", shapes["carry"])],
+        initializer=[
+            numpy_helper.from_array(weight.numpy(), "weight"),
+            numpy_helper.from_array(bias.numpy(), "bias"),
+        ],
+    )
+    opsets = [helper.make_opsetid("", opset), helper.make_opsetid("com.microsoft", 1)]
+    return helper.make_model(graph, opset_imports=opsets, ir_version=IR_VERSIONS[opset]).SerializeToString()
+
+
+def conv_ms(sizes: list[int], threads: int, repeat: int) -> list[dict[str, Any]]:
+    """ms of each convolution row: a prefill of each N and a one-token step, timed in turns (lowest of
+    ``repeat`` runs; steps: lowest median of :data:`DECODE_ROUNDS` x :data:`DECODE_STEPS`); each row's
+    output against the torch module's first."""
+    import onnxruntime
+
+    gen = torch.Generator().manual_seed(0)
+    weight = torch.randn(CONV_CHANNELS, 1, CONV_KERNEL, generator=gen) * 0.5
+    bias = torch.randn(CONV_CHANNELS, generator=gen)
+    rows = (CONV_ATTNX, CONV_MICROSOFT, CONV_STANDARD)
+    found = []
+    for n in [1, *sizes]:
+        step = n == 1
+        x = torch.randn(1, CONV_CHANNELS, n, generator=gen)
+        carry = torch.randn(1, CONV_CHANNELS, CONV_KERNEL - 1, generator=gen)
+        with torch.inference_mode():
+            expected = CarriedConv(weight, bias, step)(x, carry)[0].numpy()
+        sessions, feeds = {}, {}
+        for name in rows:
+            session = onnxruntime.InferenceSession(
+                conv_model(name, weight, bias, step), ort_session_options(threads)
+            )
+            feed = {"x": x.numpy(), "carry": carry.numpy()}
+            feeds[name] = {i.name: feed[i.name] for i in session.get_inputs()}
+            sessions[name] = session
+        times: dict[str, list[float]] = {name: [] for name in rows}
+        agreement_of = {name: agreement(sessions[name].run(None, feeds[name])[0], expected) for name in rows}
+        for _ in range(DECODE_ROUNDS if step else repeat):
+            for name in rows:
+                if step:
+                    laps = []
+                    for _ in range(DECODE_STEPS):
+                        start = time.perf_counter()
+                        sessions[name].run(None, feeds[name])
+                        laps.append(time.perf_counter() - start)
+                    times[name].append(float(np.median(laps)))
+                else:
+                    start = time.perf_counter()
+                    sessions[name].run(None, feeds[name])
+                    times[name].append(time.perf_counter() - start)
+        for name in rows:
+            found.append({"row": name, "n": n, "ms": min(times[name]) * 1e3, "agreement": agreement_of[name]})
+    return found
+
+
+def print_conv(rows: list[dict[str, Any]], console: Console) -> None:
+    table = Table(
+        title=f"short convolution ({CONV_CHANNELS} channels, kernel {CONV_KERNEL}, SiLU; N = 1: a step)"
+    )
+    for column in ("N", "row", "min ms", "vs ORT kernel", "agreement"):
+        table.add_column(column, justify="left" if column == "row" else "right")
+    for r in rows:
+        base = next(b for b in rows if b["n"] == r["n"] and b["row"] == CONV_MICROSOFT)
+        table.add_row(
+            str(r["n"]), r["row"], f"{r['ms']:.3f}", f"{r['ms'] / base['ms']:.2f}", f"{r['agreement']:.1e}"
+        )
+    console.print(table)
+
+
 # ---------------------------------------------------------------- decode
 
 
@@ -428,13 +576,13 @@ def decode_ms(shape: str, rule: str, name: str, position: int, threads: int) -> 
     :data:`DECODE_STEPS` steps), through the step graph of row ``name`` with its state fed back."""
     x = inputs(rule, position + DECODE_STEPS + 1, seed=position, heads=SHAPES[shape])
     prompt = window(x, 0, position)
-    if name == NATIVE:
-        session = native_session(rule, x, threads)
+    if name in NATIVE_ROWS:
+        session = native_session(rule, x, threads, name)
         step = lambda part, state: session.run(None, native_feed(rule, part, state))[1]  # noqa: E731
     else:
         chunk = default_chunk_size(x.delta, x.g.shape[-1] > 1)
-        bodies = ORT_BODIES["GatedDeltaRuleStep"] if name == ORT else None
-        session = attnx_session(prompt, chunk, threads, bodies, step=True)
+        bodies, opset = attnx_lowering(name, step=True)
+        session = attnx_session(prompt, chunk, threads, bodies, step=True, opset=opset)
         step = lambda part, state: session.run(None, attnx_feed(part, state))[1]  # noqa: E731
     state = step(prompt, empty_state(x))
     tokens = [window(x, i, i + 1) for i in range(position, position + DECODE_STEPS + 1)]
@@ -452,7 +600,7 @@ def decode_ms(shape: str, rule: str, name: str, position: int, threads: int) -> 
 
 def decode_rows(shape: str, rule: str, positions: tuple[int, ...], threads: int) -> list[dict[str, Any]]:
     rows = []
-    for name in (PORTABLE, ORT, NATIVE):
+    for name in (*ATTNX_ONNX, *NATIVE_ROWS):
         for position in positions:
             rows.append(
                 {
@@ -570,7 +718,7 @@ def targets(results: list[Result], decode: list[dict[str, Any]], sizes: list[int
                         f"{name} peak / torch eager N={long}", label, ratio, "≤ 1.5", ratio <= 1.5, detail
                     )
                 )
-        for name in (PORTABLE, ORT):
+        for name in ATTNX_ONNX:
             points = sorted(
                 (d["position"], d["ms_per_token"])
                 for d in decode
@@ -594,6 +742,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rules", default=",".join(RULES), help="comma-separated of " + ", ".join(RULES))
     parser.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated of " + ", ".join(SHAPES))
     parser.add_argument("--no-layer", action="store_true", help="leave out the lightning layer rows")
+    parser.add_argument("--conv", action="store_true", help="add the short convolution's rows")
     parser.add_argument("--no-fla", action="store_true", help="leave out flash-linear-attention's references")
     parser.add_argument("--no-peak", action="store_true", help="leave out the peak-memory subprocesses")
     parser.add_argument(
@@ -641,6 +790,7 @@ def main(argv: list[str] | None = None) -> int:
                 decode += decode_rows(shape, rule, decode_positions, args.threads)
             if args.json:  # as it goes: a long run killed late keeps its figures
                 write_json(args.json, args, results, decode, time.perf_counter() - started)
+    conv = conv_ms(args.sizes, args.threads, args.repeat) if args.conv else []
     description = ""
     if not args.no_layer:
         layer, description = run_layer(args, console)
@@ -656,18 +806,25 @@ def main(argv: list[str] | None = None) -> int:
         console.print(
             f"decode {d['shape']} {d['rule']} {d['row']} P={d['position']}: {d['ms_per_token']:.3f} ms/token"
         )
+    if conv:
+        print_conv(conv, console)
     rows = targets(results, decode, args.sizes)
     print_targets(rows, console)
     elapsed = time.perf_counter() - started
     console.print(f"total wall time {elapsed / 60:.1f} min")
     if args.json:
-        write_json(args.json, args, results, decode, elapsed)
+        write_json(args.json, args, results, decode, elapsed, conv)
         console.print(f"wrote {args.json}")
     return 0
 
 
 def write_json(
-    path: Path, args: argparse.Namespace, results: list[Result], decode: list[dict[str, Any]], elapsed: float
+    path: Path,
+    args: argparse.Namespace,
+    results: list[Result],
+    decode: list[dict[str, Any]],
+    elapsed: float,
+    conv: list[dict[str, Any]] = (),  # type: ignore[assignment]
 ) -> None:
     data = {
         "machine": machine_info(),
@@ -676,6 +833,7 @@ def write_json(
         "elapsed_s": elapsed,
         "results": [{**dataclasses.asdict(r), "median_s": r.median_s, "min_s": r.min_s} for r in results],
         "decode": decode,
+        "conv": list(conv),
         "targets": targets(results, decode, args.sizes),
     }
     path.write_text(json.dumps(data, indent=2) + "\n")

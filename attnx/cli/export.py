@@ -89,7 +89,8 @@ MODEL_FLAGS = ("--recipe", "--variant", "--model", "--cross-variant", "--checkpo
     "--opset",
     default=None,
     type=int,
-    help="ONNX opset (18-25; 23+: softmax on the standard Attention op, needs onnxruntime >= 1.23).  "
+    help="ONNX opset (18-27; 23+: softmax on the standard Attention op, needs onnxruntime >= 1.23; 27: "
+    "linear and gated layers on the standard LinearAttention op, needs onnxruntime >= 1.32).  "
     "[default: 18]",
 )
 @click.option(

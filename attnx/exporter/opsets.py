@@ -18,9 +18,10 @@ onnxruntime 1.22.1, 1.23.2, 1.24.1 and 1.32.0). TensorRT 11.5's ONNX parser read
 and older refuse, so every graph states the lowest IR version that carries its opset and
 attnx's function overloads (IR 10): :data:`IR_VERSIONS`.
 
-Policy: opsets 18..25 (TensorRT 11's limit); the default, 18, loads in every supported ONNX
-Runtime (>= 1.22) and TensorRT; 23..25 need the ONNX Runtime named in :data:`MIN_ONNXRUNTIME`
-(softmax lowers to the standard ``Attention`` op there, ``attnx.plugins.softmax``).
+Policy: opsets 18..27; the default, 18, loads in every supported ONNX Runtime (>= 1.22) and TensorRT;
+23..27 need the ONNX Runtime named in :data:`MIN_ONNXRUNTIME` (softmax lowers to the standard
+``Attention`` op from 23, ``attnx.plugins.softmax``; the gated and linear families to the standard
+``LinearAttention`` at 27, docs/variants/gated.md); 26 and 27 are newer than TensorRT 11.5 parses (25).
 """
 
 from __future__ import annotations
@@ -38,10 +39,18 @@ if TYPE_CHECKING:
 DEFAULT_OPSET = 18
 # ai.onnx opset -> the IR version a graph at that opset states: max(10, the IR of the onnx release
 # that introduced the opset); IR 10 is what ONNX function overloads (attnx's bodies) need.
-IR_VERSIONS = {18: 10, 19: 10, 20: 10, 21: 10, 22: 10, 23: 11, 24: 12, 25: 13}
+IR_VERSIONS = {18: 10, 19: 10, 20: 10, 21: 10, 22: 10, 23: 11, 24: 12, 25: 13, 26: 13, 27: 13}
 OPSETS = tuple(IR_VERSIONS)
 # ai.onnx opset -> the oldest ONNX Runtime that loads a graph at it (with its IR version).
-MIN_ONNXRUNTIME = {**dict.fromkeys(range(18, 23), "1.22"), 23: "1.23", 24: "1.24", 25: "1.24"}
+# 1.25..1.31 load opset 27 only behind an environment variable (docs/architecture.md).
+MIN_ONNXRUNTIME = {
+    **dict.fromkeys(range(18, 23), "1.22"),
+    23: "1.23",
+    24: "1.24",
+    25: "1.24",
+    26: "1.25",
+    27: "1.32",
+}
 
 
 def model_opset(proto: onnx.ModelProto | onnx.FunctionProto) -> int:
@@ -65,7 +74,7 @@ def check_opset(opset: int, lowering: str, ops: Sequence[AttentionOp] = ()) -> N
     if opset not in IR_VERSIONS:
         raise AttnxError(
             f"opset {opset} is not supported (choose {OPSETS[0]}..{OPSETS[-1]}: {DEFAULT_OPSET} loads in "
-            f"every onnxruntime >= {MIN_ONNXRUNTIME[DEFAULT_OPSET]}, {OPSETS[-1]} is TensorRT 11's newest)"
+            f"every onnxruntime >= {MIN_ONNXRUNTIME[DEFAULT_OPSET]}, 25 is TensorRT 11's newest)"
         )
     known = onnx.defs.onnx_opset_version()
     if opset > known:

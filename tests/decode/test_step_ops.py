@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from onnx import TensorProto, helper
 
 from attnx.exporter.lowering import lower
+from attnx.exporter.opsets import IR_VERSIONS
 from attnx.plugins.cosformer.kernel import (
     COSFORMER_CROSS_STEP_OP,
     COSFORMER_STEP_OP,
@@ -263,7 +264,7 @@ def test_cosformer_cross_step_onnx_bodies_match_the_explicit_matrix(lowering, pa
 
 
 @functools.cache
-def step_session(op_name, with_state, lowering):
+def step_session(op_name, with_state, lowering, opset=18):
     op = {"LinearAttentionStep": LINEAR_STEP_OP, "CosformerAttentionStep": COSFORMER_STEP_OP}[op_name]
     cos = op is COSFORMER_STEP_OP
     f = "f2" if cos else "f"
@@ -290,21 +291,24 @@ def step_session(op_name, with_state, lowering):
         helper.make_tensor_value_info("Z", TensorProto.FLOAT, ["b", "h", f]),
     ]
     graph = helper.make_graph([node], "step", inputs, outputs)
-    opsets = [helper.make_opsetid("", 18), helper.make_opsetid("attnx", 1)]
-    model = lower(helper.make_model(graph, opset_imports=opsets, ir_version=10), [op], lowering)
+    opsets = [helper.make_opsetid("", opset), helper.make_opsetid("attnx", 1)]
+    model = lower(
+        helper.make_model(graph, opset_imports=opsets, ir_version=IR_VERSIONS[opset]), [op], lowering
+    )
     onnx.checker.check_model(model, full_check=True)
     return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
 
 
-@pytest.mark.parametrize("lowering", ["function", "decomposed"])
+# opset 27: linear's body on the standard LinearAttention (cosformer keeps its portable one)
+@pytest.mark.parametrize(("lowering", "opset"), [("function", 18), ("decomposed", 18), ("function", 27)])
 @pytest.mark.parametrize("variant", ["linear", "cosformer"])
 @pytest.mark.parametrize("n", [1, 6])
-def test_onnx_bodies_match_the_recurrence(lowering, variant, n):
+def test_onnx_bodies_match_the_recurrence(lowering, opset, variant, n):
     d = 4
     q, k, v = random_inputs(2, 2, n, d, seed=n + 17)
     cos = variant == "cosformer"
-    first = step_session(LINEAR_STEP_OP.name if not cos else COSFORMER_STEP_OP.name, False, lowering)
-    then = step_session(LINEAR_STEP_OP.name if not cos else COSFORMER_STEP_OP.name, True, lowering)
+    first = step_session(LINEAR_STEP_OP.name if not cos else COSFORMER_STEP_OP.name, False, lowering, opset)
+    then = step_session(LINEAR_STEP_OP.name if not cos else COSFORMER_STEP_OP.name, True, lowering, opset)
     feed = {"q": q.numpy(), "k": k.numpy(), "v": v.numpy()}
     if cos:
         feed["position"] = np.array([0], dtype=np.int64)

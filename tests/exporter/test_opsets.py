@@ -43,8 +43,8 @@ def graphs(out):
 
 # the default run: the function lowering at the oldest and the newest opset, decomposed (no Attention node
 # at any opset) at 24, where the function lowering has one; -m slow: both lowerings at every opset
-IR_OPSETS = (18, 22, 24, 25)
-IR_DEFAULT = (18, 25)
+IR_OPSETS = (18, 22, 24, 25, 27)
+IR_DEFAULT = (18, 27)
 IR_CASES = [
     pytest.param(
         opset, "function", id=f"function-{opset}", marks=[pytest.mark.slow] * (opset not in IR_DEFAULT)
@@ -93,7 +93,7 @@ def test_a_lowering_that_cannot_use_the_opset_is_one_line():
     message = str(caught.value)
     assert "\n" not in message
     assert "the decomposed lowering of attnx::Newer needs opset >= 23" in message
-    assert "--opset 23..25" in message
+    assert "--opset 23..27" in message
 
 
 def test_an_onnxruntime_too_old_for_the_opset_is_one_line():
@@ -103,9 +103,9 @@ def test_an_onnxruntime_too_old_for_the_opset_is_one_line():
         check_onnxruntime(24, "1.23.2")
 
 
-@pytest.mark.parametrize("opset", [17, 26])
+@pytest.mark.parametrize("opset", [17, 28])
 def test_cli_refuses_an_opset_outside_the_policy(tmp_path, opset):
     out = tmp_path / "out"
     code, _, stderr = run_cli(["export", "--variant", "softmax", "-o", str(out), "--opset", str(opset)])
-    assert_one_line_error(code, stderr, f"opset {opset} is not supported (choose 18..25")
+    assert_one_line_error(code, stderr, f"opset {opset} is not supported (choose 18..27")
     assert not (tmp_path / "out").exists()

@@ -122,6 +122,17 @@ def run_onnx(op: AttentionOp, *args: Any, lowering: str = "function", opset: int
     return torch.from_numpy(op_session(op, call, lowering, opset).run(call.bound())[0])
 
 
+def standard_linear_attention_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
+    """The standard (opset 27) ``LinearAttention`` nodes of ``model``'s graph and functions, in ``If``
+    branches too: what shows that a model holds the bodies on the standard op."""
+    found, stack = [], [*model.graph.node, *(n for f in model.functions for n in f.node)]
+    while stack:
+        node = stack.pop()
+        found += [node] if node.op_type == "LinearAttention" and node.domain in ("", "ai.onnx") else []
+        stack += [n for a in node.attribute if a.type == onnx.AttributeProto.GRAPH for n in a.g.node]
+    return found
+
+
 def run_reference(op: AttentionOp, *args: Any) -> torch.Tensor:
     """The function body of ``op(*args)`` in onnx's reference evaluator, every op in numpy in the inputs'
     dtype: for fp16, rounding as a native-fp16 backend (CUDA, TensorRT) does. ORT's CPU provider runs the

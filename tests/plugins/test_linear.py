@@ -7,8 +7,11 @@ import torch
 import torch.nn.functional as F
 
 from attnx.errors import AttnxError
+from attnx.exporter.lowering import lower
+from attnx.plugins.lib.standard import STANDARD_OPSET
 from attnx.plugins.linear import VARIANT, LinearConfig
-from attnx.plugins.linear.kernel import LINEAR_OP, linear_attention
+from attnx.plugins.linear.kernel import LINEAR_OP, LINEAR_STEP_OP, linear_attention
+from attnx.testing.onnx_op import node_model
 from tests.plugins import op_harness as harness
 from tests.plugins.encoder_parity import TINY, encoder_fixture, encoder_property_test, export_in_lowering
 
@@ -75,6 +78,30 @@ def test_eps_is_added_to_the_denominator(causal):
     assert (expected - naive_linear(q, k, v, causal=causal, eps=0.0)).abs().max() > 0.1  # eps matters here
     for result in harness.op_results(LINEAR_OP, q, k, v, None, causal, EPS, 2).values():
         torch.testing.assert_close(result.double(), expected, atol=1e-7, rtol=1e-3)
+
+
+@pytest.mark.parametrize(("batch", "heads", "n", "m", "d", "causal", "mask_kind", "chunk"), CASES, ids=str)
+def test_standard_linear_attention_body_at_opset_27(batch, heads, n, m, d, causal, mask_kind, chunk):
+    """The body on the standard LinearAttention (a model at opset 27) against the reference, causal
+    calls with more keys or more queries included (bottom-right aligned around the op's own causality)."""
+    q, k, v, g = harness.random_qkv(batch, heads, n, m, d, seed=n * 17 + m + d)
+    mask = harness.padding_mask(mask_kind, batch, m, g)
+    out = harness.run_onnx(LINEAR_OP, q, k, v, mask, causal, EPS, chunk, opset=STANDARD_OPSET)
+    torch.testing.assert_close(out, naive_linear(q, k, v, mask, causal).float(), atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize(("opset", "standard"), [(27, True), (26, False)])
+def test_a_model_at_opset_27_holds_the_standard_op(opset, standard):
+    """Both ops' function lowering at opset 27 holds the standard LinearAttention, below it the portable
+    body (the seeded defect: a body list that kept the portable body at 27 would pass the comparisons;
+    the step body is compared in tests/decode/test_step_ops.py)."""
+    q, k, v, _ = harness.random_qkv(1, 2, 5, 5, 4, seed=5)
+    for op, args in (
+        (LINEAR_OP, (q, k, v, None, True, EPS, 4)),
+        (LINEAR_STEP_OP, (q, k, v, None, None, EPS, 4)),
+    ):
+        model = lower(node_model(op, harness.op_call(op, *args), opset), [op], "function")
+        assert bool(harness.standard_linear_attention_nodes(model)) == standard, op.name
 
 
 def test_one_query_against_a_key_history_is_the_next_decoded_token():

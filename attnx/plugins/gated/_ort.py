@@ -7,9 +7,8 @@ Two mappings, each checked against the recurrence of :mod:`attnx.plugins.gated.o
   counts read from the shapes, q/k head i serving the consecutive value heads i*r .. i*r + r - 1 as
   attnx's; decay (B, T, hv) scalar or (B, T, hv, dk) per key dimension; beta (B, T, hv); the state is
   V-major (B, hv, dv, dk) and required (zeros when the op has none).
-* ``LinearAttention``: packed (B, T, H * D) with ``q_num_heads``/``kv_num_heads`` attributes, which a
-  body cannot take from the shapes: every value head becomes a batch row (H = 1, q and k repeated to
-  the value heads); decay (B, T, dg), beta (B, T, 1), the state (B, 1, dk, dv) K-major.
+* ``LinearAttention``: packed (B, T, H * D), every value head a batch row, in the layout
+  :mod:`attnx.plugins.gated._packed` shares with the standard ``LinearAttention`` of opset 27.
 
 In both, update_rule ``gated_delta`` is the delta rule with a decay (the op always has one: g = 0 is a
 decay of 1) and ``gated`` the additive rule, which ignores beta (and ``GatedDeltaNet`` refuses it), so v
@@ -24,7 +23,13 @@ from onnxscript import BOOL, FLOAT, INT64
 from onnxscript import opset18 as op
 
 from attnx.ops import LIBRARY, OPSET, AttnxWiden
-from attnx.plugins.lib.ort import MICROSOFT, OrtHeadsToBatch, OrtRepeatHeads
+from attnx.plugins.gated._packed import (
+    GatedKernelEmptyState,
+    GatedKernelScaled,
+    GatedPackedIn,
+    GatedPackedOut,
+)
+from attnx.plugins.lib.ort import MICROSOFT
 
 # ---------------------------------------------------------------- the kernels, one update rule each
 
@@ -88,18 +93,6 @@ def OrtLinearAdditive(
 
 
 @onnxscript.script(LIBRARY, default_opset=op)
-def OrtScaled(out: FLOAT, scale: float) -> FLOAT:
-    """``out``, or zeros when ``scale`` is 0 (the kernels read 0 as 1/sqrt(dk)); an If on a constant."""
-    factor = op.CastLike(op.Constant(value_float=scale), out)
-    zero = op.Equal(factor, op.CastLike(op.Constant(value_float=0.0), out))
-    if zero:  # noqa: SIM108 (onnxscript makes an If of an if statement only)
-        result = op.Mul(out, factor)
-    else:
-        result = op.Identity(out)
-    return result
-
-
-@onnxscript.script(LIBRARY, default_opset=op)
 def OrtNetCore(
     q: FLOAT, k: FLOAT, v: FLOAT, g: FLOAT, beta: FLOAT, state: FLOAT, delta: int, scale: float
 ) -> tuple[FLOAT, FLOAT]:
@@ -122,7 +115,7 @@ def OrtNetCore(
     else:
         values = op.Transpose(op.Mul(v, op.Unsqueeze(beta, [-1])), perm=[0, 2, 1, 3])
         out, final = OrtNetAdditive(queries, keys, values, decay, v_major, scale=scale)
-    return OrtScaled(op.Transpose(out, perm=[0, 2, 1, 3]), scale=scale), op.Transpose(
+    return GatedKernelScaled(op.Transpose(out, perm=[0, 2, 1, 3]), scale=scale), op.Transpose(
         final, perm=[0, 1, 3, 2]
     )
 
@@ -139,46 +132,25 @@ def OrtLinearCore(
     scale: float,
     chunk_size: int,
 ) -> tuple[FLOAT, FLOAT]:
-    """(b, h, n, d) inputs and state (b, hv, dk, dv), widened to float32, through ``LinearAttention``: (out,
+    """(b, h, n, d) inputs and state (b, hv, dk, dv) through ``com.microsoft::LinearAttention``: (out,
     state') in float32."""
-    q, k, v, g = AttnxWiden(q), AttnxWiden(k), AttnxWiden(v), AttnxWiden(g)
-    beta, state = AttnxWiden(beta), AttnxWiden(state)
-    queries, keys = OrtHeadsToBatch(OrtRepeatHeads(q, v)), OrtHeadsToBatch(OrtRepeatHeads(k, v))
-    decay = OrtHeadsToBatch(g)
-    rows = op.Reshape(state, op.Concat(op.Constant(value_ints=[-1, 1]), op.Shape(state, start=2), axis=0))
+    queries, keys, values, rows, decay, rate = GatedPackedIn(q, k, v, g, beta, state, delta=delta)
     use_delta = op.Cast(op.Constant(value_int=delta), to=BOOL.dtype)
     if use_delta:
-        rate = op.Reshape(
-            beta,
-            op.Concat(
-                op.Constant(value_ints=[-1]), op.Shape(beta, start=2), op.Constant(value_ints=[1]), axis=0
-            ),
-        )
         out, final = OrtLinearDelta(
-            queries, keys, OrtHeadsToBatch(v), rows, decay, rate, scale=scale, chunk_size=chunk_size
+            queries, keys, values, rows, decay, rate, scale=scale, chunk_size=chunk_size
         )
     else:
-        values = OrtHeadsToBatch(op.Mul(v, op.Unsqueeze(beta, [-1])))
         out, final = OrtLinearAdditive(queries, keys, values, rows, decay, scale=scale, chunk_size=chunk_size)
-    out = op.Reshape(out, op.Shape(v))
-    return OrtScaled(out, scale=scale), op.Reshape(final, op.Shape(state))
-
-
-@onnxscript.script(LIBRARY, default_opset=op)
-def OrtEmptyState(q: FLOAT, v: FLOAT) -> FLOAT:
-    """Zeros (b, hv, dk, dv) in q's type."""
-    shape = op.Concat(op.Shape(v, start=0, end=2), op.Shape(q, start=3), op.Shape(v, start=3), axis=0)
-    return op.Expand(op.CastLike(op.Constant(value_float=0.0), q), shape)
-
-
-# ---------------------------------------------------------------- the bodies
+    out, final = GatedPackedOut(out, final, v, state, scale=scale)
+    return out, final
 
 
 @onnxscript.script(OPSET, default_opset=op)
 def OrtNetRule(
     q: FLOAT, k: FLOAT, v: FLOAT, g: FLOAT, beta: FLOAT, delta: int, scale: float, chunk_size: int
 ) -> FLOAT:
-    out, _ = OrtNetCore(q, k, v, g, beta, OrtEmptyState(q, v), delta=delta, scale=scale)
+    out, _ = OrtNetCore(q, k, v, g, beta, GatedKernelEmptyState(q, v), delta=delta, scale=scale)
     return op.CastLike(out, v)
 
 
@@ -202,7 +174,7 @@ def OrtNetStep(
 def OrtNetStepFirst(
     q: FLOAT, k: FLOAT, v: FLOAT, g: FLOAT, beta: FLOAT, delta: int, scale: float, chunk_size: int
 ) -> tuple[FLOAT, FLOAT]:
-    out, final = OrtNetCore(q, k, v, g, beta, OrtEmptyState(q, v), delta=delta, scale=scale)
+    out, final = OrtNetCore(q, k, v, g, beta, GatedKernelEmptyState(q, v), delta=delta, scale=scale)
     return op.CastLike(out, v), final
 
 
@@ -210,7 +182,7 @@ def OrtNetStepFirst(
 def OrtLinearRule(
     q: FLOAT, k: FLOAT, v: FLOAT, g: FLOAT, beta: FLOAT, delta: int, scale: float, chunk_size: int
 ) -> FLOAT:
-    empty = OrtEmptyState(q, v)
+    empty = GatedKernelEmptyState(q, v)
     out, _ = OrtLinearCore(q, k, v, g, beta, empty, delta=delta, scale=scale, chunk_size=chunk_size)
     return op.CastLike(out, v)
 
@@ -235,7 +207,7 @@ def OrtLinearStep(
 def OrtLinearStepFirst(
     q: FLOAT, k: FLOAT, v: FLOAT, g: FLOAT, beta: FLOAT, delta: int, scale: float, chunk_size: int
 ) -> tuple[FLOAT, FLOAT]:
-    empty = OrtEmptyState(q, v)
+    empty = GatedKernelEmptyState(q, v)
     out, final = OrtLinearCore(q, k, v, g, beta, empty, delta=delta, scale=scale, chunk_size=chunk_size)
     return op.CastLike(out, v), final
 

@@ -18,8 +18,9 @@ compute chunk by chunk (``chunk_size`` tokens, :mod:`attnx.plugins.gated._chunks
 the additive rule on narrow values (:mod:`attnx.plugins.gated._tokens`, Mamba1's values of width 1;
 :func:`~attnx.plugins.gated.config.by_token`), exported as single
 ``attnx::GatedDeltaRule`` / ``attnx::GatedDeltaRuleStep`` nodes whose portable ONNX bodies
-(:mod:`attnx.plugins.gated._onnx`) do the same with standard ops; :data:`ORT_BODIES` compute them with
-ONNX Runtime's own kernels (:mod:`attnx.plugins.gated._ort`).
+(:mod:`attnx.plugins.gated._onnx`) do the same with standard ops, models at opset 27 hold bodies on
+the standard ``LinearAttention`` op (:mod:`attnx.plugins.gated._standard`), and :data:`ORT_BODIES`
+compute them with ONNX Runtime's own kernels (:mod:`attnx.plugins.gated._ort`).
 
 Every layer built on the rule (this family's :mod:`attnx.plugins.gated.layer`, and the adapters'
 layers of flash-linear-attention and Hugging Face hybrids) calls it through one entry: :func:`run_rule`
@@ -36,6 +37,11 @@ from attnx.ops import AttentionOp, TargetBodies, at_least_float32, trainable_op
 from attnx.plugins.gated._chunks import gated_chunks
 from attnx.plugins.gated._onnx import GatedDeltaRule, GatedDeltaRuleStep, GatedDeltaRuleStepFirst
 from attnx.plugins.gated._ort import ORT_BODIES
+from attnx.plugins.gated._standard import (
+    GatedDeltaRuleStandard,
+    GatedDeltaRuleStepFirstStandard,
+    GatedDeltaRuleStepStandard,
+)
 from attnx.plugins.gated._tokens import gated_tokens
 from attnx.plugins.gated.config import MAX_CHUNK_SIZE, by_token, default_chunk_size
 from attnx.plugins.lib.ort import ORT_SINCE
@@ -194,7 +200,7 @@ def _preconditions(arguments) -> str | None:
 GATED_DELTA_RULE_OP = AttentionOp(
     name="GatedDeltaRule",
     torch_op=gated_delta_rule,
-    bodies=(GatedDeltaRule,),
+    bodies=(GatedDeltaRule, GatedDeltaRuleStandard),
     doc="gated / delta-rule linear attention from an empty state: S_t = diag(exp(g_t)) S_{t-1} + k_t u_t^T, "
     "u_t = beta_t (v_t - (diag(exp(g_t)) S_{t-1})^T k_t) (delta) or beta_t v_t, o_t = scale S_t^T q_t; "
     "q, k (b, hk, n, dk), v (b, hv, n, dv), g (b, hv, n, 1 or dk), beta (b, hv, n).",
@@ -207,7 +213,12 @@ GATED_DELTA_RULE_OP = AttentionOp(
 GATED_DELTA_RULE_STEP_OP = AttentionOp(
     name="GatedDeltaRuleStep",
     torch_op=gated_delta_rule_step,
-    bodies=(GatedDeltaRuleStep, GatedDeltaRuleStepFirst),
+    bodies=(
+        GatedDeltaRuleStep,
+        GatedDeltaRuleStepFirst,
+        GatedDeltaRuleStepStandard,
+        GatedDeltaRuleStepFirstStandard,
+    ),
     doc="GatedDeltaRule continued from the float32 state (b, hv, dk, dv) of earlier tokens (omitted: "
     "zeros); returns the output and the state after the new tokens.",
     input_types=STATE_INPUT_TYPE,

@@ -26,6 +26,12 @@ from attnx.plugins.lib.ort import ORT_SINCE
 from attnx.plugins.linear.config import LinearConfig
 from attnx.plugins.linear.features import LinearEluFeatures
 from attnx.plugins.linear.ort import LINEAR_ORT_BODIES
+from attnx.plugins.linear.standard import (
+    LinearAttentionStandard,
+    LinearAttentionStandardNoMask,
+    LinearAttentionStepFirstStandard,
+    LinearAttentionStepStandard,
+)
 from attnx.state import StateTensor, recurrent_state
 from attnx.variant import AttentionSpec
 
@@ -119,7 +125,12 @@ def LinearAttentionStepFirst(
 LINEAR_STEP_OP = AttentionOp(
     name="LinearAttentionStep",
     torch_op=linear_attention_step,
-    bodies=(LinearAttentionStep, LinearAttentionStepFirst),
+    bodies=(
+        LinearAttentionStep,
+        LinearAttentionStepFirst,
+        LinearAttentionStepStandard,
+        LinearAttentionStepFirstStandard,
+    ),
     doc="causal elu+1 linear attention of new tokens after the float32 state (kv_sum S, k_sum Z) of "
     "earlier ones (omitted: none); returns the output and the state after the new tokens.",
     input_types=STATE_TYPES,
@@ -131,7 +142,7 @@ LINEAR_STEP_OP = AttentionOp(
 LINEAR_OP = AttentionOp(
     name="LinearAttention",
     torch_op=linear_attention,
-    bodies=(LinearAttention, LinearAttentionNoMask),
+    bodies=(LinearAttention, LinearAttentionNoMask, LinearAttentionStandard, LinearAttentionStandardNoMask),
     input_types={"key_padding_mask": "tensor(bool)"},
     doc="elu+1 linear attention per head; q,k,v (batch, heads, seq, dim); causal is bottom-right aligned.",
     kernel="attnx.plugins.linear.triton_kernel:LINEAR_KERNEL",

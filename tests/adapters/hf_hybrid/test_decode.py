@@ -13,12 +13,14 @@ import pytest
 from attnx.adapters.hf_hybrid.architecture import LAYER_TYPES
 from attnx.adapters.hf_hybrid.convert import convert, lengths
 from attnx.decode.generate import generate
+from attnx.exporter.opsets import model_opset
 from attnx.registry import get_registry
 from attnx.serve.genai import DEFAULT_CONTEXT
 from attnx.testing import hf_hybrid
 from tests.adapters.hf_hybrid.conftest import ARCHS
 from tests.adapters.hf_hybrid.test_torch_parity import MIXERS, kind_of, layers_of
 from tests.helpers import run_cli
+from tests.plugins import op_harness as harness
 
 TOLERANCE = get_registry().variant("softmax").tolerance
 NEW_TOKENS = 200
@@ -97,12 +99,17 @@ def test_genai_config_names_each_layers_state(decode_export, trained, arch):
 def test_genai_and_attnx_generate_equal_hf_generate_for_200_tokens(decode_export, trained, saved_dir, arch):
     """Greedy onnxruntime-genai and ``attnx generate`` (ONNX Runtime) pick HF ``generate``'s tokens (its
     own cache path) for 200 tokens, up to a float tie (HF's top-two logits closer than the tolerance)."""
+    assert_greedy_equals_hf(decode_export(arch), trained(arch), saved_dir(arch), arch)
+
+
+def assert_greedy_equals_hf(out, model, saved, arch: str) -> None:
+    """onnxruntime-genai and ``attnx generate`` on the export OUT pick HF ``generate``'s greedy tokens for
+    :data:`NEW_TOKENS` tokens, up to a float tie."""
     import transformers
 
-    out = decode_export(arch)
-    tokenizer = transformers.AutoTokenizer.from_pretrained(saved_dir(arch))
+    tokenizer = transformers.AutoTokenizer.from_pretrained(saved)
     prompt = tokenizer(hf_hybrid.PROMPT, return_tensors="pt").input_ids
-    expected, logits = hf_hybrid.hf_greedy(trained(arch), prompt, NEW_TOKENS)
+    expected, logits = hf_hybrid.hf_greedy(model, prompt, NEW_TOKENS)
     runs = {
         "genai": hf_hybrid.genai_greedy(out, prompt[0].tolist(), NEW_TOKENS)[0],
         "attnx generate": generate(out, prompt[0].tolist(), NEW_TOKENS).tokens,
@@ -111,6 +118,25 @@ def test_genai_and_attnx_generate_equal_hf_generate_for_200_tokens(decode_export
         agreed, tie = hf_hybrid.agreement(expected, logits, tokens, TOLERANCE.atol)
         assert agreed == NEW_TOKENS or tie is not None
         print(f"{arch} {name}: {agreed} tokens agree" + ("" if tie is None else f", float tie at step {tie}"))
+
+
+@pytest.mark.slow
+def test_qwen3_5_at_opset_27_decodes_on_the_standard_linear_attention(saved_dir, trained, tmp_path):
+    """``--decode --opset 27``: every graph runs its Gated DeltaNet layers on the standard LinearAttention
+    (no com.microsoft import), the export's own parity run (prefill, decode steps, genai's layout) passes,
+    and onnxruntime-genai and ``attnx generate`` pick HF's greedy tokens."""
+    import onnx
+
+    out = tmp_path / "out"
+    command = ["export", "--from", f"hf:{saved_dir('qwen3_5')}", "--decode", "--opset", "27", "-o", str(out)]
+    code, stdout, stderr = run_cli(command)
+    assert code == 0, stderr
+    assert "parity: PASSED on ort-cpu, torch decode, ort-cpu decode, ort-cpu genai" in stdout
+    for name in ("model", "prefill", "decode", "genai"):
+        model = onnx.load(str(out / f"{name}.onnx"), load_external_data=False)
+        assert model_opset(model) == 27 and harness.standard_linear_attention_nodes(model), name
+        assert not any(o.domain == "com.microsoft" for o in model.opset_import), name
+    assert_greedy_equals_hf(out, trained("qwen3_5"), saved_dir("qwen3_5"), "qwen3_5")
 
 
 @pytest.mark.slow
