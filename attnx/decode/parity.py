@@ -15,10 +15,12 @@ Backends: "torch decode" (the stateful torch modules, checking the decode machin
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from collections.abc import Sequence
 
 import numpy as np
 import torch
+from torch import nn
 
 from attnx.decode.module import full_inputs
 from attnx.decode.runtime import Stepper, decode_graphs, decode_section
@@ -52,7 +54,24 @@ def decode_cases(
     section: DecodeSection, assembly: Assembly | ModuleAssembly, cases: Cases
 ) -> list[DecodeCase]:
     """A :class:`DecodeCase` per verify length, each through the torch model's full forward once (a
-    language model's inputs beside the token ids as their omission stands for: :func:`full_inputs`)."""
+    language model's inputs beside the token ids as their omission stands for: :func:`full_inputs`).
+
+    The forwards run once per model and ``cases``: decode parity and the runtime decoders' parity
+    (:mod:`attnx.serve.genai_parity`) compare with the same ones, so they share one copy of the logits
+    (at real size, hundreds of MB, and a forward of the model at each length)."""
+    made = _MADE.setdefault(assembly.module, {})
+    if cases not in made:
+        made[cases] = _full_forwards(section, assembly, cases)
+    return made[cases]
+
+
+_MADE: weakref.WeakKeyDictionary[nn.Module, dict[Cases, list[DecodeCase]]] = weakref.WeakKeyDictionary()
+"""The runs :func:`decode_cases` made, per torch model (dropped with it) and cases."""
+
+
+def _full_forwards(
+    section: DecodeSection, assembly: Assembly | ModuleAssembly, cases: Cases
+) -> list[DecodeCase]:
     rng = np.random.default_rng(cases.seed + 1)
     source_specs = section.prefill.inputs[:-1]  # seq2seq: source ids and mask
     runs = []

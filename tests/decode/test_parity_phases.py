@@ -31,6 +31,7 @@ def test_the_torch_side_holds_no_model_and_the_report_is_check_paritys(decode_ex
     assert model() is None, "the torch side still holds the model: its weights would sit beside ORT's"
     report = compare_backends(export, side, ort, cases)
     assert report.passed
+    assert not side.expected, "model.onnx's expected outputs would sit beside the decode graphs' sessions"
     labels = ["ort-cpu", "torch decode", "ort-cpu decode", "ort-cpu genai"]
     assert [b.backend for b in report.backends] == labels
     assert rows(report) == rows(check_parity(export, export.rebuild(), ort, cases, PARITY_EXTENSIONS))

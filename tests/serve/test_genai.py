@@ -11,14 +11,14 @@ import pytest
 
 import attnx
 from attnx.decode.model import DecodeLayout
-from attnx.decode.parity import STEPS, decode_cases
+from attnx.decode.parity import DECODE_PARITY, STEPS, decode_cases
 from attnx.exporter.assemble import assemble
 from attnx.exporter.directory import ExportDir
 from attnx.parity.backends import BACKENDS
 from attnx.parity.check import Cases
 from attnx.parity.runners import Graph
 from attnx.serve.genai import blocker
-from attnx.serve.genai_parity import genai_positions
+from attnx.serve.genai_parity import GENAI_PARITY, genai_positions
 from tests.conftest import TINY
 from tests.helpers import run_cli
 from tests.models.cases import capabilities, decoders, one_per_kind
@@ -171,6 +171,28 @@ def test_genai_parity_fails_where_the_logits_differ(serve_export):
     assert rows == {"prefill logits": True, "logits @ 5": True, "logits @ 6": False} | {
         f"logits @ {p}": True for p in range(7, 5 + STEPS)
     }
+
+
+def test_genai_parity_reuses_the_full_forwards_decode_parity_ran(serve_export):
+    """Both checks compare with the full forward at each length: after decode parity's reference phase,
+    genai parity's runs the torch model no more (at real size each is a forward of the model and hundreds
+    of MB of logits); on a model decode parity has not run, it runs one forward per length."""
+    export = ExportDir.open(serve_export("linear"))
+    cases = Cases.make(export, [3, 5], None, None, 0)
+    ort_cpu = [BACKENDS["ort-cpu"]]
+    calls = []
+    fresh = export.rebuild()
+    fresh.module.register_forward_hook(lambda *_: calls.append(1))
+    GENAI_PARITY.reference(export, fresh, ort_cpu, cases)
+    assert len(calls) == 2
+    checked = export.rebuild()
+    DECODE_PARITY.reference(export, checked, ort_cpu, cases)
+    checked.module.register_forward_hook(lambda *_: calls.append(1))
+    GENAI_PARITY.reference(export, checked, ort_cpu, cases)
+    assert len(calls) == 2
+    section = export.manifest.decode
+    assert decode_cases(section, checked, cases) is decode_cases(section, checked, cases)
+    assert decode_cases(section, checked, cases) is not decode_cases(section, fresh, cases)
 
 
 def test_seq2seq_and_plain_exports_are_not_genai_decoders(serve_export):
