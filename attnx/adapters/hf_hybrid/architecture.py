@@ -56,9 +56,10 @@ class Architecture:
             token, which equals HF's local attention up to the window, where ``longest`` caps the export
             (RecurrentGemma's); None: the full attention layers (MiniMax), so a window is refused.
         leaky_padding: HF's forward lets left-padded tokens reach the real ones (RecurrentGemma's
-            recurrent blocks take no mask, xLSTM's model ignores it); the adapter masks them (a padded row
-            equals the row alone), so on a padded batch it matches HF's forward of each row alone, not HF's
-            padded forward.
+            recurrent blocks and RWKV's layers take no mask, xLSTM's model ignores it); the adapter masks
+            them (a padded row equals the row alone), so on a padded batch it matches HF's forward of each row
+            alone, not HF's padded forward. Padding after a row's real tokens reaches none of them and runs
+            unmasked, as in HF.
         whole: replaces the whole model (its layers converted) with a module of the same parameters whose
             forward passes what HF's does not (xLSTM's padding mask); None: HF's forward runs.
     """

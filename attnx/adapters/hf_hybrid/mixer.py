@@ -1,5 +1,6 @@
 """The base of the attnx layers that take HF's 2D padding mask themselves (Gated DeltaNet, Mamba2's SSD,
-Mamba1's scan, LFM2's short convolutions, RecurrentGemma's recurrent blocks), and the masking they share."""
+Mamba1's scan, LFM2's short convolutions, RecurrentGemma's recurrent blocks, RWKV's time and channel
+mixes), and the masking they share."""
 
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ class PaddedMixer(Stepping, nn.Module):
     def __init__(self, layer: nn.Module):
         super().__init__()
         adopt(self, layer)  # Falcon-H1's mup_vector buffer too
-        self.layer_idx = getattr(layer, "layer_idx", None)  # none in RecurrentGemma and xLSTM
+        self.layer_idx = getattr(layer, "layer_idx", None)  # none in RecurrentGemma, xLSTM and RWKV
 
     def forward(
         self,

@@ -10,6 +10,9 @@ called with what attnx's layers take:
 * positions: ``position_ids`` as given (generate passes cumsum(mask) - 1 for left padding), else
   0..n-1 as HF counts them, offset by ``past_length`` (the decode graphs' position of the first new
   token; HF counts its cache instead).
+
+A model whose layers HF calls without the padding mask (RWKV: its model drops ``attention_mask``) has
+them hold it for the call (:class:`HandedPadding`).
 """
 
 from __future__ import annotations
@@ -44,6 +47,13 @@ def adopt(module: nn.Module, layer: nn.Module) -> None:
         module.register_buffer(name, buffer)
 
 
+class HandedPadding:
+    """A layer that HF calls without the 2D padding mask (RWKV's blocks never pass it on):
+    :class:`HybridModel` sets ``padding`` to the mask it was given for the duration of its call."""
+
+    padding: torch.Tensor | None = None
+
+
 class HybridModel(nn.Module):
     """An HF hybrid causal LM (or its text model) with attnx layers, called as attnx exports it."""
 
@@ -74,6 +84,17 @@ class HybridModel(nn.Module):
         masks = attention_mask
         if self.layer_types is not None:
             masks = {kind: attention_mask for kind in self.layer_types}
-        return self.model(
-            input_ids=input_ids, attention_mask=masks, position_ids=position_ids, use_cache=False, **kwargs
-        )
+        handed = [m for m in self.model.modules() if isinstance(m, HandedPadding)]
+        for layer in handed:
+            layer.padding = attention_mask
+        try:
+            return self.model(
+                input_ids=input_ids,
+                attention_mask=masks,
+                position_ids=position_ids,
+                use_cache=False,
+                **kwargs,
+            )
+        finally:
+            for layer in handed:
+                layer.padding = None

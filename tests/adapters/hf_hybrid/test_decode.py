@@ -5,20 +5,20 @@ text in and out with the saved tokenizer (slow: whole decode exports)."""
 
 from __future__ import annotations
 
+import copy
 import functools
 import json
 
 import pytest
 
-from attnx.adapters.hf_hybrid.architecture import LAYER_TYPES
 from attnx.adapters.hf_hybrid.convert import convert, lengths
 from attnx.decode.generate import generate
+from attnx.decode.module import stepping_layers
 from attnx.exporter.opsets import model_opset
 from attnx.registry import get_registry
 from attnx.serve.genai import DEFAULT_CONTEXT
 from attnx.testing import hf_hybrid
 from tests.adapters.hf_hybrid.conftest import ARCHS
-from tests.adapters.hf_hybrid.test_torch_parity import MIXERS, kind_of, layers_of
 from tests.helpers import run_cli
 from tests.plugins import op_harness as harness
 
@@ -64,34 +64,24 @@ def test_genai_config_names_each_layers_state(decode_export, trained, arch):
     decoder = genai_model["decoder"]
     assert decoder["inputs"]["past_recurrent_names"] == "past.%d.recurrent"
     assert decoder["inputs"]["past_conv_names"] == "past.%d.conv"
-    if "full_attention" in map(
-        kind_of, hf_hybrid.layer_types(trained(arch).config)
-    ):  # Mamba2 has no KV cache to name
-        assert decoder["inputs"]["past_key_names"] == "past_key_values.%d.key"
     graph = onnx.load(str(out / "genai.onnx"), load_external_data=False).graph
     dims = {i.name: [d.dim_value or d.dim_param for d in i.type.tensor_type.shape.dim] for i in graph.input}
-    model = trained(arch)
-    # the stateful layers in order: Nemotron-H's mlp and moe blocks hold none, Falcon-H1's hybrid two
-    kinds = [
-        k
-        for t in hf_hybrid.layer_types(model.config)
-        for k in (LAYER_TYPES if t == "hybrid" else (kind_of(t),))
-        if k in MIXERS
-    ]
-    mixers = {kind: iter(layers_of(model, kind)) for kind in set(kinds)}
-    for i, kind in enumerate(kinds):
-        mixer = next(mixers[kind])
-        if kind == "full_attention":
+    # the stateful layers in export order: Nemotron-H's mlp and moe blocks hold none, Falcon-H1's hybrid
+    # layers two, RWKV's blocks two (time and channel mix)
+    layers = stepping_layers(convert(copy.deepcopy(trained(arch))))
+    for i, layer in enumerate(layers):
+        roles = {s.role for s in layer.decode_state()}
+        if "key" in roles:
+            assert decoder["inputs"]["past_key_names"] == "past_key_values.%d.key"
             wanted = {f"past_key_values.{i}.key", f"past_key_values.{i}.value"}
         else:
             wanted = {f"past.{i}.recurrent", f"past.{i}.conv"}
-        assert wanted <= set(dims), (i, kind, sorted(dims))
-        if kind != "full_attention":
-            placeholder = dims[f"past.{i}.conv"][1:] == [1, 1]
-            convolves = any("conv" in name for name, _ in mixer.named_children())  # Kimi: q/k/v_conv1d
-            assert placeholder != convolves, (i, dims[f"past.{i}.conv"])
-            recurs = any(s.role == "recurrent" for s in convert(mixer).decode_state())
-            assert (dims[f"past.{i}.recurrent"][1:] == [1, 1, 1]) != recurs, (i, dims[f"past.{i}.recurrent"])
+        assert wanted <= set(dims), (i, roles, sorted(dims))
+        if "key" not in roles:
+            assert (dims[f"past.{i}.conv"][1:] == [1, 1]) != ("conv" in roles), (i, dims[f"past.{i}.conv"])
+            placeholder = dims[f"past.{i}.recurrent"][1:] == [1, 1, 1]
+            assert placeholder != ("recurrent" in roles), (i, dims[f"past.{i}.recurrent"])
+    assert not any(f"past.{len(layers)}.{role}" in dims for role in ("conv", "recurrent"))
 
 
 @pytest.mark.slow
