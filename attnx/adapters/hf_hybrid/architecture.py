@@ -46,6 +46,8 @@ class Architecture:
             padding mask (Mamba2, which has only one layer type).
         layer_types: the config's ``layer_types`` the adapter reproduces (Nemotron-H's blocks add
             ``mlp`` and ``moe``, which hold no token mixer).
+        loaded: runs on the model ``--from`` loads (eval mode) before anything traces or runs it: RWKV's
+            inference rescaling, which HF's first eval forward would otherwise do in place mid-export.
         prepare: runs on the whole model (the walk's private copy) before its layers are converted, to
             record what a layer's converter needs from the model around it (Zamba2's call sites).
         longest: the longest sequence (prompt and generated tokens) the adapted model reproduces exactly,
@@ -79,6 +81,7 @@ class Architecture:
     windowed: str | None = None
     leaky_padding: bool = False
     whole: Callable[[nn.Module], nn.Module] | None = None
+    loaded: Callable[[nn.Module], None] | None = None
 
     def check_config(self, config: Any) -> None:
         """Refuse, by name, the options of ``config`` that the adapter does not reproduce.

@@ -33,8 +33,10 @@ a padded row is HF's forward on the row alone.
 The token shifts are decode state: each layer carries its last input x as a conv carry of one tap
 (batch, width, 1); the time mix also carries the WKV state (batch, channels, 1, 2). ``rescale_every``
 (HF halves the hidden states every N blocks in inference, the ``output``/``value`` weights of later
-blocks divided to match) is HF's own code: :func:`_rescale` applies HF's ``_rescale_layers`` to the
-walk's copy before conversion, and HF's forward halves the hidden states. Embeddings, the layer norms
+blocks divided in place to match) is reproduced without touching the shared weights: :func:`_rescale`
+scales the layers' outputs by the same powers of two (the same float numbers), and HF's forward halves
+the hidden states; ``--from hf:DIR`` rescales the loaded model itself first (:func:`_rescaled`, as its
+first eval forward would mid-export), so the exported weights are the model's own. Embeddings, the layer norms
 (``pre_ln``, ``ln1``, ``ln2``, ``ln_out``), the residuals and the head are HF's own code.
 """
 
@@ -60,7 +62,9 @@ def _mixed(x: torch.Tensor, shifted: torch.Tensor, mix: torch.Tensor) -> torch.T
 
 def _earlier(x: torch.Tensor, first: torch.Tensor | None) -> torch.Tensor:
     """(batch, n, ...) ``x`` one token later: ``first`` (batch, 1, ...; None: zeros), then x_0 .. x_{n-2}."""
-    return torch.cat([torch.zeros_like(x[:, :1]) if first is None else first.to(x.dtype), x[:, :-1]], dim=1)
+    # padded by one, then cut: slicing x itself to n - 1 tokens makes torch.export guard on n - 1 != 1
+    before = torch.zeros_like(x[:, :1]) if first is None else first.to(x.dtype)
+    return torch.cat([before, x], dim=1)[:, :-1]
 
 
 class TokenShift(HandedPadding, PaddedMixer):
@@ -71,6 +75,7 @@ class TokenShift(HandedPadding, PaddedMixer):
     def __init__(self, layer: nn.Module):
         super().__init__(layer)
         self.width = layer.config.hidden_size
+        self.scale = 2.0 ** -getattr(layer, "halvings", 0)  # HF's rescaled output weights (_rescale)
 
     def decode_state(self) -> list[StateTensor]:
         """The last input x (the token shift's carry)."""
@@ -141,7 +146,7 @@ class TimeMix(TokenShift):
         bonus = (self.time_first.float() + key).exp()[..., None] * pair
         total = out + bonus.transpose(1, 2)
         wkv = (total[..., 0] / total[..., 1]).transpose(1, 2)
-        y = self.output(receptance * wkv.to(receptance.dtype))
+        y = self.output(receptance * wkv.to(receptance.dtype)) * self.scale
         if not step:
             return y, None
         last = real[:, -1, :, None, None]  # (b, 1, 1, 1): 1 where the last token is real
@@ -162,13 +167,28 @@ class ChannelMix(TokenShift):
         x, shifted, carry = self.shifted(x, mask, None if state is None else state[0])
         key = torch.square(torch.relu(self.key(_mixed(x, shifted, self.time_mix_key))))
         receptance = torch.sigmoid(self.receptance(_mixed(x, shifted, self.time_mix_receptance)))
-        return receptance * self.value(key), None if state is None else (carry,)
+        return receptance * self.value(key) * self.scale, None if state is None else (carry,)
 
 
 def _rescale(model: nn.Module) -> None:
-    """HF's inference rescaling of the ``output``/``value`` weights (``rescale_every``), which HF's forward
-    does in place on its first call in eval mode; done here, before tracing, on the walk's copy (a no-op
-    where the model has done it already, or ``rescale_every`` <= 0)."""
+    """HF's inference rescaling (``rescale_every``) without touching the weights, which the walk's copy
+    shares with the model: HF's first eval forward divides the ``output``/``value`` weights of block i by
+    2^(i // rescale_every) in place and from then on halves the hidden states; here each layer records
+    its halvings (its output is scaled by 2^-halvings, the same float numbers) and the copy is marked
+    rescaled, so HF's forward halves the hidden states and leaves the weights alone. Nothing to do in
+    training mode, without rescaling, or where HF's forward has divided the weights already."""
+    base = model.base_model
+    every = base.config.rescale_every
+    if base.training or every <= 0 or base.layers_are_rescaled:
+        return
+    for index, block in enumerate(base.blocks):
+        block.attention.halvings = block.feed_forward.halvings = index // every
+    base.layers_are_rescaled = True
+
+
+def _rescaled(model: nn.Module) -> None:
+    """HF's inference rescaling done on a loaded model before the export runs it (in place, as HF's first
+    eval forward would do it: the exported weights are then the model's own)."""
     model.base_model._rescale_layers()
 
 
@@ -183,4 +203,5 @@ RWKV = Architecture(
     mask_by_layer_type=False,
     prepare=_rescale,
     leaky_padding=True,
+    loaded=_rescaled,
 )

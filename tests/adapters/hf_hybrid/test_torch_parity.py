@@ -709,9 +709,19 @@ def test_an_rwkv_wkv_that_reads_the_state_after_the_token_is_caught(hybrid):
 def test_rwkv_rescaling_matches_hf(rescale_every):
     """HF halves RWKV's hidden states every ``rescale_every`` blocks in inference (and divides the later
     blocks' output weights to match, in place, at its first eval forward); the adapted model, converted
-    before HF's first forward, equals HF's on a left-padded batch whatever the setting."""
-    torch.manual_seed(5)
-    whole_model_matches_hf(hf_hybrid.build("rwkv", rescale_every=rescale_every).eval(), 23)
+    before HF's first forward from a copy sharing its parameters (as attnx's walk copies), equals HF's on a
+    left-padded batch whatever the setting, and leaves HF's weights as they were."""
+    model = hf_hybrid.build("rwkv", rescale_every=rescale_every).eval()
+    weights = {name: p.clone() for name, p in model.named_parameters()}
+    adapted = convert(copy.deepcopy(model, memo={id(p): p for p in model.parameters()}))
+    ids = torch.randint(0, model.config.vocab_size, (2, 23), generator=torch.Generator().manual_seed(5))
+    mask, positions = padded(23)
+    with torch.no_grad():
+        actual = adapted(input_ids=ids, attention_mask=mask.bool(), position_ids=positions).logits
+    assert all(torch.equal(p, weights[name]) for name, p in model.named_parameters())
+    with torch.no_grad():  # HF divides its weights here
+        expected, keep = hf_reference(model, functools.partial(hf_logits, model), ids, mask)
+    assert_close(actual[keep], expected[keep])
 
 
 @pytest.mark.parametrize("arch", ARCHS)
