@@ -26,9 +26,12 @@ keys below ~88 (float32's e^x), as trained RWKV-4 keys are.
 HF's RWKV ignores ``attention_mask`` (it warns and drops it): a left-padded row's pad tokens shift into
 its first token and run through the recurrence. attnx's contract is that a padded row equals the row
 alone, so the layers take the 2D mask that :class:`~attnx.adapters.hf_hybrid.model.HybridModel` hands
-over (:class:`~attnx.adapters.hf_hybrid.model.HandedPadding`): x is zeroed at padded tokens (so the first
-real token's shift is zeros) and a padded token neither decays nor adds to the state; the reference of
-a padded row is HF's forward on the row alone.
+over (:class:`~attnx.adapters.hf_hybrid.model.HandedPadding`): before a row's first real token x is
+zeroed (so that token's shift is zeros) and a padded token neither decays nor adds to the state; on a
+left-padded batch the model matches HF's forward of each row alone (``Architecture.leaky_padding``).
+Padding after the real tokens reaches none of them and runs as HF runs it, pad tokens as tokens
+(:func:`~attnx.adapters.hf_hybrid.mixer.leading_padding`, as RecurrentGemma's), so a right-padded batch
+(``attnx export``'s own parity inputs) equals HF's padded forward at every position.
 
 The token shifts are decode state: each layer carries its last input x as a conv carry of one tap
 (batch, width, 1); the time mix also carries the WKV state (batch, channels, 1, 2). ``rescale_every``
@@ -49,7 +52,7 @@ from torch import nn
 from transformers.models.rwkv import modeling_rwkv as rwkv
 
 from attnx.adapters.hf_hybrid.architecture import Architecture
-from attnx.adapters.hf_hybrid.mixer import PaddedMixer, mask_padding
+from attnx.adapters.hf_hybrid.mixer import PaddedMixer, leading_padding, mask_padding
 from attnx.adapters.hf_hybrid.model import HandedPadding
 from attnx.plugins.gated.op import rule_state, run_rule
 from attnx.state import StateTensor, conv_state
@@ -91,12 +94,14 @@ class TokenShift(HandedPadding, PaddedMixer):
 
     def shifted(
         self, x: torch.Tensor, mask: torch.Tensor | None, carry: torch.Tensor | None
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``x`` with padded tokens zeroed, the token before each ((batch, n, width); ``carry`` (batch, width,
-        1) before the first, None: zeros) and the carry after ``x``."""
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """``x`` with the padding before a row's first token zeroed (:func:`leading_padding`), the token
+        before each ((batch, n, width); ``carry`` (batch, width, 1) before the first, None: zeros), the carry
+        after ``x`` and the mask of the tokens that run (None: all)."""
+        mask = leading_padding(mask)
         x = mask_padding(x, mask)
         before = None if carry is None else carry.transpose(1, 2)
-        return x, _earlier(x, before), x[:, -1:].transpose(1, 2)
+        return x, _earlier(x, before), x[:, -1:].transpose(1, 2), mask
 
 
 class TimeMix(TokenShift):
@@ -130,7 +135,7 @@ class TimeMix(TokenShift):
     ) -> tuple[torch.Tensor, Any]:
         """``PaddedMixer.mix`` of the time mix (module docstring)."""
         carry, past = (None, None) if state is None else state
-        x, shifted, carry = self.shifted(x, mask, carry)
+        x, shifted, carry, mask = self.shifted(x, mask, carry)
         key = self.key(_mixed(x, shifted, self.time_mix_key)).float()
         value = self.value(_mixed(x, shifted, self.time_mix_value)).float()
         receptance = torch.sigmoid(self.receptance(_mixed(x, shifted, self.time_mix_receptance)))
@@ -164,7 +169,7 @@ class ChannelMix(TokenShift):
         self, x: torch.Tensor, mask: torch.Tensor | None, state: tuple[torch.Tensor | None] | None
     ) -> tuple[torch.Tensor, Any]:
         """``PaddedMixer.mix`` of the channel mix (module docstring)."""
-        x, shifted, carry = self.shifted(x, mask, None if state is None else state[0])
+        x, shifted, carry, _ = self.shifted(x, mask, None if state is None else state[0])
         key = torch.square(torch.relu(self.key(_mixed(x, shifted, self.time_mix_key))))
         receptance = torch.sigmoid(self.receptance(_mixed(x, shifted, self.time_mix_receptance)))
         return receptance * self.value(key) * self.scale, None if state is None else (carry,)
