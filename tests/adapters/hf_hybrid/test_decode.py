@@ -50,11 +50,15 @@ def decode_export(saved_dir, tmp_path_factory):
 def test_genai_config_names_each_layers_state(decode_export, trained, arch):
     """genai_config.json: the KV cache names of the attention layers and the conv/recurrent names of the
     linear layers, as onnxruntime-genai 0.18 reads them, and genai.onnx takes those per layer: a linear
-    layer's conv carry beside its recurrent state, a (batch, 1, 1) placeholder where the layer has no
-    short conv (MiniMax's lightning layers; genai 0.18 requires a conv next to every recurrent state), a
-    (batch, 1, 1, 1) recurrent placeholder where the layer's state is its conv carry alone (LFM2's convs:
-    genai finds its recurrent layers by their recurrent inputs)."""
+    layer's conv carry beside its recurrent state, a conv placeholder where the layer has no short conv
+    (MiniMax's lightning layers; genai 0.18 requires a conv next to every recurrent state), a recurrent
+    placeholder where the layer's state is its conv carry alone (LFM2's convs, RWKV's channel mixes: genai
+    finds its recurrent layers by their recurrent inputs). genai allocates every layer's state of a role
+    with the first layer's shape, so all of a role's inputs share one shape: the layers' own, the
+    smallest ((batch, 1, 1), (batch, 1, 1, 1)) only where no layer holds that role."""
     import onnx
+
+    from attnx.exporter.directory import ExportDir
 
     out = decode_export(arch)
     genai_model = json.loads((out / "genai_config.json").read_text())["model"]
@@ -77,11 +81,16 @@ def test_genai_config_names_each_layers_state(decode_export, trained, arch):
         else:
             wanted = {f"past.{i}.recurrent", f"past.{i}.conv"}
         assert wanted <= set(dims), (i, roles, sorted(dims))
-        if "key" not in roles:
-            assert (dims[f"past.{i}.conv"][1:] == [1, 1]) != ("conv" in roles), (i, dims[f"past.{i}.conv"])
-            placeholder = dims[f"past.{i}.recurrent"][1:] == [1, 1, 1]
-            assert placeholder != ("recurrent" in roles), (i, dims[f"past.{i}.recurrent"])
     assert not any(f"past.{len(layers)}.{role}" in dims for role in ("conv", "recurrent"))
+    held = {(s.layer, s.role): bool(s.carries) for s in ExportDir.open(out).manifest.genai.state}
+    recurrent = {i: {s.role for s in layer.decode_state()} for i, layer in enumerate(layers)}
+    recurrent = {i: roles for i, roles in recurrent.items() if "key" not in roles}
+    for role, smallest in (("conv", [1, 1]), ("recurrent", [1, 1, 1])):
+        assert all(held[i, role] == (role in roles) for i, roles in recurrent.items()), (role, held)
+        shapes = {tuple(dims[f"past.{i}.{role}"]) for i in recurrent}
+        assert len(shapes) <= 1, (role, shapes)
+        holds = any(role in roles for roles in recurrent.values())
+        assert all((list(shape[1:]) == smallest) != holds for shape in shapes), (role, shapes)
 
 
 @pytest.mark.slow
