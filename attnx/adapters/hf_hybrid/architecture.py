@@ -63,7 +63,9 @@ class Architecture:
             alone, not HF's padded forward. Padding after a row's real tokens reaches none of them and runs
             unmasked, as in HF.
         whole: replaces the whole model (its layers converted) with a module of the same parameters whose
-            forward passes what HF's does not (xLSTM's padding mask); None: HF's forward runs.
+            forward traces where HF's would not (xLSTM's, which chunks long inputs behind a Python length
+            comparison); None: HF's forward runs. (Where HF's model drops the padding mask, its layers are
+            handed it: :class:`~attnx.adapters.hf_hybrid.model.HandedPadding`.)
     """
 
     model_type: str

@@ -11,8 +11,8 @@ called with what attnx's layers take:
   0..n-1 as HF counts them, offset by ``past_length`` (the decode graphs' position of the first new
   token; HF counts its cache instead).
 
-A model whose layers HF calls without the padding mask (RWKV: its model drops ``attention_mask``) has
-them hold it for the call (:class:`HandedPadding`).
+A model whose layers HF calls without the padding mask (RWKV's and xLSTM's: their models drop
+``attention_mask``) has them hold it for the call (:class:`HandedPadding`), so HF's forward runs as it is.
 """
 
 from __future__ import annotations
@@ -48,10 +48,23 @@ def adopt(module: nn.Module, layer: nn.Module) -> None:
 
 
 class HandedPadding:
-    """A layer that HF calls without the 2D padding mask (RWKV's blocks never pass it on):
-    :class:`HybridModel` sets ``padding`` to the mask it was given for the duration of its call."""
+    """A layer that HF calls as ``layer(hidden, state, use_cache) -> (out, state)`` without the 2D padding
+    mask (RWKV's time and channel mixes, xLSTM's mLSTM: their models drop ``attention_mask``), mixed in
+    before :class:`~attnx.adapters.hf_hybrid.mixer.PaddedMixer`: :class:`HybridModel` sets ``padding`` to
+    the mask it was given for the duration of its call, and HF's call runs the layer with it. HF's state
+    is refused: attnx decoding carries the layer's state."""
 
     padding: torch.Tensor | None = None
+
+    def forward(
+        self, hidden: torch.Tensor, state: Any = None, use_cache: bool = False
+    ) -> tuple[torch.Tensor, None]:
+        """HF's call of the layer, with the handed padding mask and without HF's state."""
+        if state is not None or use_cache:
+            raise ValueError(
+                f"an attnx {type(self).__name__} layer keeps its state through attnx decoding, not HF's state"
+            )
+        return super().forward(hidden, attention_mask=self.padding), None  # type: ignore[misc]
 
 
 class HybridModel(nn.Module):

@@ -84,14 +84,6 @@ class TokenShift(HandedPadding, PaddedMixer):
         """The last input x (the token shift's carry)."""
         return [conv_state(self.width, 2)]
 
-    def forward(
-        self, hidden: torch.Tensor, state: Any = None, use_cache: bool = False
-    ) -> tuple[torch.Tensor, None]:
-        """HF's call of the layer, without HF's state (attnx decoding carries it)."""
-        if state is not None or use_cache:
-            raise ValueError("an attnx RWKV layer keeps its state through attnx decoding, not HF's state")
-        return super().forward(hidden, attention_mask=self.padding), None
-
     def shifted(
         self, x: torch.Tensor, mask: torch.Tensor | None, carry: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:

@@ -26,6 +26,7 @@ from attnx.adapters.hf_hybrid.lfm2 import GatedShortConv
 from attnx.adapters.hf_hybrid.lightning import LightningAttention
 from attnx.adapters.hf_hybrid.linear import GatedDeltaNet
 from attnx.adapters.hf_hybrid.mamba import SiteAttention
+from attnx.adapters.hf_hybrid.model import HandedPadding
 from attnx.adapters.hf_hybrid.moe import DenseExperts
 from attnx.adapters.hf_hybrid.olmo import OlmoAttention, OlmoGatedDeltaNet
 from attnx.adapters.hf_hybrid.rgemma import RecurrentBlock
@@ -128,11 +129,11 @@ def linear_layers(model) -> list:
 def call_linear(layer, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     """A linear layer's output on ``x`` (HF's and attnx's: Qwen's take x and the mask, MiniMax's the
     rotary too and return a pair, RecurrentGemma's generate's positions and no cache and return a pair;
-    xLSTM's no mask: the reference runs it on each row alone; RWKV's return a pair and are called without
-    the mask, which attnx's are handed)."""
+    xLSTM's and RWKV's return a pair and are called without the mask, which attnx's are handed: the
+    reference runs HF's on each row alone)."""
     if isinstance(layer, xlstm.xLSTMLayer):
         return layer(x)[0]
-    if isinstance(layer, TokenShift):
+    if isinstance(layer, HandedPadding):
         layer.padding = mask
         try:
             return layer(x)[0]
@@ -834,9 +835,9 @@ def test_an_xlstm_normaliser_without_its_floor_of_one_is_caught(hybrid):
     x = torch.randn(1, 33, hybrid("xlstm").config.hidden_size)
     with torch.no_grad():
         expected = layer(x)[0]
-        assert_close(MatrixLSTM(layer)(x), expected)
+        assert_close(MatrixLSTM(layer)(x)[0], expected)
         with pytest.raises(AssertionError):
-            assert_close(Unfloored(layer)(x), expected)
+            assert_close(Unfloored(layer)(x)[0], expected)
 
 
 def test_xlstm_left_padding_reaches_hf_but_not_attnx(hybrid):
