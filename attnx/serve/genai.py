@@ -19,9 +19,9 @@ through a :class:`attnx.exporter.layout.Layout`:
   kernel - 1). genai 0.18 finds its recurrent layers by their ``past.<layer>.recurrent`` inputs and
   requires a conv next to every one (without one it stops with "Model input was not found:
   past.0.conv"), every dim but batch static and > 0: a layer without a convolution gets a conv
-  placeholder the graph passes through unchanged, and a layer whose state is a conv carry alone (LFM2's
-  gated short convolutions, RWKV's channel mix) a recurrent placeholder, without which genai would not
-  bind its conv at all.
+  placeholder the graph passes through unchanged, and a layer whose state is a conv carry alone beside
+  recurrent layers (RWKV's channel mix) a recurrent placeholder, without which genai would not bind its
+  conv at all.
 
 genai allocates every recurrent layer's state with the first one's shape and dtype, and every conv
 with the first conv's (``RecurrentState``: one shape per role, read from the first layer's inputs), so
@@ -30,6 +30,14 @@ placeholder takes their shape and dtype: where the model holds no real state of 
 smallest, (batch, 1, 1) for a conv and (batch, 1, 1, 1) for a recurrent state, in the activations'
 dtype; where it holds some (RWKV: a time mix's WKV state beside a channel mix's lone token-shift
 carry), theirs, so every layer's buffer genai allocates is the one its graph input declares.
+
+A model whose every non-attention layer holds a conv carry alone (LFM2's gated short convolutions:
+:func:`conv_cache`) gets the contract of onnxruntime-genai's model builder for LFM2 instead, name for
+name: ``"type": "lfm2"``, which genai 0.18 runs with its LFM2 cache (a KV cache per attention layer and a
+``past.<layer>.conv`` per other layer, told apart by the config's ``layer_types``), so no recurrent
+placeholders; and ``attention_mask`` (batch, total_sequence_length) in place of ``position_ids``, the
+first new token's position being its length less the new tokens' (the mask's values are not read:
+attnx's decode graphs take one sequence, every token real).
 
 genai on CPU binds a recurrent or conv state's input and output to one buffer, so the graph reads
 each such input once, by Slice nodes (copies) that every node writing its output depends on: the
@@ -61,7 +69,8 @@ from attnx.serve.tokenizer import CONFIG_FILE, TOKENIZER_FILE, describe, load_to
 from attnx.state import CACHE_ROLES
 
 GENAI_FILE, GENAI_CONFIG = "genai.onnx", "genai_config.json"
-POSITION_IDS = "position_ids"
+POSITION_IDS, ATTENTION_MASK = "position_ids", "attention_mask"
+CONV_MODEL = "lfm2"  # genai 0.18's model type with a conv cache beside attention (model builder: LFM2)
 # genai 0.18's name templates, per role (model builder: past_key_names, past_conv_names, ...)
 PAST = {
     "key": "past_key_values.%d.key",
@@ -136,7 +145,23 @@ def genai_state(section: DecodeSection, names: StateNames = GENAI_NAMES) -> list
         return [s for s in found if s.role in CACHE_ROLES or s.carries]
     for role in ("recurrent", "conv"):
         shared_shape(role, section)  # raises where the layers' real states differ
+    if conv_cache(section):  # genai's LFM2 model binds the convs alone: no recurrent placeholders
+        return [s for s in found if s.role in CACHE_ROLES or s.carries]
     return found
+
+
+def conv_cache(section: DecodeSection) -> bool:
+    """Whether genai runs the model as the builder's LFM2 (model type :data:`CONV_MODEL`): it has layers
+    without a KV cache, and each holds one conv carry alone (see the module docstring)."""
+    layers = section.layer_state()
+    convs = [[p.role for p in pairs] for i, pairs in layers.items() if section.layers[i] != "kv-cache"]
+    return bool(convs) and all(roles == ["conv"] for roles in convs)
+
+
+def position_input(section: DecodeSection) -> str:
+    """The input genai gives the positions by: ``attention_mask`` for its LFM2 model (:func:`conv_cache`,
+    as the model builder's LFM2 graph takes them), else ``position_ids``."""
+    return ATTENTION_MASK if conv_cache(section) else POSITION_IDS
 
 
 def _names(layer: int, role: str, names: StateNames) -> tuple[str, str]:
@@ -220,21 +245,34 @@ def shared_shape(role: str, section: DecodeSection) -> tuple[list[str | int], st
 
 def genai_layout(proto: onnx.ModelProto, section: DecodeSection) -> onnx.ModelProto:
     """``decode.onnx`` under onnxruntime-genai's names (see the module docstring)."""
-    return decoder_layout(proto, section, genai_state(section))
+    return decoder_layout(proto, section, genai_state(section), positions=position_input(section))
 
 
 def decoder_layout(
-    proto: onnx.ModelProto, section: DecodeSection, state: Sequence[GenaiState], batch: str = BATCH
+    proto: onnx.ModelProto,
+    section: DecodeSection,
+    state: Sequence[GenaiState],
+    batch: str = BATCH,
+    positions: str = POSITION_IDS,
 ) -> onnx.ModelProto:
-    """``decode.onnx`` as a runtime's decoder (genai's layout, see the module docstring): ``position_ids``
-    for ``past_length``, and the decode state under ``state``'s names (a genai placeholder where it
-    carries nothing), its batch axis named ``batch``."""
+    """``decode.onnx`` as a runtime's decoder (genai's layout, see the module docstring): ``positions``
+    (``position_ids`` or ``attention_mask``) for ``past_length``, and the decode state under ``state``'s
+    names (a genai placeholder where it carries nothing), its batch axis named ``batch``."""
     layout = Layout(proto)
     layout.keep(TOKENS)
-    layout.inputs.append(value(POSITION_IDS, "int64", ("batch", "seq")))
-    corner = [layout.constant("zeros", [0, 0]), layout.constant("ones", [1, 1])]
-    first = layout.node("Slice", [POSITION_IDS, *corner], f"{PREFIX}first_position")
-    layout.node("Reshape", [first, layout.constant("one", [1])], layout.feed(PAST_LENGTH))
+    past_length = layout.feed(PAST_LENGTH)
+    if positions == ATTENTION_MASK:  # its length less the new tokens'
+        layout.inputs.append(value(ATTENTION_MASK, "int64", ("batch", "total_sequence_length")))
+        total, new = (
+            layout.node("Shape", [name], f"{PREFIX}{name}/length", start=1, end=2)
+            for name in (ATTENTION_MASK, TOKENS)
+        )
+        layout.node("Sub", [total, new], past_length)
+    else:
+        layout.inputs.append(value(POSITION_IDS, "int64", ("batch", "seq")))
+        corner = [layout.constant("zeros", [0, 0]), layout.constant("ones", [1, 1])]
+        first = layout.node("Slice", [POSITION_IDS, *corner], f"{PREFIX}first_position")
+        layout.node("Reshape", [first, layout.constant("one", [1])], past_length)
     layout.keep(LOGITS)
     for held in state:
         if held.role in CACHE_ROLES:
@@ -318,8 +356,9 @@ def genai_config(
     the tokenizer's bos/eos/pad ids (None unknown)."""
     heads, head_size = _heads(section)
     roles = [role for role in PAST if any(s.role == role for s in state)]
+    positions = position_input(section)
     model: dict[str, Any] = {
-        "type": "decoder",
+        "type": CONV_MODEL if conv_cache(section) else "decoder",
         "vocab_size": section.vocab_size,
         "context_length": context,
         # No known end token: genai then ends at its pad_token_id (0) or at max_length.
@@ -335,7 +374,7 @@ def genai_config(
             "num_hidden_layers": len(section.layers),
             "inputs": {
                 "input_ids": TOKENS,
-                "position_ids": POSITION_IDS,
+                positions: positions,
                 **{f"past_{role}_names": PAST[role] for role in roles},
             },
             "outputs": {
@@ -344,6 +383,11 @@ def genai_config(
             },
         },
     }
+    if conv_cache(section):  # what genai's LFM2 cache reads, as the model builder writes it
+        model["decoder"]["layer_types"] = [
+            "full_attention" if kind == "kv-cache" else "conv" for kind in section.layers
+        ]
+        model["decoder"]["conv_cache_size"] = int(shared_shape("conv", section)[0][-1])
     search = {"do_sample": False, "num_beams": 1, "max_length": context, "past_present_share_buffer": False}
     return {"model": model, "search": search}
 

@@ -19,7 +19,14 @@ from attnx.models.spec import TensorSpec
 from attnx.parity.backends import BACKENDS
 from attnx.parity.check import Cases
 from attnx.parity.runners import Graph
-from attnx.serve.genai import blocker, genai_state, shared_shape
+from attnx.serve.genai import (
+    blocker,
+    conv_cache,
+    genai_config,
+    genai_state,
+    position_input,
+    shared_shape,
+)
 from attnx.serve.genai_parity import genai_positions
 from tests.conftest import TINY
 from tests.helpers import run_cli
@@ -207,7 +214,8 @@ def recurrent_section(layers: dict[int, dict[str, tuple]]) -> DecodeSection:
         for layer, roles in layers.items()
         for role, axes in roles.items()
     ]
-    io = GraphIO([], [TensorSpec("logits", "float16", ("batch", "seq", 50))])
+    tokens = TensorSpec("input_ids", "int64", ("batch", "seq"), high=50)
+    io = GraphIO([tokens], [TensorSpec("logits", "float16", ("batch", "seq", 50))])
     return DecodeSection(["recurrent"] * len(layers), "input_ids", io, io, state, [], [])
 
 
@@ -227,3 +235,29 @@ def test_a_placeholder_takes_the_shape_of_its_roles_real_states():
     differ = recurrent_section({0: {"conv": carry, "recurrent": wkv}, 1: {"recurrent": ("batch", 4, 1, 2)}})
     assert "recurrent states differ in shape" in blocker(differ)
     assert blocker(rwkv) is None
+
+
+def test_convs_alone_are_genais_lfm2_model_as_the_builder_writes_it():
+    """A model whose every non-attention layer holds a conv carry alone (LFM2) gets onnxruntime-genai's
+    "lfm2" model, the model builder's LFM2 contract: no recurrent placeholders, the convs told apart by
+    ``layer_types``, positions from ``attention_mask``; one recurrent state anywhere keeps the generic
+    decoder (position_ids, a recurrent placeholder per conv layer)."""
+    carry = ("batch", 8, 2)
+    convs = recurrent_section({0: {"conv": carry}, 1: {"conv": carry}})
+    assert conv_cache(convs) and position_input(convs) == "attention_mask"
+    assert [(s.layer, s.role) for s in genai_state(convs)] == [(0, "conv"), (1, "conv")]
+    model = genai_config(convs, genai_state(convs), 64, {})["model"]
+    assert model["type"] == "lfm2" and model["decoder"]["layer_types"] == ["conv", "conv"]
+    assert model["decoder"]["conv_cache_size"] == 2
+    assert model["decoder"]["inputs"] == {
+        "input_ids": "input_ids",
+        "attention_mask": "attention_mask",
+        "past_conv_names": "past.%d.conv",
+    }
+    mixed = recurrent_section({0: {"conv": carry, "recurrent": ("batch", 8, 1, 2)}, 1: {"conv": carry}})
+    assert not conv_cache(mixed) and position_input(mixed) == "position_ids"
+    model = genai_config(mixed, genai_state(mixed), 64, {})["model"]
+    assert model["type"] == "decoder" and "layer_types" not in model["decoder"]
+    assert model["decoder"]["inputs"]["past_recurrent_names"] == "past.%d.recurrent"
+    widths = recurrent_section({0: {"conv": carry}, 1: {"conv": ("batch", 4, 2)}})
+    assert "conv states differ in shape" in blocker(widths)  # genai's LFM2 cache allocates one shape too

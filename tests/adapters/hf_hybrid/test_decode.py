@@ -52,10 +52,12 @@ def test_genai_config_names_each_layers_state(decode_export, trained, arch):
     linear layers, as onnxruntime-genai 0.18 reads them, and genai.onnx takes those per layer: a linear
     layer's conv carry beside its recurrent state, a conv placeholder where the layer has no short conv
     (MiniMax's lightning layers; genai 0.18 requires a conv next to every recurrent state), a recurrent
-    placeholder where the layer's state is its conv carry alone (LFM2's convs, RWKV's channel mixes: genai
-    finds its recurrent layers by their recurrent inputs). genai allocates every layer's state of a role
-    with the first layer's shape, so all of a role's inputs share one shape: the layers' own, the
-    smallest ((batch, 1, 1), (batch, 1, 1, 1)) only where no layer holds that role."""
+    placeholder where the layer's state is its conv carry alone (RWKV's channel mixes: genai finds its
+    recurrent layers by their recurrent inputs). genai allocates every layer's state of a role with the
+    first layer's shape, so all of a role's inputs share one shape: the layers' own, the smallest
+    ((batch, 1, 1), (batch, 1, 1, 1)) only where no layer holds that role. A model whose every linear
+    layer holds a conv carry alone (LFM2's) is genai's "lfm2" model, as the model builder writes it: its
+    convs by ``layer_types``, no recurrent state at all, positions from ``attention_mask``."""
     import onnx
 
     from attnx.exporter.directory import ExportDir
@@ -66,31 +68,87 @@ def test_genai_config_names_each_layers_state(decode_export, trained, arch):
     limit = lengths(trained(arch)).maximum or DEFAULT_CONTEXT
     assert genai_model["context_length"] == limit
     decoder = genai_model["decoder"]
-    assert decoder["inputs"]["past_recurrent_names"] == "past.%d.recurrent"
-    assert decoder["inputs"]["past_conv_names"] == "past.%d.conv"
     graph = onnx.load(str(out / "genai.onnx"), load_external_data=False).graph
     dims = {i.name: [d.dim_value or d.dim_param for d in i.type.tensor_type.shape.dim] for i in graph.input}
     # the stateful layers in export order: Nemotron-H's mlp and moe blocks hold none, Falcon-H1's hybrid
     # layers two, RWKV's blocks two (time and channel mix)
-    layers = stepping_layers(convert(copy.deepcopy(trained(arch))))
-    for i, layer in enumerate(layers):
-        roles = {s.role for s in layer.decode_state()}
-        if "key" in roles:
-            assert decoder["inputs"]["past_key_names"] == "past_key_values.%d.key"
-            wanted = {f"past_key_values.{i}.key", f"past_key_values.{i}.value"}
-        else:
-            wanted = {f"past.{i}.recurrent", f"past.{i}.conv"}
-        assert wanted <= set(dims), (i, roles, sorted(dims))
+    layers = [
+        {s.role for s in layer.decode_state()}
+        for layer in stepping_layers(convert(copy.deepcopy(trained(arch))))
+    ]
+    recurrent = {i: roles for i, roles in enumerate(layers) if "key" not in roles}
+    convs_alone = all(roles == {"conv"} for roles in recurrent.values())
+    assert genai_model["type"] == ("lfm2" if convs_alone else "decoder")
+    assert decoder["inputs"]["past_conv_names"] == "past.%d.conv"
+    roles = ("conv",) if convs_alone else ("conv", "recurrent")
+    for i, held in enumerate(layers):
+        wanted = {f"past_key_values.{i}.key", f"past_key_values.{i}.value"} if "key" in held else set()
+        assert wanted <= set(dims), (i, held, sorted(dims))
+        assert {f"past.{i}.{role}" for role in roles if i in recurrent} <= set(dims), (i, held, sorted(dims))
+    if any("key" in held for held in layers):
+        assert decoder["inputs"]["past_key_names"] == "past_key_values.%d.key"
+    if convs_alone:
+        assert decoder["layer_types"] == [
+            "conv" if i in recurrent else "full_attention" for i in range(len(layers))
+        ]
+        assert {"input_ids", "attention_mask"} <= set(dims) and "position_ids" not in dims
+        assert (
+            not any("recurrent" in name for name in dims) and "past_recurrent_names" not in decoder["inputs"]
+        )
+    else:
+        assert decoder["inputs"]["past_recurrent_names"] == "past.%d.recurrent" and "position_ids" in dims
     assert not any(f"past.{len(layers)}.{role}" in dims for role in ("conv", "recurrent"))
-    held = {(s.layer, s.role): bool(s.carries) for s in ExportDir.open(out).manifest.genai.state}
-    recurrent = {i: {s.role for s in layer.decode_state()} for i, layer in enumerate(layers)}
-    recurrent = {i: roles for i, roles in recurrent.items() if "key" not in roles}
-    for role, smallest in (("conv", [1, 1]), ("recurrent", [1, 1, 1])):
-        assert all(held[i, role] == (role in roles) for i, roles in recurrent.items()), (role, held)
+    carries = {(s.layer, s.role): bool(s.carries) for s in ExportDir.open(out).manifest.genai.state}
+    for role, smallest in (("conv", [1, 1]), ("recurrent", [1, 1, 1]))[: len(roles)]:
+        assert all(carries[i, role] == (role in held) for i, held in recurrent.items()), (role, carries)
         shapes = {tuple(dims[f"past.{i}.{role}"]) for i in recurrent}
         assert len(shapes) <= 1, (role, shapes)
-        holds = any(role in roles for roles in recurrent.values())
+        holds = any(role in held for held in recurrent.values())
         assert all((list(shape[1:]) == smallest) != holds for shape in shapes), (role, shapes)
+
+
+@pytest.mark.slow
+def test_lfm2_genai_graph_takes_the_model_builders_inputs(decode_export, saved_dir, tmp_path):
+    """attnx's LFM2 genai.onnx and genai_config.json follow onnxruntime-genai's model builder's LFM2 (``-p
+    fp32 -e cpu`` on the same checkpoint) name for name: the same inputs and outputs, of the same dtypes
+    and ranks, their fixed dims equal (the symbolic ones are named differently), the same model type and
+    config input names."""
+    import subprocess
+    import sys
+
+    import onnx
+
+    pytest.importorskip("onnxruntime_genai.models.builder")
+    built = tmp_path / "builder"
+    args = ["-i", str(saved_dir("lfm2")), "-o", str(built), "-c", str(tmp_path / "cache")]
+    builder = [sys.executable, "-m", "onnxruntime_genai.models.builder", *args, "-p", "fp32", "-e", "cpu"]
+    subprocess.run(builder, check=True, capture_output=True)
+    out = decode_export("lfm2")
+    configs = [json.loads((d / "genai_config.json").read_text())["model"] for d in (out, built)]
+    graphs = [
+        onnx.load(str(d / c["decoder"]["filename"]), load_external_data=False).graph
+        for d, c in zip((out, built), configs, strict=True)
+    ]
+    for side in ("input", "output"):
+        specs = [
+            {
+                v.name: (
+                    v.type.tensor_type.elem_type,
+                    [d.dim_value if d.HasField("dim_value") else None for d in v.type.tensor_type.shape.dim],
+                )
+                for v in getattr(g, side)
+            }
+            for g in graphs
+        ]
+        assert sorted(specs[0]) == sorted(specs[1]), side
+        for name, (dtype, dims) in specs[0].items():
+            theirs_dtype, theirs = specs[1][name]
+            assert dtype == theirs_dtype and len(dims) == len(theirs), (name, dims, theirs)
+            assert all(a == b for a, b in zip(dims, theirs, strict=True) if a and b), (name, dims, theirs)
+    assert configs[0]["type"] == configs[1]["type"]
+    assert configs[0]["decoder"]["inputs"] == configs[1]["decoder"]["inputs"]
+    assert configs[0]["decoder"]["outputs"] == configs[1]["decoder"]["outputs"]
+    assert configs[0]["decoder"]["layer_types"] == configs[1]["decoder"]["layer_types"]
 
 
 @pytest.mark.slow
