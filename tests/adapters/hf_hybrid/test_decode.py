@@ -1,7 +1,8 @@
 """``attnx export --from hf:DIR --decode`` of the trained hybrids: prefill/decode/genai graphs (the KV
-cache of the attention layers, conv + recurrent state of the Gated DeltaNet layers, onnxruntime-genai
-0.18's names), greedy tokens of onnxruntime-genai and ``attnx generate`` against HF's own ``generate``,
-text in and out with the saved tokenizer (slow: whole decode exports)."""
+cache of the attention layers, conv + recurrent state of the linear layers, onnxruntime-genai 0.18's
+names and one state shape per role; LFM2's graph against the model builder's), greedy tokens of
+onnxruntime-genai and ``attnx generate`` against HF's own ``generate``, a real tritonserver, text in and
+out with the saved tokenizer (slow: whole decode exports)."""
 
 from __future__ import annotations
 
