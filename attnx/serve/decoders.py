@@ -8,6 +8,7 @@ state tensors recorded in the manifest section, so parity (:mod:`attnx.serve.gen
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import onnx
 
@@ -18,21 +19,28 @@ from attnx.serve import genai, transformers_js
 @dataclasses.dataclass(frozen=True)
 class RuntimeDecoder:
     """A runtime decoder: its manifest section (and file key), its name in reports, its state's batch
-    axis."""
+    axis, and the input it takes the positions by, per decode section (``position_ids`` or
+    ``attention_mask``)."""
 
     section: str
     runtime: str
     batch: str
+    positions: Callable[[DecodeSection], str]
 
     def layout(self, decode: onnx.ModelProto, section: DecodeSection, held: GenaiSection) -> onnx.ModelProto:
         """``decode`` (the decode graph of ``section``) as this runtime's decoder with state ``held``."""
-        return genai.decoder_layout(decode, section, held.state, self.batch)
+        return genai.decoder_layout(decode, section, held.state, self.batch, self.positions(section))
 
 
 DECODERS = {
     d.section: d
     for d in (
-        RuntimeDecoder(genai.GENAI.name, "genai", genai.BATCH),
-        RuntimeDecoder(transformers_js.TRANSFORMERS_JS.name, transformers_js.RUNTIME, transformers_js.BATCH),
+        RuntimeDecoder(genai.GENAI.name, "genai", genai.BATCH, genai.position_input),
+        RuntimeDecoder(
+            transformers_js.TRANSFORMERS_JS.name,
+            transformers_js.RUNTIME,
+            transformers_js.BATCH,
+            lambda section: genai.POSITION_IDS,
+        ),
     )
 }

@@ -18,16 +18,30 @@ through a :class:`attnx.exporter.layout.Layout`:
   as (batch, heads, F, d + 1)); its ``conv`` carry is ``past.<layer>.conv`` (batch, channels,
   kernel - 1). genai 0.18 finds its recurrent layers by their ``past.<layer>.recurrent`` inputs and
   requires a conv next to every one (without one it stops with "Model input was not found:
-  past.0.conv"), every dim but batch static and > 0: a layer without a convolution gets a (batch, 1, 1)
-  placeholder the graph passes through unchanged, and a layer whose state is a conv carry alone (LFM2's
-  gated short convolutions) a (batch, 1, 1, 1) recurrent placeholder, without which genai would not
-  bind its conv at all.
+  past.0.conv"), every dim but batch static and > 0: a layer without a convolution gets a conv
+  placeholder the graph passes through unchanged, and a layer whose state is a conv carry alone beside
+  recurrent layers (RWKV's channel mix) a recurrent placeholder, without which genai would not bind its
+  conv at all.
+
+genai allocates every recurrent layer's state with the first one's shape and dtype, and every conv
+with the first conv's (``RecurrentState``: one shape per role, read from the first layer's inputs), so
+the layers' real states of one role must agree (:func:`blocker` says when they do not), and a
+placeholder takes their shape and dtype: where the model holds no real state of the role, the
+smallest, (batch, 1, 1) for a conv and (batch, 1, 1, 1) for a recurrent state, in the activations'
+dtype; where it holds some (RWKV: a time mix's WKV state beside a channel mix's lone token-shift
+carry), theirs, so every layer's buffer genai allocates is the one its graph input declares.
+
+A model whose every non-attention layer holds a conv carry alone (LFM2's gated short convolutions:
+:func:`conv_cache`) gets the contract of onnxruntime-genai's model builder for LFM2 instead, name for
+name: ``"type": "lfm2"``, which genai 0.18 runs with its LFM2 cache (a KV cache per attention layer and a
+``past.<layer>.conv`` per other layer, told apart by the config's ``layer_types``), so no recurrent
+placeholders; and ``attention_mask`` (batch, total_sequence_length) in place of ``position_ids``, the
+first new token's position being its length less the new tokens' (the mask's values are not read:
+attnx's decode graphs take one sequence, every token real).
 
 genai on CPU binds a recurrent or conv state's input and output to one buffer, so the graph reads
 each such input once, by Slice nodes (copies) that every node writing its output depends on: the
-state is read before it is overwritten, whatever order ONNX Runtime runs the nodes in. genai
-allocates every recurrent layer's state with the first one's shape and dtype (and the same for the
-conv), so those must agree across layers (:func:`blocker` says when they do not).
+state is read before it is overwritten, whatever order ONNX Runtime runs the nodes in.
 """
 
 from __future__ import annotations
@@ -55,7 +69,8 @@ from attnx.serve.tokenizer import CONFIG_FILE, TOKENIZER_FILE, describe, load_to
 from attnx.state import CACHE_ROLES
 
 GENAI_FILE, GENAI_CONFIG = "genai.onnx", "genai_config.json"
-POSITION_IDS = "position_ids"
+POSITION_IDS, ATTENTION_MASK = "position_ids", "attention_mask"
+CONV_MODEL = "lfm2"  # genai 0.18's model type with a conv cache beside attention (model builder: LFM2)
 # genai 0.18's name templates, per role (model builder: past_key_names, past_conv_names, ...)
 PAST = {
     "key": "past_key_values.%d.key",
@@ -65,8 +80,8 @@ PAST = {
 }
 PRESENT = {role: f"present.%d.{role}" for role in PAST}
 BATCH = "batch"  # the batch axis' name in attnx's graphs
-# the axes after batch of the state genai needs where a layer lacks it: a conv beside a recurrent state
-# ((channels, kernel - 1)), a recurrent state beside a conv ((heads, d_k, d_v))
+# the axes after batch of the state genai needs where a layer lacks it and no layer holds one: a conv
+# beside a recurrent state ((channels, kernel - 1)), a recurrent state beside a conv ((heads, d_k, d_v))
 PLACEHOLDER = {"conv": (1, 1), "recurrent": (1, 1, 1)}
 DEFAULT_CONTEXT = 4096  # max_length when the positions are unbounded (sinusoidal)
 
@@ -129,13 +144,24 @@ def genai_state(section: DecodeSection, names: StateNames = GENAI_NAMES) -> list
     if not names.placeholders:
         return [s for s in found if s.role in CACHE_ROLES or s.carries]
     for role in ("recurrent", "conv"):
-        shapes = {(tuple(_axes(s, section)), _dtype(s, section)) for s in found if s.role == role}
-        if len(shapes) > 1:
-            raise AttnxError(
-                f"its layers' {role} states differ in shape or dtype ({sorted(map(str, shapes))}), and "
-                "genai allocates every layer's with the first one's"
-            )
+        shared_shape(role, section)  # raises where the layers' real states differ
+    if conv_cache(section):  # genai's LFM2 model binds the convs alone: no recurrent placeholders
+        return [s for s in found if s.role in CACHE_ROLES or s.carries]
     return found
+
+
+def conv_cache(section: DecodeSection) -> bool:
+    """Whether genai runs the model as the builder's LFM2 (model type :data:`CONV_MODEL`): it has layers
+    without a KV cache, and each holds one conv carry alone (see the module docstring)."""
+    layers = section.layer_state()
+    convs = [[p.role for p in pairs] for i, pairs in layers.items() if section.layers[i] != "kv-cache"]
+    return bool(convs) and all(roles == ["conv"] for roles in convs)
+
+
+def position_input(section: DecodeSection) -> str:
+    """The input genai gives the positions by: ``attention_mask`` for its LFM2 model (:func:`conv_cache`,
+    as the model builder's LFM2 graph takes them), else ``position_ids``."""
+    return ATTENTION_MASK if conv_cache(section) else POSITION_IDS
 
 
 def _names(layer: int, role: str, names: StateNames) -> tuple[str, str]:
@@ -185,42 +211,68 @@ def _carried(state: GenaiState, section: DecodeSection) -> list[StatePair]:
     return [by_input[name] for name in state.carries]
 
 
-def _dtype(state: GenaiState, section: DecodeSection) -> str:
-    """A genai state's dtype: its tensors', or the activations' (the logits') for a placeholder."""
-    carried = _carried(state, section)
-    if carried:
-        return carried[0].dtype
-    return next(s.dtype for s in section.decode.outputs if s.name == LOGITS)
-
-
-def _axes(state: GenaiState, section: DecodeSection) -> list[str | int]:
-    """A recurrent or conv genai state's axes: its tensors packed along the last axis."""
-    carried = _carried(state, section)
-    if not carried:
-        return ["batch", *PLACEHOLDER[state.role]]
-    rank = max(len(p.axes) for p in carried)
-    widths = _widths(carried, rank)
+def _packed(pairs: Sequence[StatePair]) -> tuple[list[str | int], str]:
+    """The axes and dtype of one genai state holding ``pairs``: packed along the last axis."""
+    rank = max(len(p.axes) for p in pairs)
+    widths = _widths(pairs, rank)
     assert widths is not None, "genai_state() refuses unpackable states first"
-    return [*carried[0].axes[: rank - 1], sum(widths)]
+    return [*pairs[0].axes[: rank - 1], sum(widths)], pairs[0].dtype
+
+
+def shared_shape(role: str, section: DecodeSection) -> tuple[list[str | int], str]:
+    """The axes and dtype of every genai ``role`` ("recurrent", "conv") state, placeholders included:
+    the layers' real ones, else the smallest placeholder in the activations' (the logits') dtype.
+
+    Raises:
+        AttnxError: the layers' real states differ (genai allocates every layer's with the first one's).
+    """
+    held = {
+        (tuple(axes), dtype)
+        for layer, pairs in section.layer_state().items()
+        if section.layers[layer] != "kv-cache" and any(p.role == role for p in pairs)
+        for axes, dtype in [_packed([p for p in pairs if p.role == role])]
+    }
+    if len(held) > 1:
+        raise AttnxError(
+            f"its layers' {role} states differ in shape or dtype ({sorted(map(str, held))}), and "
+            "genai allocates every layer's with the first one's"
+        )
+    if held:
+        ((axes, dtype),) = held
+        return list(axes), dtype
+    return [BATCH, *PLACEHOLDER[role]], next(s.dtype for s in section.decode.outputs if s.name == LOGITS)
 
 
 def genai_layout(proto: onnx.ModelProto, section: DecodeSection) -> onnx.ModelProto:
     """``decode.onnx`` under onnxruntime-genai's names (see the module docstring)."""
-    return decoder_layout(proto, section, genai_state(section))
+    return decoder_layout(proto, section, genai_state(section), positions=position_input(section))
 
 
 def decoder_layout(
-    proto: onnx.ModelProto, section: DecodeSection, state: Sequence[GenaiState], batch: str = BATCH
+    proto: onnx.ModelProto,
+    section: DecodeSection,
+    state: Sequence[GenaiState],
+    batch: str = BATCH,
+    positions: str = POSITION_IDS,
 ) -> onnx.ModelProto:
-    """``decode.onnx`` as a runtime's decoder (genai's layout, see the module docstring): ``position_ids``
-    for ``past_length``, and the decode state under ``state``'s names (a genai placeholder where it
-    carries nothing), its batch axis named ``batch``."""
+    """``decode.onnx`` as a runtime's decoder (genai's layout, see the module docstring): ``positions``
+    (``position_ids`` or ``attention_mask``) for ``past_length``, and the decode state under ``state``'s
+    names (a genai placeholder where it carries nothing), its batch axis named ``batch``."""
     layout = Layout(proto)
     layout.keep(TOKENS)
-    layout.inputs.append(value(POSITION_IDS, "int64", ("batch", "seq")))
-    corner = [layout.constant("zeros", [0, 0]), layout.constant("ones", [1, 1])]
-    first = layout.node("Slice", [POSITION_IDS, *corner], f"{PREFIX}first_position")
-    layout.node("Reshape", [first, layout.constant("one", [1])], layout.feed(PAST_LENGTH))
+    past_length = layout.feed(PAST_LENGTH)
+    if positions == ATTENTION_MASK:  # its length less the new tokens'
+        layout.inputs.append(value(ATTENTION_MASK, "int64", ("batch", "total_sequence_length")))
+        total, new = (
+            layout.node("Shape", [name], f"{PREFIX}{name}/length", start=1, end=2)
+            for name in (ATTENTION_MASK, TOKENS)
+        )
+        layout.node("Sub", [total, new], past_length)
+    else:
+        layout.inputs.append(value(POSITION_IDS, "int64", ("batch", "seq")))
+        corner = [layout.constant("zeros", [0, 0]), layout.constant("ones", [1, 1])]
+        first = layout.node("Slice", [POSITION_IDS, *corner], f"{PREFIX}first_position")
+        layout.node("Reshape", [first, layout.constant("one", [1])], past_length)
     layout.keep(LOGITS)
     for held in state:
         if held.role in CACHE_ROLES:
@@ -228,7 +280,7 @@ def decoder_layout(
         elif held.carries:
             _pack(layout, held, section)
         else:
-            _placeholder(layout, held, _dtype(held, section))
+            _placeholder(layout, held, *shared_shape(held.role, section))
     built = layout.build("attnx_genai_decoder")
     pasts = {s.past for s in state} | {s.present for s in state}
     for spec in [*built.graph.input, *built.graph.output]:
@@ -250,12 +302,12 @@ def _pack(layout: Layout, state: GenaiState, section: DecodeSection) -> None:
     """Slice each carried tensor off the one genai input (copies, read before anything writes the
     shared buffer) and concatenate the next ones into the genai output."""
     pairs = _carried(state, section)
-    axes = _axes(state, section)
+    axes, dtype = _packed(pairs)
     rank = len(axes)
     widths = _widths(pairs, rank)
     assert widths is not None, "genai_state() refuses unpackable states first"
-    layout.inputs.append(value(state.past, pairs[0].dtype, axes))
-    layout.outputs.append(value(state.present, pairs[0].dtype, axes))
+    layout.inputs.append(value(state.past, dtype, axes))
+    layout.outputs.append(value(state.present, dtype, axes))
     last = layout.constant(f"{state.past}/last_axis", [rank - 1])
     parts, start = [], 0
     for pair, width in zip(pairs, widths, strict=True):
@@ -275,8 +327,7 @@ def _pack(layout: Layout, state: GenaiState, section: DecodeSection) -> None:
     layout.node("Concat", parts, state.present, after=True, axis=rank - 1)
 
 
-def _placeholder(layout: Layout, state: GenaiState, dtype: str) -> None:
-    axes = ["batch", *PLACEHOLDER[state.role]]
+def _placeholder(layout: Layout, state: GenaiState, axes: list[str | int], dtype: str) -> None:
     layout.inputs.append(value(state.past, dtype, axes))
     layout.outputs.append(value(state.present, dtype, axes))
     layout.node("Identity", [state.past], state.present, after=True)
@@ -305,8 +356,9 @@ def genai_config(
     the tokenizer's bos/eos/pad ids (None unknown)."""
     heads, head_size = _heads(section)
     roles = [role for role in PAST if any(s.role == role for s in state)]
+    positions = position_input(section)
     model: dict[str, Any] = {
-        "type": "decoder",
+        "type": CONV_MODEL if conv_cache(section) else "decoder",
         "vocab_size": section.vocab_size,
         "context_length": context,
         # No known end token: genai then ends at its pad_token_id (0) or at max_length.
@@ -322,7 +374,7 @@ def genai_config(
             "num_hidden_layers": len(section.layers),
             "inputs": {
                 "input_ids": TOKENS,
-                "position_ids": POSITION_IDS,
+                positions: positions,
                 **{f"past_{role}_names": PAST[role] for role in roles},
             },
             "outputs": {
@@ -331,6 +383,11 @@ def genai_config(
             },
         },
     }
+    if conv_cache(section):  # what genai's LFM2 cache reads, as the model builder writes it
+        model["decoder"]["layer_types"] = [
+            "full_attention" if kind == "kv-cache" else "conv" for kind in section.layers
+        ]
+        model["decoder"]["conv_cache_size"] = int(shared_shape("conv", section)[0][-1])
     search = {"do_sample": False, "num_beams": 1, "max_length": context, "past_present_share_buffer": False}
     return {"model": model, "search": search}
 

@@ -5,10 +5,11 @@
 onnxruntime-genai or a transformers.js decoder (:data:`DECODERS`). For each verify length n, the
 same prompts as decode parity (n + ``STEPS`` random ids, through the torch model's full forward
 once) run on each requested ONNX Runtime backend (the runtimes' own): the first n ids after an empty
-state (a length-0 KV cache, zero recurrent and conv state) with ``position_ids``, then one id at a
-time with each step's ``present*`` outputs fed back as the inputs the manifest's section pairs them
-with. Every position is compared with the full forward by the one parity rule; the rows are named
-"<backend> genai" (or "<backend> transformers.js") and read like decode parity's.
+state (a length-0 KV cache, zero recurrent and conv state) with ``position_ids`` (or ``attention_mask``,
+which genai's LFM2 contract takes instead), then one id at a time with each step's ``present*`` outputs
+fed back as the inputs the manifest's section pairs them with. Every position is compared with the full
+forward by the one parity rule; the rows are named "<backend> genai" (or "<backend> transformers.js")
+and read like decode parity's.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from attnx.parity.check import Cases, Pending
 from attnx.parity.report import BackendParity, Comparison
 from attnx.parity.runners import ORT_NAMES, BackendSkipped, Graph
 from attnx.serve.decoders import DECODERS
-from attnx.serve.genai import BATCH, POSITION_IDS
+from attnx.serve.genai import ATTENTION_MASK, BATCH, POSITION_IDS
 from attnx.variant import Tolerance
 
 LOGITS, INPUT_IDS = "logits", "input_ids"
@@ -59,10 +60,15 @@ def genai_positions(
     """The prompt after an empty state, then one id per step; each position against the full forward."""
     batch, total = run.ids.shape
     feeds = {s.present: s.past for s in state}
+    masked = ATTENTION_MASK in runner.get_input_metadata()  # genai's LFM2 contract (genai.position_input)
     carried, start, rows = empty_state(runner, state, batch, axis), 0, []
     for stop in [run.length, *range(run.length + 1, total + 1)]:
-        positions = np.ascontiguousarray(np.broadcast_to(np.arange(start, stop), (batch, stop - start)))
-        outputs = runner.infer({INPUT_IDS: run.ids[:, start:stop], POSITION_IDS: positions, **carried})
+        if masked:
+            positions = {ATTENTION_MASK: np.ones((batch, stop), dtype=np.int64)}
+        else:
+            ids = np.ascontiguousarray(np.broadcast_to(np.arange(start, stop), (batch, stop - start)))
+            positions = {POSITION_IDS: ids}
+        outputs = runner.infer({INPUT_IDS: run.ids[:, start:stop], **positions, **carried})
         what = "prefill logits" if start == 0 else f"logits @ {start}"
         rows.append(position_row(run.length, what, outputs[LOGITS], run.full[:, start:stop], tolerance))
         carried = {feeds[k]: v for k, v in outputs.items() if k in feeds}

@@ -1,6 +1,6 @@
 """Small *trained* Hugging Face hybrid models (Qwen3-Next, the text models of Qwen3.5 and Qwen4-Exp, Kimi
 Linear, MiniMax, Mamba2, Bamba, Granite 4.0-H, Nemotron-H, Falcon-H1, Zamba2, Mamba, Falcon-Mamba, Jamba,
-LFM2, LFM2-MoE, OLMo Hybrid, Lara Mini, Bailing, RecurrentGemma, xLSTM) for tests and benchmarks.
+LFM2, LFM2-MoE, OLMo Hybrid, Lara Mini, Bailing, RecurrentGemma, xLSTM, RWKV-4) for tests and benchmarks.
 
 Each recipe is a small config of the architecture (a few layers mixing gated linear attention and
 softmax attention, width 64, MoE with a few experts), a byte-level BPE tokenizer
@@ -491,6 +491,21 @@ RECIPES: dict[str, dict[str, Any]] = {
             "num_heads": 4,
             "qk_dim_factor": 1.0,
             "chunk_size": 16,
+            "tie_word_embeddings": False,
+        },
+    },
+    # RWKV-4 in small: 4 blocks (time mix over 64 channels, channel mix 64 -> 128 -> 64), the hidden
+    # states halved after every 2nd block in inference (rescale_every: 6 in the released configs)
+    "rwkv": {
+        "class": "RwkvForCausalLM",
+        "config": "RwkvConfig",
+        "options": {
+            **{
+                k: _SHARED[k] for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers")
+            },
+            **{k: _SHARED[k] for k in ("pad_token_id", "bos_token_id", "eos_token_id")},
+            "context_length": _SHARED["max_position_embeddings"],
+            "rescale_every": 2,
             "tie_word_embeddings": False,
         },
     },

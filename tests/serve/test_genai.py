@@ -14,10 +14,19 @@ from attnx.decode.model import DecodeLayout
 from attnx.decode.parity import DECODE_PARITY, STEPS, decode_cases
 from attnx.exporter.assemble import assemble
 from attnx.exporter.directory import ExportDir
+from attnx.exporter.manifest import DecodeSection, GraphIO, StatePair
+from attnx.models.spec import TensorSpec
 from attnx.parity.backends import BACKENDS
 from attnx.parity.check import Cases
 from attnx.parity.runners import Graph
-from attnx.serve.genai import blocker
+from attnx.serve.genai import (
+    blocker,
+    conv_cache,
+    genai_config,
+    genai_state,
+    position_input,
+    shared_shape,
+)
 from attnx.serve.genai_parity import GENAI_PARITY, genai_positions
 from tests.conftest import TINY
 from tests.helpers import run_cli
@@ -217,3 +226,60 @@ def test_doctor_names_every_target(serve_export):
         "tensorrt",
     }
     assert targets["onnxruntime"] is None and targets["triton sequence batching"] is None
+
+
+def recurrent_section(layers: dict[int, dict[str, tuple]]) -> DecodeSection:
+    """A decode section of recurrent layers holding ``{layer: {role: axes}}`` float32 states, float16
+    logits."""
+    state = [
+        StatePair(f"past.{layer}.{role}", f"present.{layer}.{role}", layer, role, role, list(axes), "float32")
+        for layer, roles in layers.items()
+        for role, axes in roles.items()
+    ]
+    tokens = TensorSpec("input_ids", "int64", ("batch", "seq"), high=50)
+    io = GraphIO([tokens], [TensorSpec("logits", "float16", ("batch", "seq", 50))])
+    return DecodeSection(["recurrent"] * len(layers), "input_ids", io, io, state, [], [])
+
+
+def test_a_placeholder_takes_the_shape_of_its_roles_real_states():
+    """genai 0.18 allocates every layer's recurrent (and conv) state with the first layer's shape: a
+    placeholder takes the layers' real shape and dtype where some layer holds its role (RWKV-4: a time
+    mix's WKV state beside a channel mix's lone token-shift carry), the smallest in the activations' dtype
+    where none does; real states that differ are refused."""
+    carry, wkv = ("batch", 8, 1), ("batch", 8, 1, 2)
+    rwkv = recurrent_section({0: {"conv": carry, "recurrent": wkv}, 1: {"conv": carry}})
+    placeholders = [(s.layer, s.role) for s in genai_state(rwkv) if not s.carries]
+    assert placeholders == [(1, "recurrent")]
+    assert shared_shape("recurrent", rwkv) == (list(wkv), "float32")
+    assert shared_shape("conv", rwkv) == (list(carry), "float32")
+    convs = recurrent_section({0: {"conv": carry}, 1: {"conv": carry}})  # LFM2's: no recurrent layer
+    assert shared_shape("recurrent", convs) == (["batch", 1, 1, 1], "float16")
+    differ = recurrent_section({0: {"conv": carry, "recurrent": wkv}, 1: {"recurrent": ("batch", 4, 1, 2)}})
+    assert "recurrent states differ in shape" in blocker(differ)
+    assert blocker(rwkv) is None
+
+
+def test_convs_alone_are_genais_lfm2_model_as_the_builder_writes_it():
+    """A model whose every non-attention layer holds a conv carry alone (LFM2) gets onnxruntime-genai's
+    "lfm2" model, the model builder's LFM2 contract: no recurrent placeholders, the convs told apart by
+    ``layer_types``, positions from ``attention_mask``; one recurrent state anywhere keeps the generic
+    decoder (position_ids, a recurrent placeholder per conv layer)."""
+    carry = ("batch", 8, 2)
+    convs = recurrent_section({0: {"conv": carry}, 1: {"conv": carry}})
+    assert conv_cache(convs) and position_input(convs) == "attention_mask"
+    assert [(s.layer, s.role) for s in genai_state(convs)] == [(0, "conv"), (1, "conv")]
+    model = genai_config(convs, genai_state(convs), 64, {})["model"]
+    assert model["type"] == "lfm2" and model["decoder"]["layer_types"] == ["conv", "conv"]
+    assert model["decoder"]["conv_cache_size"] == 2
+    assert model["decoder"]["inputs"] == {
+        "input_ids": "input_ids",
+        "attention_mask": "attention_mask",
+        "past_conv_names": "past.%d.conv",
+    }
+    mixed = recurrent_section({0: {"conv": carry, "recurrent": ("batch", 8, 1, 2)}, 1: {"conv": carry}})
+    assert not conv_cache(mixed) and position_input(mixed) == "position_ids"
+    model = genai_config(mixed, genai_state(mixed), 64, {})["model"]
+    assert model["type"] == "decoder" and "layer_types" not in model["decoder"]
+    assert model["decoder"]["inputs"]["past_recurrent_names"] == "past.%d.recurrent"
+    widths = recurrent_section({0: {"conv": carry}, 1: {"conv": ("batch", 4, 2)}})
+    assert "conv states differ in shape" in blocker(widths)  # genai's LFM2 cache allocates one shape too

@@ -40,6 +40,7 @@ LOADERS: dict[str, str] = {
     "falcon_mamba": "attnx.adapters.hf_hybrid.load:load",
     "jamba": "attnx.adapters.hf_hybrid.load:load",
     "lfm2": "attnx.adapters.hf_hybrid.load:load",
+    "rwkv": "attnx.adapters.hf_hybrid.load:load",
     "lfm2_moe": "attnx.adapters.hf_hybrid.load:load",
     "olmo_hybrid": "attnx.adapters.hf_hybrid.load:load",
     "lara_mini": "attnx.adapters.hf_hybrid.load:load",

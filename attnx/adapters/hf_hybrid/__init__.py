@@ -1,5 +1,5 @@
 """``hf_hybrid``: Hugging Face hybrid LLMs (gated linear attention, Mamba, RG-LRU or short convolutions +
-a few softmax layers) on attnx ops.
+a few softmax layers) and recurrent LLMs (Mamba, RWKV-4) on attnx ops.
 
 Qwen3-Next (``qwen3_next``) and the text models of Qwen3.5 (``qwen3_5``) and Qwen3.5-MoE
 (``qwen3_5_moe``): their Gated DeltaNet layers become attnx's gated delta rule (``attnx::GatedDeltaRule``,
@@ -30,11 +30,17 @@ Google's RecurrentGemma (``recurrent_gemma``, Griffin): its recurrent blocks' RG
 with one decay per channel (a value of width 1 per channel, q = k = 1), its conv the carried conv, its
 local attention layers attnx's softmax attention, exact up to the attention window, where the export's
 lengths stop. NX-AI's xLSTM (``xlstm``): its mLSTM layers the additive rule with a decay per head
-(g = log f, k scaled by exp(i)) on values with a ones column (the normaliser state), computed unstabilised;
-its model passes the padding mask HF's ignores.
+(g = log f, k scaled by exp(i)) on values with a ones column (the normaliser state), computed unstabilised.
+RWKV-4 (``rwkv``): its time mix's WKV the additive rule with one value head [v, 1] per channel fed the
+previous token (the bonus and the division outside), its token shifts one-tap conv carries; each block
+two decode layers (time mix, channel mix), both with onnxruntime-genai decoders (a channel mix's
+recurrent placeholder takes the time mix's state shape, :mod:`attnx.serve.genai`). xLSTM's and RWKV's
+models drop the padding mask: their layers are handed it
+(:class:`~attnx.adapters.hf_hybrid.model.HandedPadding`) while HF's forward runs (xLSTM's without its
+length-dependent chunking).
 One module per architecture family (``qwen.py``, ``qwen4.py``, ``kimi.py``, ``bailing.py``,
-``minimax.py``, ``mamba.py``, ``lfm2.py``, ``olmo.py``, ``lara.py``, ``rgemma.py``, ``xlstm.py``), shared
-layers beside it.
+``minimax.py``, ``mamba.py``, ``lfm2.py``, ``olmo.py``, ``lara.py``, ``rgemma.py``, ``xlstm.py``,
+``rwkv.py``), shared layers beside it.
 See docs/importing.md.
 """
 
@@ -46,7 +52,8 @@ from attnx.hookspecs import hookimpl
 ADAPTER = Adapter(
     name="hf_hybrid",
     summary="HF Qwen3.5/Qwen3-Next/Qwen4-Exp, Kimi Linear, Bailing, MiniMax, Mamba1/2 hybrids "
-    "(Granite-H, ...), LFM2(-MoE), OLMo Hybrid, Lara Mini, RecurrentGemma, xLSTM -> gated_delta, softmax",
+    "(Granite-H, ...), LFM2(-MoE), OLMo Hybrid, Lara Mini, RecurrentGemma, xLSTM, RWKV-4 "
+    "-> gated_delta, softmax",
     library="transformers",
     impl="attnx.adapters.hf_hybrid.convert:IMPL",
 )

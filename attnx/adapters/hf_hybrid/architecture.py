@@ -46,6 +46,8 @@ class Architecture:
             padding mask (Mamba2, which has only one layer type).
         layer_types: the config's ``layer_types`` the adapter reproduces (Nemotron-H's blocks add
             ``mlp`` and ``moe``, which hold no token mixer).
+        loaded: runs on the model ``--from`` loads (eval mode) before anything traces or runs it: RWKV's
+            inference rescaling, which HF's first eval forward would otherwise do in place mid-export.
         prepare: runs on the whole model (the walk's private copy) before its layers are converted, to
             record what a layer's converter needs from the model around it (Zamba2's call sites).
         longest: the longest sequence (prompt and generated tokens) the adapted model reproduces exactly,
@@ -56,11 +58,14 @@ class Architecture:
             token, which equals HF's local attention up to the window, where ``longest`` caps the export
             (RecurrentGemma's); None: the full attention layers (MiniMax), so a window is refused.
         leaky_padding: HF's forward lets left-padded tokens reach the real ones (RecurrentGemma's
-            recurrent blocks take no mask, xLSTM's model ignores it); the adapter masks them (a padded row
-            equals the row alone), so on a padded batch it matches HF's forward of each row alone, not HF's
-            padded forward.
+            recurrent blocks and RWKV's layers take no mask, xLSTM's model ignores it); the adapter masks
+            them (a padded row equals the row alone), so on a padded batch it matches HF's forward of each row
+            alone, not HF's padded forward. Padding after a row's real tokens reaches none of them and runs
+            unmasked, as in HF.
         whole: replaces the whole model (its layers converted) with a module of the same parameters whose
-            forward passes what HF's does not (xLSTM's padding mask); None: HF's forward runs.
+            forward traces where HF's would not (xLSTM's, which chunks long inputs behind a Python length
+            comparison); None: HF's forward runs. (Where HF's model drops the padding mask, its layers are
+            handed it: :class:`~attnx.adapters.hf_hybrid.model.HandedPadding`.)
     """
 
     model_type: str
@@ -78,6 +83,7 @@ class Architecture:
     windowed: str | None = None
     leaky_padding: bool = False
     whole: Callable[[nn.Module], nn.Module] | None = None
+    loaded: Callable[[nn.Module], None] | None = None
 
     def check_config(self, config: Any) -> None:
         """Refuse, by name, the options of ``config`` that the adapter does not reproduce.

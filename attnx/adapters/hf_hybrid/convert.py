@@ -27,6 +27,7 @@ from attnx.adapters.hf_hybrid.olmo import OLMO_HYBRID
 from attnx.adapters.hf_hybrid.qwen import QWEN3_5, QWEN3_5_MOE, QWEN3_NEXT
 from attnx.adapters.hf_hybrid.qwen4 import QWEN4_EXP
 from attnx.adapters.hf_hybrid.rgemma import RECURRENT_GEMMA
+from attnx.adapters.hf_hybrid.rwkv import RWKV
 from attnx.adapters.hf_hybrid.xlstm import XLSTM
 
 ARCHITECTURES: dict[str, Architecture] = {
@@ -45,7 +46,7 @@ ARCHITECTURES: dict[str, Architecture] = {
         LARA_MINI,
     )
     + (MAMBA2, BAMBA, GRANITE_MOE_HYBRID, NEMOTRON_H, FALCON_H1, ZAMBA2, MAMBA, FALCON_MAMBA, JAMBA)
-    + (RECURRENT_GEMMA, XLSTM)
+    + (RECURRENT_GEMMA, XLSTM, RWKV)
 }
 
 

@@ -79,6 +79,9 @@ def load(path: Path) -> tuple[Any, dict[str, Any], None, list[str]]:
         raise AttnxError(f"--from hf:{path}: cannot load its weights: {first_line(exc, limit=300)}") from None
     check_loading_info(path, info)
     model.config.use_cache = False
+    model.eval()
+    if arch.loaded is not None:
+        arch.loaded(model)
     ids = torch.randint(0, config.vocab_size, (2, EXAMPLE_LENGTH))
     ids[0, 0] = config.vocab_size - 1  # parity draws ids below the example's largest + 1
     example = {

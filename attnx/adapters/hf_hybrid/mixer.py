@@ -1,5 +1,6 @@
 """The base of the attnx layers that take HF's 2D padding mask themselves (Gated DeltaNet, Mamba2's SSD,
-Mamba1's scan, LFM2's short convolutions, RecurrentGemma's recurrent blocks), and the masking they share."""
+Mamba1's scan, LFM2's short convolutions, RecurrentGemma's recurrent blocks, RWKV's time and channel
+mixes), and the masking they share."""
 
 from __future__ import annotations
 
@@ -18,6 +19,14 @@ def mask_padding(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     return x if mask is None else (x * mask[:, :, None]).to(x.dtype)
 
 
+def leading_padding(mask: torch.Tensor | None) -> torch.Tensor | None:
+    """The 2D padding ``mask`` (batch, n) as bool with only the padding before each row's first real token
+    False: the layers whose HF forward takes no mask (``Architecture.leaky_padding``) mask that padding
+    (a left-padded row then equals the row alone) and run the padding after the real tokens, which reaches
+    none of them, unmasked as HF does (so a right-padded batch equals HF's forward at every position)."""
+    return None if mask is None else mask.long().cumsum(-1) > 0
+
+
 class PaddedMixer(Stepping, nn.Module):
     """What the layers that take HF's 2D padding mask share (Gated DeltaNet, Mamba2's SSD, Mamba1's scan,
     LFM2's short convolutions): HF's parameters under their names, HF's call, and the step with the padding
@@ -32,7 +41,7 @@ class PaddedMixer(Stepping, nn.Module):
     def __init__(self, layer: nn.Module):
         super().__init__()
         adopt(self, layer)  # Falcon-H1's mup_vector buffer too
-        self.layer_idx = getattr(layer, "layer_idx", None)  # none in RecurrentGemma and xLSTM
+        self.layer_idx = getattr(layer, "layer_idx", None)  # none in RecurrentGemma, xLSTM and RWKV
 
     def forward(
         self,

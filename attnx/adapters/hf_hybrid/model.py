@@ -10,6 +10,9 @@ called with what attnx's layers take:
 * positions: ``position_ids`` as given (generate passes cumsum(mask) - 1 for left padding), else
   0..n-1 as HF counts them, offset by ``past_length`` (the decode graphs' position of the first new
   token; HF counts its cache instead).
+
+A model whose layers HF calls without the padding mask (RWKV's and xLSTM's: their models drop
+``attention_mask``) has them hold it for the call (:class:`HandedPadding`), so HF's forward runs as it is.
 """
 
 from __future__ import annotations
@@ -44,6 +47,26 @@ def adopt(module: nn.Module, layer: nn.Module) -> None:
         module.register_buffer(name, buffer)
 
 
+class HandedPadding:
+    """A layer that HF calls as ``layer(hidden, state, use_cache) -> (out, state)`` without the 2D padding
+    mask (RWKV's time and channel mixes, xLSTM's mLSTM: their models drop ``attention_mask``), mixed in
+    before :class:`~attnx.adapters.hf_hybrid.mixer.PaddedMixer`: :class:`HybridModel` sets ``padding`` to
+    the mask it was given for the duration of its call, and HF's call runs the layer with it. HF's state
+    is refused: attnx decoding carries the layer's state."""
+
+    padding: torch.Tensor | None = None
+
+    def forward(
+        self, hidden: torch.Tensor, state: Any = None, use_cache: bool = False
+    ) -> tuple[torch.Tensor, None]:
+        """HF's call of the layer, with the handed padding mask and without HF's state."""
+        if state is not None or use_cache:
+            raise ValueError(
+                f"an attnx {type(self).__name__} layer keeps its state through attnx decoding, not HF's state"
+            )
+        return super().forward(hidden, attention_mask=self.padding), None  # type: ignore[misc]
+
+
 class HybridModel(nn.Module):
     """An HF hybrid causal LM (or its text model) with attnx layers, called as attnx exports it."""
 
@@ -74,6 +97,17 @@ class HybridModel(nn.Module):
         masks = attention_mask
         if self.layer_types is not None:
             masks = {kind: attention_mask for kind in self.layer_types}
-        return self.model(
-            input_ids=input_ids, attention_mask=masks, position_ids=position_ids, use_cache=False, **kwargs
-        )
+        handed = [m for m in self.model.modules() if isinstance(m, HandedPadding)]
+        for layer in handed:
+            layer.padding = attention_mask
+        try:
+            return self.model(
+                input_ids=input_ids,
+                attention_mask=masks,
+                position_ids=position_ids,
+                use_cache=False,
+                **kwargs,
+            )
+        finally:
+            for layer in handed:
+                layer.padding = None

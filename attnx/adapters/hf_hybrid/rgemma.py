@@ -54,7 +54,7 @@ from transformers.models.recurrent_gemma import modeling_recurrent_gemma as rgem
 
 from attnx.adapters.hf_hybrid.architecture import Architecture
 from attnx.adapters.hf_hybrid.attention import GatedAttention
-from attnx.adapters.hf_hybrid.mixer import PaddedMixer, mask_padding
+from attnx.adapters.hf_hybrid.mixer import PaddedMixer, leading_padding, mask_padding
 from attnx.errors import AttnxError
 from attnx.plugins.gated.op import rule_state, run_rule
 from attnx.shortconv import carried_conv
@@ -132,7 +132,7 @@ class RecurrentBlock(PaddedMixer):
             positions = torch.arange(n, device=x.device)[None]
         y = self.act(self.linear_y(x))
         past_conv, past = (None, None) if state is None else state
-        leading = None if mask is None else mask.long().cumsum(-1) > 0  # False: padding before the row
+        leading = leading_padding(mask)
         xs = self.conv_input(x, leading).transpose(1, 2)
         u, carry = carried_conv(xs, self.conv_1d.weight, self.conv_1d.bias, past_conv)
         u = u.to(x.dtype).transpose(1, 2)

@@ -25,12 +25,13 @@ very worst (i at the cap 15 with q orthogonal to the state). ``gate_soft_cap`` b
 unstabilised state in float32 (:func:`check`).
 
 HF's xLSTM takes no padding mask: its forward ignores ``attention_mask``, so a left-padded row's padding
-enters the state. attnx's contract is that a left-padded row equals the row alone: :class:`MaskedCausalLM`
-(HF's forward with the mask passed on) gives each mLSTM layer the 2D mask, and a left-padded
-token gets exp(i) = 0 and g = 0 (a no-op on the state); padding after real tokens runs unmasked, as HF
-runs it (the export's parity compares right-padded batches with HF's forward at every position). The
-tests compare a left-padded row with HF's forward on the row alone (``Architecture.leaky_padding``).
-Everything else (embeddings, norms, feed-forward, the logits' soft cap) is HF's own code.
+enters the state. attnx's contract is that a left-padded row equals the row alone: each mLSTM layer is
+handed the 2D mask (:class:`~attnx.adapters.hf_hybrid.model.HandedPadding`, as RWKV's layers), and a
+left-padded token gets exp(i) = 0 and g = 0 (a no-op on the state); padding after real tokens runs
+unmasked, as HF runs it (the export's parity compares right-padded batches with HF's forward at every
+position). The tests compare a left-padded row with HF's forward on the row alone
+(``Architecture.leaky_padding``). Everything else (embeddings, blocks, norms, feed-forward, the logits'
+soft cap) is HF's own code, run over the whole input at once (:class:`UnchunkedCausalLM`).
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from transformers.models.xlstm import modeling_xlstm as xlstm
 
 from attnx.adapters.hf_hybrid.architecture import Architecture
 from attnx.adapters.hf_hybrid.mixer import PaddedMixer
-from attnx.adapters.hf_hybrid.model import adopt
+from attnx.adapters.hf_hybrid.model import HandedPadding, adopt
 from attnx.errors import AttnxError
 from attnx.plugins.gated.op import rule_state, run_rule
 from attnx.state import StateTensor
@@ -54,9 +55,10 @@ from attnx.state import StateTensor
 MAX_GATE_SOFT_CAP = 30.0
 
 
-class MatrixLSTM(PaddedMixer):
-    """An HF mLSTM layer (same parameters, same names) on ``attnx::GatedDeltaRule`` (module docstring); its
-    decode state is the rule's (d_k x (d_v + 1)) per head: C and n side by side."""
+class MatrixLSTM(HandedPadding, PaddedMixer):
+    """An HF mLSTM layer (same parameters, same names, HF's call ``(x, state) -> (out, state)``, the padding
+    mask handed over) on ``attnx::GatedDeltaRule`` (module docstring); its decode state is the rule's
+    (d_k x (d_v + 1)) per head: C and n side by side."""
 
     def __init__(self, layer: nn.Module):
         super().__init__(layer)
@@ -117,12 +119,13 @@ class MatrixLSTM(PaddedMixer):
         return y, (recurrent,) if step else None
 
 
-class MaskedCausalLM(nn.Module):
-    """HF's ``xLSTMForCausalLM`` (same submodules, same names) whose forward passes the 2D padding mask to
-    each block's mLSTM layer (HF's drops it): ``xLSTMModel.forward``'s embeddings, blocks (as
-    ``xLSTMBlock.forward`` computes them) and ``out_norm``, then ``lm_head`` and the logits' soft cap. HF
-    caps the logits of inputs longer than ``max_inference_chunksize`` chunk by chunk (the same values)
-    behind a Python comparison of the length, which would pin the traced length; this caps them at once."""
+class UnchunkedCausalLM(nn.Module):
+    """HF's ``xLSTMForCausalLM`` (same submodules, same names) over the whole input at once: in eval mode
+    HF's model and head run an input longer than ``max_inference_chunksize`` chunk by chunk (the same
+    values; the model through its own cache, which attnx's layers refuse) behind a Python comparison of the
+    length, which would pin the traced length. This runs ``xLSTMModel.forward``'s embeddings, HF's blocks
+    and ``out_norm``, then ``lm_head`` and the logits' soft cap, on every token; the padding mask reaches
+    the mLSTM layers as :class:`~attnx.adapters.hf_hybrid.model.HybridModel` hands it (``HandedPadding``)."""
 
     def __init__(self, model: nn.Module):
         super().__init__()
@@ -136,14 +139,14 @@ class MaskedCausalLM(nn.Module):
         use_cache: bool | None = None,
         **kwargs: Any,
     ) -> Any:
-        """Logits for ``input_ids`` (``position_ids`` and the rest of HF's call ignored, as HF does)."""
+        """Logits for ``input_ids`` (the mask handed to the layers; ``position_ids`` and the rest of HF's
+        call ignored, as HF does)."""
         if use_cache:
             raise AttnxError("an attnx xLSTM keeps its state through attnx decoding, not HF's cache")
         backbone = self.backbone
         x = backbone.embeddings(input_ids)
         for block in backbone.blocks:
-            x = x + block.mlstm_layer(block.norm_mlstm(x), attention_mask=attention_mask)
-            x = x + block.ffn(block.norm_ffn(x))
+            x, _ = block(x)
         x = backbone.out_norm(x)
         logits = xlstm.soft_cap(
             self.lm_head(x.to(self.lm_head.weight.dtype)).float(), self.config.output_logit_soft_cap
@@ -183,5 +186,5 @@ XLSTM = Architecture(
     check=check,
     mask_by_layer_type=False,
     leaky_padding=True,
-    whole=MaskedCausalLM,
+    whole=UnchunkedCausalLM,
 )

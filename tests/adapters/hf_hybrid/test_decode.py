@@ -1,24 +1,25 @@
 """``attnx export --from hf:DIR --decode`` of the trained hybrids: prefill/decode/genai graphs (the KV
-cache of the attention layers, conv + recurrent state of the Gated DeltaNet layers, onnxruntime-genai
-0.18's names), greedy tokens of onnxruntime-genai and ``attnx generate`` against HF's own ``generate``,
-text in and out with the saved tokenizer (slow: whole decode exports)."""
+cache of the attention layers, conv + recurrent state of the linear layers, onnxruntime-genai 0.18's
+names and one state shape per role; LFM2's graph against the model builder's), greedy tokens of
+onnxruntime-genai and ``attnx generate`` against HF's own ``generate``, a real tritonserver, text in and
+out with the saved tokenizer (slow: whole decode exports)."""
 
 from __future__ import annotations
 
+import copy
 import functools
 import json
 
 import pytest
 
-from attnx.adapters.hf_hybrid.architecture import LAYER_TYPES
 from attnx.adapters.hf_hybrid.convert import convert, lengths
 from attnx.decode.generate import generate
+from attnx.decode.module import stepping_layers
 from attnx.exporter.opsets import model_opset
 from attnx.registry import get_registry
 from attnx.serve.genai import DEFAULT_CONTEXT
 from attnx.testing import hf_hybrid
 from tests.adapters.hf_hybrid.conftest import ARCHS
-from tests.adapters.hf_hybrid.test_torch_parity import MIXERS, kind_of, layers_of
 from tests.helpers import run_cli
 from tests.plugins import op_harness as harness
 
@@ -50,11 +51,17 @@ def decode_export(saved_dir, tmp_path_factory):
 def test_genai_config_names_each_layers_state(decode_export, trained, arch):
     """genai_config.json: the KV cache names of the attention layers and the conv/recurrent names of the
     linear layers, as onnxruntime-genai 0.18 reads them, and genai.onnx takes those per layer: a linear
-    layer's conv carry beside its recurrent state, a (batch, 1, 1) placeholder where the layer has no
-    short conv (MiniMax's lightning layers; genai 0.18 requires a conv next to every recurrent state), a
-    (batch, 1, 1, 1) recurrent placeholder where the layer's state is its conv carry alone (LFM2's convs:
-    genai finds its recurrent layers by their recurrent inputs)."""
+    layer's conv carry beside its recurrent state, a conv placeholder where the layer has no short conv
+    (MiniMax's lightning layers; genai 0.18 requires a conv next to every recurrent state), a recurrent
+    placeholder where the layer's state is its conv carry alone (RWKV's channel mixes: genai finds its
+    recurrent layers by their recurrent inputs). genai allocates every layer's state of a role with the
+    first layer's shape, so all of a role's inputs share one shape: the layers' own, the smallest
+    ((batch, 1, 1), (batch, 1, 1, 1)) only where no layer holds that role. A model whose every linear
+    layer holds a conv carry alone (LFM2's) is genai's "lfm2" model, as the model builder writes it: its
+    convs by ``layer_types``, no recurrent state at all, positions from ``attention_mask``."""
     import onnx
+
+    from attnx.exporter.directory import ExportDir
 
     out = decode_export(arch)
     genai_model = json.loads((out / "genai_config.json").read_text())["model"]
@@ -62,36 +69,87 @@ def test_genai_config_names_each_layers_state(decode_export, trained, arch):
     limit = lengths(trained(arch)).maximum or DEFAULT_CONTEXT
     assert genai_model["context_length"] == limit
     decoder = genai_model["decoder"]
-    assert decoder["inputs"]["past_recurrent_names"] == "past.%d.recurrent"
-    assert decoder["inputs"]["past_conv_names"] == "past.%d.conv"
-    if "full_attention" in map(
-        kind_of, hf_hybrid.layer_types(trained(arch).config)
-    ):  # Mamba2 has no KV cache to name
-        assert decoder["inputs"]["past_key_names"] == "past_key_values.%d.key"
     graph = onnx.load(str(out / "genai.onnx"), load_external_data=False).graph
     dims = {i.name: [d.dim_value or d.dim_param for d in i.type.tensor_type.shape.dim] for i in graph.input}
-    model = trained(arch)
-    # the stateful layers in order: Nemotron-H's mlp and moe blocks hold none, Falcon-H1's hybrid two
-    kinds = [
-        k
-        for t in hf_hybrid.layer_types(model.config)
-        for k in (LAYER_TYPES if t == "hybrid" else (kind_of(t),))
-        if k in MIXERS
+    # the stateful layers in export order: Nemotron-H's mlp and moe blocks hold none, Falcon-H1's hybrid
+    # layers two, RWKV's blocks two (time and channel mix)
+    layers = [
+        {s.role for s in layer.decode_state()}
+        for layer in stepping_layers(convert(copy.deepcopy(trained(arch))))
     ]
-    mixers = {kind: iter(layers_of(model, kind)) for kind in set(kinds)}
-    for i, kind in enumerate(kinds):
-        mixer = next(mixers[kind])
-        if kind == "full_attention":
-            wanted = {f"past_key_values.{i}.key", f"past_key_values.{i}.value"}
-        else:
-            wanted = {f"past.{i}.recurrent", f"past.{i}.conv"}
-        assert wanted <= set(dims), (i, kind, sorted(dims))
-        if kind != "full_attention":
-            placeholder = dims[f"past.{i}.conv"][1:] == [1, 1]
-            convolves = any("conv" in name for name, _ in mixer.named_children())  # Kimi: q/k/v_conv1d
-            assert placeholder != convolves, (i, dims[f"past.{i}.conv"])
-            recurs = any(s.role == "recurrent" for s in convert(mixer).decode_state())
-            assert (dims[f"past.{i}.recurrent"][1:] == [1, 1, 1]) != recurs, (i, dims[f"past.{i}.recurrent"])
+    recurrent = {i: roles for i, roles in enumerate(layers) if "key" not in roles}
+    convs_alone = all(roles == {"conv"} for roles in recurrent.values())
+    assert genai_model["type"] == ("lfm2" if convs_alone else "decoder")
+    assert decoder["inputs"]["past_conv_names"] == "past.%d.conv"
+    roles = ("conv",) if convs_alone else ("conv", "recurrent")
+    for i, held in enumerate(layers):
+        wanted = {f"past_key_values.{i}.key", f"past_key_values.{i}.value"} if "key" in held else set()
+        assert wanted <= set(dims), (i, held, sorted(dims))
+        assert {f"past.{i}.{role}" for role in roles if i in recurrent} <= set(dims), (i, held, sorted(dims))
+    if any("key" in held for held in layers):
+        assert decoder["inputs"]["past_key_names"] == "past_key_values.%d.key"
+    if convs_alone:
+        assert decoder["layer_types"] == [
+            "conv" if i in recurrent else "full_attention" for i in range(len(layers))
+        ]
+        assert {"input_ids", "attention_mask"} <= set(dims) and "position_ids" not in dims
+        assert (
+            not any("recurrent" in name for name in dims) and "past_recurrent_names" not in decoder["inputs"]
+        )
+    else:
+        assert decoder["inputs"]["past_recurrent_names"] == "past.%d.recurrent" and "position_ids" in dims
+    assert not any(f"past.{len(layers)}.{role}" in dims for role in ("conv", "recurrent"))
+    carries = {(s.layer, s.role): bool(s.carries) for s in ExportDir.open(out).manifest.genai.state}
+    for role, smallest in (("conv", [1, 1]), ("recurrent", [1, 1, 1]))[: len(roles)]:
+        assert all(carries[i, role] == (role in held) for i, held in recurrent.items()), (role, carries)
+        shapes = {tuple(dims[f"past.{i}.{role}"]) for i in recurrent}
+        assert len(shapes) <= 1, (role, shapes)
+        holds = any(role in held for held in recurrent.values())
+        assert all((list(shape[1:]) == smallest) != holds for shape in shapes), (role, shapes)
+
+
+@pytest.mark.slow
+def test_lfm2_genai_graph_takes_the_model_builders_inputs(decode_export, saved_dir, tmp_path):
+    """attnx's LFM2 genai.onnx and genai_config.json follow onnxruntime-genai's model builder's LFM2 (``-p
+    fp32 -e cpu`` on the same checkpoint) name for name: the same inputs and outputs, of the same dtypes
+    and ranks, their fixed dims equal (the symbolic ones are named differently), the same model type and
+    config input names."""
+    import subprocess
+    import sys
+
+    import onnx
+
+    pytest.importorskip("onnxruntime_genai.models.builder")
+    built = tmp_path / "builder"
+    args = ["-i", str(saved_dir("lfm2")), "-o", str(built), "-c", str(tmp_path / "cache")]
+    builder = [sys.executable, "-m", "onnxruntime_genai.models.builder", *args, "-p", "fp32", "-e", "cpu"]
+    subprocess.run(builder, check=True, capture_output=True)
+    out = decode_export("lfm2")
+    configs = [json.loads((d / "genai_config.json").read_text())["model"] for d in (out, built)]
+    graphs = [
+        onnx.load(str(d / c["decoder"]["filename"]), load_external_data=False).graph
+        for d, c in zip((out, built), configs, strict=True)
+    ]
+    for side in ("input", "output"):
+        specs = [
+            {
+                v.name: (
+                    v.type.tensor_type.elem_type,
+                    [d.dim_value if d.HasField("dim_value") else None for d in v.type.tensor_type.shape.dim],
+                )
+                for v in getattr(g, side)
+            }
+            for g in graphs
+        ]
+        assert sorted(specs[0]) == sorted(specs[1]), side
+        for name, (dtype, dims) in specs[0].items():
+            theirs_dtype, theirs = specs[1][name]
+            assert dtype == theirs_dtype and len(dims) == len(theirs), (name, dims, theirs)
+            assert all(a == b for a, b in zip(dims, theirs, strict=True) if a and b), (name, dims, theirs)
+    assert configs[0]["type"] == configs[1]["type"]
+    assert configs[0]["decoder"]["inputs"] == configs[1]["decoder"]["inputs"]
+    assert configs[0]["decoder"]["outputs"] == configs[1]["decoder"]["outputs"]
+    assert configs[0]["decoder"]["layer_types"] == configs[1]["decoder"]["layer_types"]
 
 
 @pytest.mark.slow
