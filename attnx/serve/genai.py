@@ -55,9 +55,10 @@ from attnx.errors import AttnxError
 from attnx.exporter.assemble import Assembly, every_op
 from attnx.exporter.export import ExportJob, ExtraGraphs
 from attnx.exporter.layout import PREFIX, Layout, value, without_output_copies
-from attnx.exporter.lowering import retarget
+from attnx.exporter.lowering import attnx_nodes, retarget
 from attnx.exporter.manifest import DecodeSection, GenaiSection, GenaiState, StatePair, TargetSection
 from attnx.exporter.module import ModuleAssembly
+from attnx.exporter.opsets import model_opset
 from attnx.exporter.store import WeightStore
 from attnx.exporter.targets import check_target, target_section
 from attnx.exporter.trace import attnx_ops, save_onnx
@@ -261,7 +262,7 @@ def runtime_bodies(
     its ops declare a body for them (:data:`RUNTIME_TARGET`), in place; the target's manifest section
     (None: left as it is: another lowering or target, none of its ops declaring one, or a kernel the
     installed ONNX Runtime lacks)."""
-    if settings.lowering != "function" or settings.target != PORTABLE:
+    if settings.lowering != "function" or settings.target != PORTABLE or _standard_bodies(proto, ops):
         return None
     try:
         check_target(RUNTIME_TARGET, settings.lowering, ops)
@@ -272,6 +273,19 @@ def runtime_bodies(
         return None
     retarget(proto, ops, RUNTIME_TARGET)
     return section
+
+
+def _standard_bodies(proto: onnx.ModelProto, ops: Sequence[AttentionOp]) -> bool:
+    """Whether an attnx node of ``proto`` has a body written for a newer opset than its oldest (a standard
+    op that ONNX Runtime runs as a kernel already: ``LinearAttention`` at opset 27, ``Attention`` at 23),
+    which the export's ``--opset`` chose and genai.onnx keeps."""
+    by_name, opset = {op.name: op for op in ops}, model_opset(proto)
+    for node in attnx_nodes(proto):
+        op = by_name[node.op_type]
+        present = [name for name, value in zip(op.input_names, node.input, strict=False) if value]
+        if op.body_for(present, opset) is not op.body_for(present, opset, portable=True):
+            return True
+    return False
 
 
 def _rename(layout: Layout, state: GenaiState, pair: StatePair) -> None:
