@@ -29,12 +29,19 @@ Then per tool, each step in a child process again (one copy of the weights in me
   build was measured); where genai cannot run a graph, the same in plain ONNX Runtime with the states fed
   back (the ``decode_runtime`` column says which).
 
+``--decode-only NAME=DIR,...``: only the decode timing, side by side on directories made before (e.g. attnx's
+export before and after a change, the builder's and mobius's outputs of the same weights): ``--rounds``
+interleaved rounds, each running every directory once per ``--contexts`` prompt length (in a child process
+of its own, one at a time), each figure its best round, with tokens/s and the ratio to the faster peer
+(``--peers``: the names of the peers' rows).
+
 A tool or step that fails gets its one-line error in the row, and the run goes on. Prints one JSON object
 per tool as it finishes and a table at the end; ``--json PATH`` writes the rows.
 
     python benchmarks/scale.py --shapes toy --work /tmp/scale --json scale-toy.json
     python benchmarks/scale.py --shapes 0.8b,2b --work /work/scale-bench --json scale.json
     python benchmarks/scale.py --shapes 0.8b --tools mobius,builder --mobius-python /path/to/venv/bin/python
+    python benchmarks/scale.py --decode-only attnx=OUT,builder=B,mobius=M --contexts 256,4096 --rounds 2
 """
 
 from __future__ import annotations
@@ -446,6 +453,53 @@ def table(rows: list[dict[str, Any]], lengths: list[str], prefill: str) -> str:
     return "\n".join(lines + [""] + notes)
 
 
+def _better(run: dict[str, Any], kept: dict[str, Any] | None) -> bool:
+    """Whether ``run`` replaces ``kept`` as a figure's best round (a failure only when nothing ran)."""
+    if kept is None or "error" in kept:
+        return kept is None or "error" not in run
+    return "error" not in run and run["decode_ms_per_token"] < kept["decode_ms_per_token"]
+
+
+def decode_side_by_side(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """``--decode-only``: every named directory's genai decode ms/token at each context, ``--rounds``
+    interleaved rounds (each figure its best round), with tokens/s and the ratio to the faster peer."""
+    named = dict(item.split("=", 1) for item in args.decode_only.split(","))
+    best: dict[tuple[str, int], dict[str, Any]] = {}
+    for turn in range(args.rounds):
+        for context in map(int, args.contexts.split(",")):
+            for name, out in named.items():
+                run = child("genai_decode", out, context, args.steps, timeout=args.timeout)
+                print(json.dumps({"round": turn, "name": name, "context": context, **run}), flush=True)
+                if _better(run, best.get((name, context))):
+                    best[(name, context)] = run
+    rows = []
+    for (name, context), run in best.items():
+        peers = [best[(p, context)] for p in args.peers.split(",") if (p, context) in best]
+        faster = min((p["decode_ms_per_token"] for p in peers if "error" not in p), default=None)
+        row: dict[str, Any] = {"name": name, "context": context, **run}
+        if "error" not in run:
+            row["tokens_per_s"] = round(1000 / run["decode_ms_per_token"], 2)
+            if faster:
+                row["x_faster_peer"] = round(faster / run["decode_ms_per_token"], 3)
+        rows.append(row)
+    return rows
+
+
+def decode_table(rows: list[dict[str, Any]]) -> str:
+    """``--decode-only``'s rows as a Markdown table (best round of each)."""
+    lines = [
+        "| directory | context | decode ms/token | tokens/s | x the faster peer's tokens/s |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for row in sorted(rows, key=lambda r: (r["context"], r["name"])):
+        cells = [
+            row.get(k, row.get("error", "-"))
+            for k in ("decode_ms_per_token", "tokens_per_s", "x_faster_peer")
+        ]
+        lines.append(f"| {row['name']} | {row['context']} | " + " | ".join(map(str, cells)) + " |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     if len(sys.argv) > 2 and sys.argv[1] == "--child":  # one step in a child process: its result as JSON
         hf_hybrid.pure_torch_gated_delta()  # HF's torch path (attnx's reference), never fla's GPU kernels
@@ -463,7 +517,17 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per tool and per step")
     parser.add_argument("--mobius-python", help="an interpreter that imports mobius (mobius-onnx 0.1.0)")
     parser.add_argument("--json", type=Path, help="write the rows here")
+    parser.add_argument("--decode-only", help="NAME=DIR,...: only genai decode, side by side (see above)")
+    parser.add_argument("--contexts", default="256,4096", help="--decode-only: prompt lengths")
+    parser.add_argument("--rounds", type=int, default=2, help="--decode-only: interleaved rounds")
+    parser.add_argument("--peers", default="builder,mobius", help="--decode-only: the peers' names")
     args = parser.parse_args()
+    if args.decode_only:
+        rows = decode_side_by_side(args)
+        print(decode_table(rows))
+        if args.json:
+            args.json.write_text(json.dumps(rows, indent=2) + "\n")
+        return
     args.tools = args.tools.split(",")
     for name, given, known in (("shape", args.shapes.split(","), SHAPES), ("tool", args.tools, TOOLS)):
         if unknown := sorted(set(given) - set(known)):

@@ -29,7 +29,7 @@ from attnx.errors import AttnxError
 from attnx.exporter.assemble import Assembly, every_op
 from attnx.exporter.export import ExportJob, ExtraGraphs
 from attnx.exporter.inputs import random_feed
-from attnx.exporter.layout import PREFIX, Layout, value
+from attnx.exporter.layout import PREFIX, Layout, value, without_output_copies
 from attnx.exporter.lowering import check, lower
 from attnx.exporter.manifest import DecodeSection
 from attnx.exporter.module import ModuleAssembly
@@ -131,7 +131,7 @@ class DecodeGraphs:
             )
             proto = to_onnx(graph, settings.opset, graph.inputs, graph.outputs, store=store)
             used += [op for op in attnx_ops(proto) if op not in used]
-            proto = lower(proto, ops, settings.lowering, settings.target)
+            proto = without_output_copies(lower(proto, ops, settings.lowering, settings.target))
             check(proto)
             graphs[key] = (name, proto)
         if prefill_is_decode(section):

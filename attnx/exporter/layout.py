@@ -102,7 +102,6 @@ class Layout:
         check(model)
         return model
 
-
     def _renamed_types(self) -> list[onnx.ValueInfoProto]:
         """The types of the values that stand for the source graph's inputs and outputs (graph tools, e.g.
         fp16 converters and quantizers, read a value's type from them)."""
@@ -113,6 +112,37 @@ class Layout:
             spec.name = renamed
             typed.append(spec)
         return typed
+
+
+def without_output_copies(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` with every graph output that an ``Identity`` copies from a value its nodes compute written
+    by that value's node instead (the value renamed to the output), in place.
+
+    ONNX Runtime keeps such an ``Identity`` when its input has other readers, and copies the whole tensor
+    on every run: a decode step's grown KV cache, which the attention reads and the graph returns (at the
+    0.8B shape, 12 copies of the cache per token; docs/benchmarks.md). The same values are computed."""
+    graph = model.graph
+    outputs = {v.name for v in graph.output}
+    while True:
+        produced = {name: node for node in graph.node for name in node.output}
+        copies = {
+            node.input[0]: node
+            for node in graph.node
+            if node.op_type == "Identity"
+            and node.domain in ("", "ai.onnx")
+            and node.output[0] in outputs
+            and node.input[0] in produced
+            and node.input[0] not in outputs
+        }
+        if not copies:
+            return model
+        names = {source: node.output[0] for source, node in copies.items()}
+        kept = [_renamed(node, names) for node in graph.node if all(node is not c for c in copies.values())]
+        del graph.node[:]
+        graph.node.extend(kept)
+        typed = [v for v in graph.value_info if v.name not in names]
+        del graph.value_info[:]
+        graph.value_info.extend(typed)
 
 
 def _renamed(node: onnx.NodeProto, names: dict[str, str]) -> onnx.NodeProto:

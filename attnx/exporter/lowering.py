@@ -163,6 +163,18 @@ def attach_functions(
     return model
 
 
+def retarget(model: onnx.ModelProto, ops: Sequence[AttentionOp], target: str) -> onnx.ModelProto:
+    """A function-lowered ``model`` with ``target``'s bodies attached in place of its attnx nodes' bodies
+    (the same nodes; an op that declares no body for ``target`` keeps its portable ones), in place.
+    A graph without attnx nodes (bodies inlined) is returned as it is."""
+    if not attnx_nodes(model):
+        return model
+    kept = [f for f in model.functions if f.domain not in (DOMAIN, LIBRARY_DOMAIN)]
+    del model.functions[:]
+    model.functions.extend(kept)
+    return attach_functions(model, ops, target=target)
+
+
 def strip_plugin_attributes(model: onnx.ModelProto) -> onnx.ModelProto:
     """Remove the TensorRT plugin attributes (to run a plugin-lowered model as functions)."""
     for node in attnx_nodes(model):

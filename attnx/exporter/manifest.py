@@ -267,6 +267,9 @@ class GenaiSection:
     "transformers_js") beside the model's Hugging Face ``config.json`` (file "hf_config")."""
 
     state: list[GenaiState]
+    # the bodies of this graph's attnx ops when they are not the export's: genai.onnx takes ONNX Runtime's
+    # kernels (target "ort") where its ops declare them, since only ONNX Runtime runs it
+    target: TargetSection | None = None
 
 
 @dataclasses.dataclass

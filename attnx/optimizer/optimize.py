@@ -243,7 +243,7 @@ def _write_files(
     for key, decoder in DECODERS.items() if section is not None else ():
         held = getattr(export.manifest, key)
         if held is not None:  # the runtime's decoder, from the new decode graph
-            derived[key] = functools.partial(decoder.layout, held=held)
+            derived[key] = functools.partial(decoder.layout, held=held, ops=export.ops())
     if section is not None and prefill_is_decode(section):
         derived["prefill"] = prefill_of
     shared = SharedData(staging) if _keeps_external_data(export.file("model")) else None

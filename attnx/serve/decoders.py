@@ -8,12 +8,17 @@ state tensors recorded in the manifest section, so parity (:mod:`attnx.serve.gen
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import onnx
 
+from attnx.exporter.lowering import retarget
 from attnx.exporter.manifest import DecodeSection, GenaiSection
 from attnx.serve import genai, transformers_js
+
+if TYPE_CHECKING:
+    from attnx.ops import AttentionOp
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,9 +32,13 @@ class RuntimeDecoder:
     batch: str
     positions: Callable[[DecodeSection], str]
 
-    def layout(self, decode: onnx.ModelProto, section: DecodeSection, held: GenaiSection) -> onnx.ModelProto:
-        """``decode`` (the decode graph of ``section``) as this runtime's decoder with state ``held``."""
-        return genai.decoder_layout(decode, section, held.state, self.batch, self.positions(section))
+    def layout(
+        self, decode: onnx.ModelProto, section: DecodeSection, held: GenaiSection, ops: Sequence[AttentionOp]
+    ) -> onnx.ModelProto:
+        """``decode`` (the decode graph of ``section``) as this runtime's decoder with state ``held``, its
+        attnx ops (of ``ops``) on the lowering target ``held`` records where it records one."""
+        laid_out = genai.decoder_layout(decode, section, held.state, self.batch, self.positions(section))
+        return laid_out if held.target is None else retarget(laid_out, ops, held.target.name)
 
 
 DECODERS = {

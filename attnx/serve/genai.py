@@ -39,6 +39,15 @@ placeholders; and ``attention_mask`` (batch, total_sequence_length) in place of 
 first new token's position being its length less the new tokens' (the mask's values are not read:
 attnx's decode graphs take one sequence, every token real).
 
+Only ONNX Runtime runs ``genai.onnx``, so its attnx ops take the bodies of ONNX Runtime's own kernels
+(the ``ort`` lowering target, :mod:`attnx.targets`: ``com.microsoft::LinearAttention`` for a gated
+delta-rule step, ``MultiHeadAttention`` for a softmax step, ...) where they declare them, whatever the
+export's ``--target``: the same nodes as ``decode.onnx`` with other function bodies
+(:func:`runtime_bodies`; the manifest's ``genai.target`` says which). At the released Qwen3.5 0.8B shape
+the portable gated body ran its chunked form (``Scan``, ``If``, the chunk padding) for every one-token step
+of its 18 layers (docs/benchmarks.md). An export made with ``--lowering decomposed`` keeps its bodies, as
+does one whose installed ONNX Runtime lacks a kernel a target body calls.
+
 genai on CPU binds a recurrent or conv state's input and output to one buffer, so the graph reads
 each such input once, by Slice nodes (copies) that every node writing its output depends on: the
 state is read before it is overwritten, whatever order ONNX Runtime runs the nodes in.
@@ -50,23 +59,30 @@ import dataclasses
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import onnx
 
 from attnx.decode.export import DECODE_FILE, layout_of
 from attnx.decode.model import LOGITS, PAST_LENGTH, TOKENS
 from attnx.errors import AttnxError
-from attnx.exporter.assemble import Assembly
+from attnx.exporter.assemble import Assembly, every_op
 from attnx.exporter.export import ExportJob, ExtraGraphs
-from attnx.exporter.layout import PREFIX, Layout, value
-from attnx.exporter.manifest import DecodeSection, GenaiSection, GenaiState, StatePair
+from attnx.exporter.layout import PREFIX, Layout, value, without_output_copies
+from attnx.exporter.lowering import attnx_nodes, retarget
+from attnx.exporter.manifest import DecodeSection, GenaiSection, GenaiState, StatePair, TargetSection
 from attnx.exporter.module import ModuleAssembly
+from attnx.exporter.opsets import model_opset
 from attnx.exporter.store import WeightStore
+from attnx.exporter.targets import check_target, target_section
 from attnx.exporter.trace import attnx_ops, save_onnx
 from attnx.recipes import ExportSettings
 from attnx.serve.tokenizer import CONFIG_FILE, TOKENIZER_FILE, describe, load_tokenizer
 from attnx.state import CACHE_ROLES
+from attnx.targets import PORTABLE
+
+if TYPE_CHECKING:
+    from attnx.ops import AttentionOp
 
 GENAI_FILE, GENAI_CONFIG = "genai.onnx", "genai_config.json"
 POSITION_IDS, ATTENTION_MASK = "position_ids", "attention_mask"
@@ -84,6 +100,7 @@ BATCH = "batch"  # the batch axis' name in attnx's graphs
 # beside a recurrent state ((channels, kernel - 1)), a recurrent state beside a conv ((heads, d_k, d_v))
 PLACEHOLDER = {"conv": (1, 1), "recurrent": (1, 1, 1)}
 DEFAULT_CONTEXT = 4096  # max_length when the positions are unbounded (sinusoidal)
+RUNTIME_TARGET = "ort"  # the lowering target of ONNX Runtime's kernels: the only runtime of genai.onnx
 
 
 @dataclasses.dataclass(frozen=True)
@@ -287,7 +304,40 @@ def decoder_layout(
         for dim in spec.type.tensor_type.shape.dim if spec.name in pasts else ():
             if dim.dim_param == BATCH:
                 dim.dim_param = batch
-    return built
+    return without_output_copies(built)
+
+
+def runtime_bodies(
+    proto: onnx.ModelProto, ops: Sequence[AttentionOp], settings: ExportSettings
+) -> TargetSection | None:
+    """Give ``proto`` (genai.onnx, function-lowered with the portable bodies) ONNX Runtime's kernels where
+    its ops declare a body for them (:data:`RUNTIME_TARGET`), in place; the target's manifest section
+    (None: left as it is: another lowering or target, none of its ops declaring one, or a kernel the
+    installed ONNX Runtime lacks)."""
+    if settings.lowering != "function" or settings.target != PORTABLE or _standard_bodies(proto, ops):
+        return None
+    try:
+        check_target(RUNTIME_TARGET, settings.lowering, ops)
+    except AttnxError:
+        return None
+    section = target_section(RUNTIME_TARGET, ops, attnx_ops(proto))
+    if section is None or not section.ops:
+        return None
+    retarget(proto, ops, RUNTIME_TARGET)
+    return section
+
+
+def _standard_bodies(proto: onnx.ModelProto, ops: Sequence[AttentionOp]) -> bool:
+    """Whether an attnx node of ``proto`` has a body written for a newer opset than its oldest (a standard
+    op that ONNX Runtime runs as a kernel already: ``LinearAttention`` at opset 27, ``Attention`` at 23),
+    which the export's ``--opset`` chose and genai.onnx keeps."""
+    by_name, opset = {op.name: op for op in ops}, model_opset(proto)
+    for node in attnx_nodes(proto):
+        op = by_name[node.op_type]
+        present = [name for name, value in zip(op.input_names, node.input, strict=False) if value]
+        if op.body_for(present, opset) is not op.body_for(present, opset, portable=True):
+            return True
+    return False
 
 
 def _rename(layout: Layout, state: GenaiState, pair: StatePair) -> None:
@@ -436,6 +486,7 @@ class GenaiDecoder:
         if blocker(section) is not None:
             return ExtraGraphs({}, [], None)
         proto = genai_layout(onnx.load(str(directory / DECODE_FILE), load_external_data=False), section)
+        target = runtime_bodies(proto, every_op(assembly), settings)
         save_onnx(proto, directory / GENAI_FILE)
         specials: dict[str, Any] = {}
         if (directory / TOKENIZER_FILE).is_file():
@@ -447,7 +498,7 @@ class GenaiDecoder:
         text = json.dumps(config, indent=2) + "\n"
         (directory / GENAI_CONFIG).write_text(text, encoding="utf-8")
         files = {"genai": GENAI_FILE, "genai_config": GENAI_CONFIG}
-        return ExtraGraphs(files, attnx_ops(proto), GenaiSection(state))
+        return ExtraGraphs(files, attnx_ops(proto), GenaiSection(state, target))
 
 
 GENAI = GenaiDecoder()

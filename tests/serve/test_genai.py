@@ -283,3 +283,36 @@ def test_convs_alone_are_genais_lfm2_model_as_the_builder_writes_it():
     assert model["decoder"]["inputs"]["past_recurrent_names"] == "past.%d.recurrent"
     widths = recurrent_section({0: {"conv": carry}, 1: {"conv": ("batch", 4, 2)}})
     assert "conv states differ in shape" in blocker(widths)  # genai's LFM2 cache allocates one shape too
+
+
+def _kernels(model: onnx.ModelProto) -> set[str]:
+    """The com.microsoft ops a graph's function bodies call."""
+    return {n.op_type for f in model.functions for n in f.node if n.domain == "com.microsoft"}
+
+
+def test_genai_onnx_runs_onnx_runtimes_kernels_and_records_them(serve_export):
+    """genai.onnx (only ONNX Runtime runs it) takes the ort target's bodies where an op declares them,
+    decode.onnx keeps the export's portable ones, and the manifest says so; an export whose ops declare
+    none keeps its bodies (the numbers: the full-forward and generate tests above)."""
+    out = serve_export("gated_delta")
+    graphs = {
+        name: onnx.load(str(out / name), load_external_data=False) for name in ("genai.onnx", "decode.onnx")
+    }
+    assert "LinearAttention" in _kernels(graphs["genai.onnx"]) and not _kernels(graphs["decode.onnx"])
+    manifest = ExportDir.open(out).manifest
+    assert manifest.target is None  # the export itself: portable
+    assert manifest.genai.target.name == "ort" and manifest.genai.target.ops == ["attnx::GatedDeltaRuleStep"]
+    plain = serve_export("softmax")  # its step op declares no ort body
+    assert ExportDir.open(plain).manifest.genai.target is None
+    assert not _kernels(onnx.load(str(plain / "genai.onnx"), load_external_data=False))
+
+
+@pytest.mark.parametrize("name", ["decode.onnx", "prefill.onnx", "genai.onnx"])
+def test_no_graph_output_is_a_copy_of_a_value_the_graph_computes(serve_export, name):
+    """A decode step returns its grown KV cache from the node that made it, not through an Identity copy
+    (ONNX Runtime copies the whole cache for one at every step)."""
+    graph = onnx.load(str(serve_export("softmax") / name), load_external_data=False).graph
+    produced = {o for n in graph.node for o in n.output}
+    outputs = {v.name for v in graph.output}
+    copies = [n for n in graph.node if n.op_type == "Identity" and n.output[0] in outputs]
+    assert not [n.output[0] for n in copies if n.input[0] in produced]
