@@ -40,16 +40,20 @@ class BackendSkipped(Exception):
 class Graph:
     """One graph of an export to run: the manifest file ``key`` ("model", "prefill", "decode"), its
     inputs and outputs, and ``module()``, the torch module that computes the same function
-    (built on first use, for the torch backends and as the reference)."""
+    (built on first use, for the torch backends and as the reference).
+
+    ``timed``: run to be timed (``attnx bench``, ``attnx generate``). Otherwise (parity, accuracy) ONNX
+    Runtime's CPU session neither folds constants nor packs weights at load (:data:`UNTIMED_CPU`)."""
 
     export: ExportDir
     key: str
     inputs: Sequence[TensorSpec]
     outputs: Sequence[TensorSpec]
     module: Callable[[], Any]
+    timed: bool = False
 
     @classmethod
-    def of_model(cls, export: ExportDir, module: Any = None) -> Graph:
+    def of_model(cls, export: ExportDir, module: Any = None, timed: bool = False) -> Graph:
         """``model.onnx`` of ``export``; its torch module is ``module`` (None: rebuilt on first use)."""
         manifest = export.manifest
         return cls(
@@ -58,6 +62,7 @@ class Graph:
             manifest.inputs,
             manifest.outputs,
             (lambda: module) if module is not None else (lambda: export.rebuild().module),
+            timed,
         )
 
     @property
@@ -150,10 +155,21 @@ def torch_runner(name: str, compile: bool = False) -> Callable[[Graph, int | Non
 
 CPU, CUDA, TENSORRT = "CPUExecutionProvider", "CUDAExecutionProvider", "TensorrtExecutionProvider"
 
+UNTIMED_CPU = ["ConstantFolding"]
+"""ONNX Runtime's graph transformers an untimed CPU session (:attr:`Graph.timed`) leaves out. Folding the
+graphs' ``Transpose`` of each stored weight made a transposed copy of it at load (ONNX Runtime then fuses
+each Transpose into its MatMul instead, reading the weight as stored), and packing the weights for the
+MatMul kernels (``session.disable_prepacking``) another: so the weights stay memory-mapped from the
+export's file, a session of the 0.8B shape loads in seconds at 0.1 GB and holds one copy of the weights once
+run, where it held 4.7 GB at load (docs/benchmarks.md). Neither changes what the graph computes."""
 
-def ort_session_options(threads: int | None, plugin_kernels: bool = False, spin: bool = True) -> Any:
+
+def ort_session_options(
+    threads: int | None, plugin_kernels: bool = False, spin: bool = True, prepack: bool = True
+) -> Any:
     """All graph optimisations, ``threads`` intra-op threads (None: ORT's default), sequential
     execution; with ``plugin_kernels`` also attnx's CPU kernels for a plugin-lowered model's nodes.
+    ``prepack`` False: constant weights are not packed for the kernels at load (``Graph.timed``).
 
     ``spin`` False: the intra-op threads sleep between ops instead of spinning (ORT's
     ``session.intra_op.allow_spinning``), for graphs of many small ops such as a decode step: on a 2-core
@@ -167,6 +183,8 @@ def ort_session_options(threads: int | None, plugin_kernels: bool = False, spin:
         options.intra_op_num_threads = threads
     if not spin:
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    if not prepack:
+        options.add_session_config_entry("session.disable_prepacking", "1")
     options.inter_op_num_threads = 1
     options.execution_mode = onnxruntime.ExecutionMode.ORT_SEQUENTIAL
     options.log_severity_level = 3
@@ -240,11 +258,18 @@ def ort_runner(provider: str) -> Callable[[Graph, int | None], BaseRunner]:
         source = onnx_for_ort(graph, provider)
         providers = {CPU: [CPU], CUDA: [CUDA, CPU], TENSORRT: [TENSORRT, CUDA, CPU]}[provider]
         options = ort_session_options(
-            threads, plugin_kernels=graph.lowering == "plugin" and provider == CPU, spin=graph.key != "decode"
+            threads,
+            plugin_kernels=graph.lowering == "plugin" and provider == CPU,
+            spin=graph.key != "decode",
+            prepack=graph.timed or provider != CPU,
         )
 
+        untimed = None if graph.timed or provider != CPU else UNTIMED_CPU
+
         def session() -> onnxruntime.InferenceSession:
-            made = onnxruntime.InferenceSession(source, options, providers=providers)
+            made = onnxruntime.InferenceSession(
+                source, options, providers=providers, disabled_optimizers=untimed
+            )
             if made.get_providers()[0] != provider:
                 raise BackendSkipped(f"onnxruntime did not enable {provider} (got {made.get_providers()})")
             return made

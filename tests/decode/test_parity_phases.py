@@ -6,6 +6,8 @@ from __future__ import annotations
 import gc
 import weakref
 
+import numpy as np
+
 from attnx.api import PARITY_EXTENSIONS
 from attnx.exporter.directory import ExportDir
 from attnx.parity.backends import backends
@@ -35,3 +37,35 @@ def test_the_torch_side_holds_no_model_and_the_report_is_check_paritys(decode_ex
     labels = ["ort-cpu", "torch decode", "ort-cpu decode", "ort-cpu genai"]
     assert [b.backend for b in report.backends] == labels
     assert rows(report) == rows(check_parity(export, export.rebuild(), ort, cases, PARITY_EXTENSIONS))
+
+
+def test_checks_load_weights_as_stored_and_timed_runs_as_onnx_runtime_prepares_them(
+    decode_export, monkeypatch
+):
+    """A check's CPU session neither folds constants nor packs weights (each made a copy of every weight at
+    load: the 0.8B verify's peak), and computes the same; a timed one (bench, generate) keeps both."""
+    import onnxruntime
+
+    from attnx.decode.runtime import open_stepper
+    from attnx.parity.runners import UNTIMED_CPU
+
+    made: list[tuple[str | None, list[str] | None]] = []
+
+    class Recorded(onnxruntime.InferenceSession):
+        def __init__(self, path, options, **kwargs):
+            try:
+                packing = options.get_session_config_entry("session.disable_prepacking")
+            except RuntimeError:  # not set
+                packing = None
+            made.append((packing, kwargs.get("disabled_optimizers")))
+            super().__init__(path, options, **kwargs)
+
+    export = ExportDir.open(decode_export("softmax")[0])
+    monkeypatch.setattr(onnxruntime, "InferenceSession", Recorded)
+    ids = np.arange(5)[None] % export.manifest.decode.vocab_size
+    logits = {}
+    for timed in (False, True):
+        with open_stepper(export, timed=timed) as stepper:
+            logits[timed] = stepper.prefill(ids, {})[0]
+    assert made == [("1", UNTIMED_CPU), ("1", UNTIMED_CPU), (None, None), (None, None)]
+    np.testing.assert_allclose(logits[False], logits[True], rtol=1e-5, atol=1e-6)

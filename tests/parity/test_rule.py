@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import OrderedDict
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -48,6 +49,47 @@ def test_either_bound_is_enough_and_nan_never_passes() -> None:
     assert not compare([1.5], [1.0], tolerance).passed
     assert not compare([np.nan], [1.0], tolerance).passed
     assert not compare([1.0, 2.0], [1.0], tolerance).passed  # shapes differ
+
+
+def whole_array_rule(actual: np.ndarray, expected: np.ndarray, tolerance: Tolerance) -> tuple:
+    """The rule's maxima and verdict computed over whole arrays at once (what the blocks must add up to)."""
+    a, b = actual.astype(np.float64), expected.astype(np.float64)
+    absolute = np.abs(a - b)
+    relative = absolute / np.abs(np.where(b == 0, 2.220446049250313e-16, b))
+    failed = (np.isnan(absolute) | (absolute > tolerance.atol)) & (
+        np.isnan(relative) | (relative > tolerance.rtol)
+    )
+    nan = np.isnan(absolute).any()
+    return (
+        float("nan") if nan else float(absolute.max()),
+        float("nan") if nan else float(relative.max()),
+        not bool(failed.any()),
+    )
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    shape=st.lists(st.integers(1, 9), min_size=1, max_size=3),
+    block=st.integers(1, 11),
+    spoil=st.sampled_from(["none", "nan", "outlier"]),
+)
+def test_blocks_add_up_to_the_whole_array(seed, shape, block, spoil) -> None:
+    """The rule runs block by block (bounded memory on real-size logits); its maxima and verdict are the
+    whole array's, wherever a NaN or the one failing element falls."""
+    rng = np.random.default_rng(seed)
+    expected = rng.standard_normal(shape).astype(np.float32)
+    actual = (expected + 1e-4 * rng.standard_normal(shape)).astype(np.float32)
+    where = tuple(int(rng.integers(0, n)) for n in shape)
+    if spoil == "nan":
+        actual[where] = np.nan
+    elif spoil == "outlier":
+        actual[where] += 1.0
+    tolerance = Tolerance(atol=1e-3, rtol=1e-3)
+    with mock.patch("attnx.parity.rule.BLOCK", block):
+        got = compare(actual, expected, tolerance)
+    want = whole_array_rule(actual, expected, tolerance)
+    np.testing.assert_equal((got.max_abs, got.max_rel, got.passed), want)
 
 
 def test_a_mismatch_names_the_worst_element() -> None:
