@@ -1,76 +1,99 @@
-"""The heavy half of the ``hf_hybrid`` adapter (imports transformers and torch): every architecture's
-declaration, the walk's ``convert``/``needs_adapter``/``lengths``, and ``--from hf:DIR`` loading."""
+"""The heavy half of the ``hf_hybrid`` adapter (imports transformers and torch): the table of every
+architecture's declaration (each imported when a model of its family is met), and the walk's
+``convert``/``needs_adapter``/``lengths``."""
 
 from __future__ import annotations
+
+import importlib
+import re
+from collections.abc import Iterator, Mapping
 
 from torch import nn
 
 from attnx.adapter import AdapterImpl, Lengths
 from attnx.adapters.hf_hybrid.architecture import Architecture
-from attnx.adapters.hf_hybrid.bailing import BAILING_HYBRID
-from attnx.adapters.hf_hybrid.kimi import KIMI_LINEAR
-from attnx.adapters.hf_hybrid.lara import LARA_MINI
-from attnx.adapters.hf_hybrid.lfm2 import LFM2, LFM2_MOE
-from attnx.adapters.hf_hybrid.mamba import (
-    BAMBA,
-    FALCON_H1,
-    FALCON_MAMBA,
-    GRANITE_MOE_HYBRID,
-    JAMBA,
-    MAMBA,
-    MAMBA2,
-    NEMOTRON_H,
-    ZAMBA2,
-)
-from attnx.adapters.hf_hybrid.minimax import MINIMAX
-from attnx.adapters.hf_hybrid.olmo import OLMO_HYBRID
-from attnx.adapters.hf_hybrid.qwen import QWEN3_5, QWEN3_5_MOE, QWEN3_NEXT
-from attnx.adapters.hf_hybrid.qwen4 import QWEN4_EXP
-from attnx.adapters.hf_hybrid.rgemma import RECURRENT_GEMMA
-from attnx.adapters.hf_hybrid.rwkv import RWKV
-from attnx.adapters.hf_hybrid.xlstm import XLSTM
 
-ARCHITECTURES: dict[str, Architecture] = {
-    a.model_type: a
-    for a in (
-        QWEN3_NEXT,
-        QWEN3_5,
-        QWEN3_5_MOE,
-        QWEN4_EXP,
-        KIMI_LINEAR,
-        MINIMAX,
-        LFM2,
-        LFM2_MOE,
-        OLMO_HYBRID,
-        BAILING_HYBRID,
-        LARA_MINI,
-    )
-    + (MAMBA2, BAMBA, GRANITE_MOE_HYBRID, NEMOTRON_H, FALCON_H1, ZAMBA2, MAMBA, FALCON_MAMBA, JAMBA)
-    + (RECURRENT_GEMMA, XLSTM, RWKV)
+FAMILIES: dict[str, tuple[str, str]] = {
+    "qwen3_next": ("qwen", "QWEN3_NEXT"),
+    "qwen3_5": ("qwen", "QWEN3_5"),
+    "qwen3_5_moe": ("qwen", "QWEN3_5_MOE"),
+    "qwen4_exp": ("qwen4", "QWEN4_EXP"),
+    "kimi_linear": ("kimi", "KIMI_LINEAR"),
+    "minimax": ("minimax", "MINIMAX"),
+    "lfm2": ("lfm2", "LFM2"),
+    "lfm2_moe": ("lfm2", "LFM2_MOE"),
+    "olmo_hybrid": ("olmo", "OLMO_HYBRID"),
+    "bailing_hybrid": ("bailing", "BAILING_HYBRID"),
+    "lara_mini": ("lara", "LARA_MINI"),
+    "mamba2": ("mamba", "MAMBA2"),
+    "bamba": ("mamba", "BAMBA"),
+    "granitemoehybrid": ("mamba", "GRANITE_MOE_HYBRID"),
+    "nemotron_h": ("mamba", "NEMOTRON_H"),
+    "falcon_h1": ("mamba", "FALCON_H1"),
+    "zamba2": ("mamba", "ZAMBA2"),
+    "mamba": ("mamba", "MAMBA"),
+    "falcon_mamba": ("mamba", "FALCON_MAMBA"),
+    "jamba": ("mamba", "JAMBA"),
+    "recurrent_gemma": ("rgemma", "RECURRENT_GEMMA"),
+    "xlstm": ("xlstm", "XLSTM"),
+    "rwkv": ("rwkv", "RWKV"),
 }
+"""model_type -> (module of this package, name) of its declaration. Each declaration's classes are those
+of ``transformers.models.<model_type>.modeling_<model_type>`` (tests/adapters/hf_hybrid/test_load.py), so
+a module is matched with its architecture by its classes' module, and only the families an export meets
+are imported: importing every family imports every one of their modeling files."""
+
+_MODELING = re.compile(r"transformers\.models\.(\w+)\.modeling_\1")
+
+
+class _Declarations(Mapping[str, Architecture]):
+    """:data:`FAMILIES`' declarations by model type, each imported when first asked for."""
+
+    def __getitem__(self, model_type: str) -> Architecture:
+        module, name = FAMILIES[model_type]
+        return getattr(importlib.import_module(f"{__package__}.{module}"), name)
+
+    def __contains__(self, model_type: object) -> bool:
+        return model_type in FAMILIES
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(FAMILIES)
+
+    def __len__(self) -> int:
+        return len(FAMILIES)
+
+
+ARCHITECTURES: Mapping[str, Architecture] = _Declarations()
+
+
+def architecture_of(module: nn.Module) -> Architecture | None:
+    """The architecture whose modeling file defines ``module``'s class (or a class it derives from)."""
+    for cls in type(module).__mro__:
+        found = _MODELING.fullmatch(cls.__module__)
+        if found and found.group(1) in FAMILIES:
+            return ARCHITECTURES[found.group(1)]
+    return None
 
 
 def convert(module: nn.Module) -> nn.Module | None:
     """A whole hybrid model or one of its layers on attnx ops; None for anything else."""
-    for architecture in ARCHITECTURES.values():
-        replacement = architecture.convert(module)
-        if replacement is not None:
-            return replacement
-    return None
+    architecture = architecture_of(module)
+    return architecture.convert(module) if architecture is not None else None
 
 
 def needs_adapter(module: nn.Module) -> bool:
     """The linear layers (HF's chunked rule loops a traced number of chunks) and MoE experts (a
     data-dependent loop, or grouped_mm without an ONNX translation)."""
-    return any(isinstance(module, a.untraceable) for a in ARCHITECTURES.values())
+    architecture = architecture_of(module)
+    return architecture is not None and isinstance(module, architecture.untraceable)
 
 
 def lengths(module: nn.Module) -> Lengths | None:
     """A whole model takes up to its config's ``max_position_embeddings`` tokens (the rotary table's
     reach, and the context its genai config declares; Mamba2 has none: no limit), and no more than its
     architecture's ``longest`` (Qwen4-Exp's indexer budget); anything else: no limit of its own."""
-    arch = next((a for a in ARCHITECTURES.values() if isinstance(module, a.models)), None)
-    if arch is None:
+    arch = architecture_of(module)
+    if arch is None or not isinstance(module, arch.models):
         return None
     limit = Lengths(maximum=getattr(module.config, "max_position_embeddings", None))
     return limit if arch.longest is None else limit & Lengths(maximum=arch.longest(module.config))

@@ -248,3 +248,33 @@ def test_a_loaded_model_runs_hf_torch_path_in_a_fresh_process(saved_dir):
     done = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().endswith("512)")
+
+
+def test_each_family_is_declared_under_its_model_type_with_its_modeling_files_classes():
+    """The table the walk dispatches by: a module is matched with its family by its class's modeling file,
+    so every class a declaration names must come from ``transformers.models.<model_type>``'s."""
+    from attnx.adapters.hf_hybrid.convert import ARCHITECTURES
+
+    for model_type, architecture in ARCHITECTURES.items():
+        assert architecture.model_type == model_type
+        modeling = f"transformers.models.{model_type}.modeling_{model_type}"
+        classes = [*architecture.models, *architecture.untraceable, *architecture.layers]
+        assert {c.__module__ for c in classes} == {modeling}, model_type
+
+
+def test_the_walk_imports_only_the_families_it_meets():
+    """Importing every family imports every one of their modeling files (seconds of every export's start):
+    the adapter imports a family when a module of it is met."""
+    probe = (
+        "import sys\n"
+        "from attnx.adapters.hf_hybrid.convert import architecture_of\n"
+        "from transformers.models.lfm2.modeling_lfm2 import Lfm2RMSNorm\n"
+        "assert architecture_of(Lfm2RMSNorm(4)).model_type == 'lfm2'\n"
+        "families = sorted(m for m in sys.modules if m.startswith('attnx.adapters.hf_hybrid.'))\n"
+        "models = sorted(m for m in sys.modules if m.startswith('transformers.models.') and '.modeling_' in m)\n"
+        "print(families, models)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    families, models = result.stdout.strip().split("] [")
+    assert "hf_hybrid.lfm2'" in families and "hf_hybrid.mamba'" not in families
+    assert "modeling_lfm2'" in models and "modeling_mamba2" not in models
