@@ -29,6 +29,7 @@ MODEL_TYPES = {
     "hgrn2": "HGRN2Attention",
     "retnet": "MultiScaleRetention",
     "rwkv6": "RWKV6Attention",
+    "rwkv7": "RWKV7Attention",
     "mamba2": "Mamba2",
 }
 EXAMPLE_LENGTH = 2 * 64 + 3
