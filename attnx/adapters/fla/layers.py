@@ -3,15 +3,18 @@ gates and norms in torch (:mod:`attnx.adapters.fla.parts`), and the recurrence o
 delta-rule op through its one entry (:func:`attnx.plugins.gated.op.run_rule`):
 
     S_t = diag(exp(g_t)) S_{t-1} + k_t u_t^T,  u_t = beta_t (v_t - (D_t S_{t-1})^T k_t) (delta) or beta_t v_t,
-    o_t = scale * S_t^T q_t.
+    o_t = scale * S_t^T q_t,
+
+or, for RWKV-7, on the family's generalised delta rule
+(:func:`attnx.plugins.gated.generalized.run_generalized_rule`).
 
 Each class reads the options of one library layer (``fla.layers``, 0.6) and refuses, by name, those
 it does not reproduce. The library's layout is (batch, seq, heads, dim); the op's is
 (batch, heads, seq, dim). Every layer decodes (:class:`attnx.state.DecodableLayer`, stepping through
 the model's own forward by :class:`attnx.attention.Stepping`): its state, in the rule's order
 (:func:`attnx.plugins.gated.op.rule_state`), is the carry before the rule, ``conv`` (batch, channels,
-kernel - 1) over the concatenated q, k, v projections with short convolutions (RWKV-6: its token shift,
-one previous input), then ``recurrent`` (batch, value heads, key dim, value dim; float32).
+kernel - 1) over the concatenated q, k, v projections with short convolutions (RWKV-6 and RWKV-7: the
+token shift, one previous input), then ``recurrent`` (batch, value heads, key dim, value dim; float32).
 """
 
 from __future__ import annotations

@@ -26,6 +26,7 @@ from attnx.adapters.fla import cpu  # noqa: E402
 from attnx.adapters.fla.convert import convert, needs_adapter  # noqa: E402
 from attnx.errors import AttnxError  # noqa: E402
 from attnx.state import Step  # noqa: E402
+from tests.adapters.fla import models as fla_models  # noqa: E402
 from tests.helpers import assert_one_line_error, run_cli  # noqa: E402
 
 HIDDEN = 32
@@ -501,13 +502,7 @@ def test_rwkv7_matches_the_librarys_recurrent_kernel_long(name, monkeypatch):
     """Past 64 tokens the library's layer runs ``chunk_rwkv7``, itself 9.3e-4 from its float64 recurrence
     (hence :data:`RTOL`); with the library's general DPLR recurrent kernel (``fused_recurrent_rwkv7``) in
     its place at 130 tokens, the conversion matches at the default tolerance (rtol 1e-5)."""
-    import fla.layers.rwkv7 as library_module
-    from fla.ops.rwkv7 import fused_recurrent_rwkv7
-
-    def recurrent(r, w, k, v, a, b, scale, initial_state, output_final_state, cu_seqlens, **_):
-        return fused_recurrent_rwkv7(r, w, k, v, a, b, scale, initial_state, output_final_state, cu_seqlens)
-
-    monkeypatch.setattr(library_module, "chunk_rwkv7", recurrent)
+    fla_models.recurrent_rwkv7(monkeypatch)
     layer = library_layer(name)
     replacement = convert(layer)
     x = torch.randn(2, 130, HIDDEN, generator=torch.Generator().manual_seed(130))
