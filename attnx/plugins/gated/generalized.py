@@ -19,8 +19,9 @@ chunked bodies, the ``LinearAttention`` bodies at opset 27 and on ONNX Runtime's
 kernel) has its removal tied to the key it adds, scaled by one rate per head and read from the decayed
 state. Optional separate removal vectors would have every one of those bodies and kernels either grow a
 second rule or refuse half of its inputs. This rule has one contract and one portable body
-(:mod:`attnx.plugins.gated._generalized_onnx`), and no ``ort`` target: ONNX Runtime's ``LinearAttention``
-rules (linear, gated, delta, gated_delta) have no diagonal-plus-low-rank transition.
+(:mod:`attnx.plugins.gated._generalized_onnx`), and no ``ort`` target (``--target ort`` keeps the
+portable body): ONNX Runtime's ``LinearAttention`` rules (linear, gated, delta, gated_delta) have no
+diagonal-plus-low-rank transition.
 
 ``attnx::generalized_delta_rule`` runs from an empty state; ``attnx::generalized_delta_rule_step``
 continues from a state (b, h, dk, dv) and returns the state after its tokens. Both run token by token

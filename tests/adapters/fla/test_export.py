@@ -6,8 +6,9 @@ picks its ``fused_recurrent_*`` kernel up to 64 tokens and the layer's ``mode`` 
 here sit on both sides of its chunk of 64 (odd ones included).
 
 * the default run: a user's module holding a GLA layer (``attnx export --module``);
-* the slow set: decode plus greedy generation of an RWKV-6 model as the library initialises it
-  (``--from fla:DIR``) at short lengths, and every model type of the library's causal LMs, trained
+* the slow set: a user's module of two RWKV-7 layers passing ``v_first``, decode plus greedy generation
+  of an RWKV-6 model as the library initialises it (``--from fla:DIR``) at short lengths, and every
+  model type of the library's causal LMs, trained
   here (tests/adapters/fla/models.py, cached in pytest's cache), exported with ``--decode``: ONNX
   Runtime at several lengths, a 2000-step decode against the full forward, and ``attnx generate``
   against the library's greedy decoding.
@@ -42,7 +43,7 @@ from tests.helpers import run_cli  # noqa: E402
 ROUTE = "fla-kernels-compiled-cuda" if torch.cuda.is_available() else "fla-kernels-triton-interpreter"
 ATOL, RTOL = 1e-4, 1e-3  # the gated variants' tolerance (float32)
 
-MODULE = '''
+GLA_MODULE = '''
 import torch
 from fla.layers import GatedLinearAttention
 
@@ -57,6 +58,37 @@ class Block(torch.nn.Module):
 
     def forward(self, x):
         return self.head(x + self.attn(x)[0])
+
+
+def factory():
+    torch.manual_seed(0)
+    block = Block().eval()
+    with torch.no_grad():
+        for parameter in block.parameters():
+            parameter.add_(0.2 * torch.randn_like(parameter))
+    return block, (torch.randn(2, 9, 32),)
+'''
+
+RWKV7_MODULE = '''
+import torch
+from fla.layers import RWKV7Attention
+
+RANKS = {f"{name}_low_rank_dim": 8 for name in ("decay", "gate", "a", "v")}
+
+
+class Block(torch.nn.Module):
+    """A user's block of two RWKV-7 layers, the second mixing in the first's values (v_first)."""
+
+    def __init__(self):
+        super().__init__()
+        self.first = RWKV7Attention(hidden_size=32, head_dim=16, layer_idx=0, num_hidden_layers=2, **RANKS)
+        self.second = RWKV7Attention(
+            hidden_size=32, head_dim=16, layer_idx=1, num_hidden_layers=2, fuse_norm=True, **RANKS
+        )
+
+    def forward(self, x):
+        y, _, _, v_first = self.first(x)
+        return x + y + self.second(x + y, v_first=v_first)[0]
 
 
 def factory():
@@ -109,15 +141,17 @@ def ids_of(length: int, seed: int, batch: int = 2) -> torch.Tensor:
 # --- default run ----------------------------------------------------------------------------------
 
 
-def check_module_export(tmp_path: Path, export_lengths: str, lengths: tuple[int, ...]) -> None:
-    """``--module`` with a GLA layer inside: the export's own parity check at ``export_lengths`` and ONNX
-    Runtime at ``lengths`` on fresh inputs, against the library's forward."""
+def check_module_export(
+    tmp_path: Path, export_lengths: str, lengths: tuple[int, ...], module: str = GLA_MODULE
+) -> None:
+    """``--module`` with the library's layers inside (GLA's by default): the export's own parity check at
+    ``export_lengths`` and ONNX Runtime at ``lengths`` on fresh inputs, against the library's forward."""
     source = tmp_path / "users_block.py"
-    source.write_text(MODULE)
+    source.write_text(module)
     out = tmp_path / "out"
     export(["--module", f"{source}:factory"], out, "--seq-lens", export_lengths)
     namespace: dict = {}
-    exec(compile(MODULE, str(source), "exec"), namespace)
+    exec(compile(module, str(source), "exec"), namespace)
     block, _ = namespace["factory"]()
     for length in lengths:
         x = torch.randn(2, length, 32, generator=torch.Generator().manual_seed(length))
@@ -135,6 +169,14 @@ def test_a_users_module_exports_with_the_librarys_numbers(route, tmp_path):
 @pytest.mark.parametrize("route", [f"gla-chunk-{ROUTE}"])
 def test_a_users_module_exports_with_the_librarys_numbers_across_its_chunk(route, tmp_path):
     check_module_export(tmp_path, "1,65", (63, 67, 130))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("route", [f"rwkv7-fused_recurrent-{ROUTE}"])
+def test_a_users_rwkv7_block_passes_v_first_through_the_export(route, tmp_path):
+    """Two RWKV-7 layers in a user's module, v_first handed from the first to the second (below the
+    library's chunk route, whose float32 kernel is not the reference: models.recurrent_rwkv7)."""
+    check_module_export(tmp_path, "1,9", (5, 63), module=RWKV7_MODULE)
 
 
 @pytest.fixture(scope="module")
