@@ -800,5 +800,5 @@ class RWKV7FeedForward(TokenShiftFeedForward):
         return self.value(self.act(self.key(x.addcmul(shift(x, last) - x, self.x_k))))
 
 
-# the library's feed-forward classes (by name, in fla.models) -> their conversions
+# the library's feed-forward classes (fla.models.rwkv6 / rwkv7), by class name -> their conversions
 FEED_FORWARDS = {"RWKV6FeedForward": RWKV6FeedForward, "RWKV7FeedForward": RWKV7FeedForward}
