@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import dataclasses
 
+import onnx
 import pytest
 import torch
 import torch.nn.functional as F
 
+from attnx.exporter.lowering import function_protos
 from attnx.plugins.gated.generalized import (
     GENERALIZED_DELTA_RULE_OP,
     GENERALIZED_DELTA_RULE_STEP_OP,
@@ -22,6 +24,8 @@ from attnx.plugins.gated.generalized import (
     run_generalized_rule,
 )
 from tests.plugins import op_harness as harness
+from tests.plugins.gated.test_onnx import CONVERTER_WRAPPED
+from tests.plugins.test_dtype_generic import float_literals, nodes
 
 SCALE = 0.7
 TOLERANCE = {"atol": 2e-5, "rtol": 1e-4}
@@ -213,3 +217,18 @@ def test_ops_export_as_single_nodes_and_have_gradients():
     assert targets.count("attnx.generalized_delta_rule_step.default") == 1
     leaves = [t.requires_grad_() for t in inputs]
     assert torch.autograd.gradcheck(lambda *x: generalized_delta_rule_step(*x, SCALE), leaves, fast_mode=True)
+
+
+@pytest.mark.slow
+def test_bodies_stay_dtype_generic_for_fp16_converters():
+    """Floats only through CastLike, and no op the converters wrap in Casts inside the Scan body (the
+    gated bodies' rules, tests/plugins/gated/test_onnx.py)."""
+    for op in (GENERALIZED_DELTA_RULE_OP, GENERALIZED_DELTA_RULE_STEP_OP):
+        assert float_literals(op) == []
+        for body in op.bodies:
+            for function in function_protos(body):
+                for node in function.node:
+                    for attribute in node.attribute:
+                        if attribute.type == onnx.AttributeProto.GRAPH:
+                            inside = {n.op_type for n in nodes(list(attribute.g.node))}
+                            assert not inside & CONVERTER_WRAPPED, (function.name, inside)
