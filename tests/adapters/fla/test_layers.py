@@ -211,7 +211,7 @@ def model_kwargs(name: str, x: torch.Tensor) -> dict:
     if not name.startswith("rwkv7-later"):
         return {}
     generator = torch.Generator().manual_seed(x.shape[1] + 100)
-    return {"v_first": torch.randn(x.shape, generator=generator)}
+    return {"v_first": torch.randn(x.shape, generator=generator).to(x.device)}
 
 
 def library_layer(name: str) -> torch.nn.Module:
