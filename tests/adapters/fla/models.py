@@ -88,21 +88,6 @@ MODELS: dict[str, tuple[str, dict[str, Any]]] = {
 }
 
 
-def recurrent_rwkv7(monkeypatch: Any) -> None:
-    """Make the library's ``RWKV7Attention`` run its recurrent DPLR kernel (``fused_recurrent_rwkv7``, the
-    same rule) where it would run ``chunk_rwkv7`` (from 64 tokens). In float32 that chunk kernel is far
-    from the rule on trained weights: 0.05 and 0.27 absolute from the float64 recurrence (values up to 15)
-    in the two layers of the trained tiny model at 130 tokens, its recurrent kernel 2.4e-6 and 1e-5
-    (docs/importing.md); test_rwkv7_chunk_kernel_is_the_difference keeps the finding checked."""
-    import fla.layers.rwkv7 as library_layer
-    from fla.ops.rwkv7 import fused_recurrent_rwkv7
-
-    def recurrent(r, w, k, v, a, b, scale, initial_state, output_final_state, cu_seqlens, **_):
-        return fused_recurrent_rwkv7(r, w, k, v, a, b, scale, initial_state, output_final_state, cu_seqlens)
-
-    monkeypatch.setattr(library_layer, "chunk_rwkv7", recurrent)
-
-
 def digits() -> torch.Tensor:
     """Every digit as [17 + digit, 64 pixels] (1797, 65), int64."""
     from sklearn.datasets import load_digits

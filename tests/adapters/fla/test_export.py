@@ -175,7 +175,8 @@ def test_a_users_module_exports_with_the_librarys_numbers_across_its_chunk(route
 @pytest.mark.parametrize("route", [f"rwkv7-fused_recurrent-{ROUTE}"])
 def test_a_users_rwkv7_block_passes_v_first_through_the_export(route, tmp_path):
     """Two RWKV-7 layers in a user's module, v_first handed from the first to the second (below the
-    library's chunk route, whose float32 kernel is not the reference: models.recurrent_rwkv7)."""
+    library's chunk route: a user's module keeps the library's dispatch, whose float32 chunk kernel is off the
+    rule; attnx.adapters.fla.load.recurrent_reference)."""
     check_module_export(tmp_path, "1,9", (5, 63), module=RWKV7_MODULE)
 
 
@@ -276,18 +277,6 @@ MODEL_IDS = [f"{t}-{ROUTE}" for t in fla_models.MODELS]
 OWN_GENERATE_DIFFERS = {"linear_attn", "mamba2", "gated_deltaproduct"}
 
 
-@pytest.fixture
-def library_route(monkeypatch):
-    """``library_route(model_type)``: the library's kernels the model tests compare with: its own dispatch,
-    except RWKV-7's recurrent kernel at every length (:func:`fla_models.recurrent_rwkv7` says why)."""
-
-    def route(model_type: str) -> None:
-        if model_type == "rwkv7":
-            fla_models.recurrent_rwkv7(monkeypatch)
-
-    return route
-
-
 @pytest.fixture(scope="module")
 def trained_export(model_cache, tmp_path_factory):
     """model type -> (saved model, its ``--decode`` export checked at 1 and 65 tokens), made once."""
@@ -306,9 +295,8 @@ def trained_export(model_cache, tmp_path_factory):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("model_type", list(fla_models.MODELS), ids=MODEL_IDS)
-def test_trained_model_exports_with_the_librarys_numbers(model_type, trained_export, library_route):
+def test_trained_model_exports_with_the_librarys_numbers(model_type, trained_export):
     """ONNX Runtime against the library's forward on fresh ids at 7, 64, 129 and 200 tokens."""
-    library_route(model_type)
     saved, out = trained_export(model_type)
     model = load(saved)[0]
     for length in (7, 64, 129, 200):
@@ -320,38 +308,89 @@ def test_trained_model_exports_with_the_librarys_numbers(model_type, trained_exp
 
 @pytest.mark.slow
 @pytest.mark.parametrize("model_type", list(fla_models.MODELS), ids=MODEL_IDS)
-def test_trained_model_decodes_2000_steps_as_the_full_forward(model_type, trained_export, library_route):
-    library_route(model_type)
+def test_trained_model_decodes_2000_steps_as_the_full_forward(model_type, trained_export):
     worst = check_decode(*trained_export(model_type), prompt=1, steps=2000, batch=1)
     print(f"{model_type}: 2000 decode steps, max abs logit difference {worst:.2e}")
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("model_type", list(fla_models.MODELS), ids=MODEL_IDS)
-def test_trained_model_generates_as_the_library(model_type, trained_export, library_route):
-    library_route(model_type)
+def test_trained_model_generates_as_the_library(model_type, trained_export):
     check_generate(*trained_export(model_type), new=16, own_generate=model_type not in OWN_GENERATE_DIFFERS)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("route", [f"rwkv7-chunk-{ROUTE}"])
-def test_rwkv7_chunk_kernel_is_the_difference(route, model_cache, monkeypatch):
-    """Why the RWKV-7 model tests compare with the library's recurrent kernel: on the trained model at 130
-    tokens, its chunk kernel's logits are more than 1e-3 from the adapted model's (float32 rounding of
-    that kernel: models.recurrent_rwkv7), its recurrent kernel's within 1e-5."""
+def test_rwkv7_chunk_kernel_is_the_difference(route, model_cache):
+    """Why the fla route runs RWKV-7's recurrent kernel as the reference (``recurrent_reference``): on the
+    trained model at 130 tokens, the library's chunk kernel's logits are more than 1e-3 from the adapted
+    model's (its float32 arithmetic), its recurrent kernel's within 1e-5."""
+    import transformers
+
     from attnx.adapters.apply import apply_adapters
 
-    model = load(fla_models.trained("rwkv7", model_cache))[0]
+    model, *_, notes = load(fla_models.trained("rwkv7", model_cache))
+    assert notes and "recurrent kernel" in notes[0]
     adapted = apply_adapters(model).module
     ids = ids_of(130, seed=130)
     with torch.no_grad():
         ours = adapted(input_ids=ids, use_cache=False).logits
-    chunked = library_logits(model, ids)
-    fla_models.recurrent_rwkv7(monkeypatch)
     recurrent = library_logits(model, ids)
+    library = transformers.AutoModelForCausalLM.from_pretrained(fla_models.trained("rwkv7", model_cache))
+    chunked = library_logits(library.eval(), ids)  # the library's own dispatch: its chunk kernel
     chunk_gap, recurrent_gap = (float((t - ours).abs().max()) for t in (chunked, recurrent))
     print(
         f"rwkv7 at 130 tokens: chunk kernel {chunk_gap:.2e}, recurrent kernel {recurrent_gap:.2e} from attnx"
     )
     assert chunk_gap > 1e-3
     torch.testing.assert_close(ours, recurrent, atol=1e-5, rtol=0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("route", [f"rwkv7-{ROUTE}"])
+def test_a_trained_rwkv7_verifies_by_default_on_its_recurrent_kernel(route, model_cache, tmp_path):
+    """The product's claim: ``attnx export --from fla:DIR`` of a trained RWKV-7 passes its default verify
+    (1, 7, 32, 129 tokens: the last past the library's chunk switch) against the library's recurrent
+    kernel, and its manifest says that kernel was the reference."""
+    out = tmp_path / "out"
+    export(["--from", f"fla:{fla_models.trained('rwkv7', model_cache)}"], out)
+    (note,) = ExportDir.open(out).manifest.module.notes
+    assert "recurrent kernel" in note and "fused_recurrent" in note
+
+
+def test_only_the_loaded_rwkv7s_chunk_calls_take_the_recurrent_kernel(monkeypatch):
+    """``recurrent_reference``: inside the marked RWKV-7 layers' no-grad calls the library's chunk kernel is
+    its recurrent one; another RWKV-7 model and calls with gradients keep the library's dispatch; a model
+    without RWKV-7 layers gets no note."""
+    import fla.layers.rwkv7 as library_layer
+
+    from attnx.adapters.fla.load import recurrent_reference
+
+    class Reached(Exception):
+        """A kernel was called (its name the argument); the stubs stop the layer there."""
+
+    def kernel(name: str):
+        def reached(*_, **__):
+            raise Reached(name)
+
+        return reached
+
+    monkeypatch.setattr(library_layer, "chunk_rwkv7", kernel("chunk"))
+    monkeypatch.setattr("fla.ops.rwkv7.fused_recurrent_rwkv7", kernel("recurrent"))
+    routed, other = fla_models.build("rwkv7"), fla_models.build("rwkv7")
+    assert recurrent_reference(fla_models.build("gla")) == []
+    (note,) = recurrent_reference(routed)
+    assert "RWKV7Attention" in note and "recurrent kernel" in note
+    chunk = library_layer.chunk_rwkv7
+    for model, grad, expected in (
+        (routed, False, "recurrent"),
+        (other, False, "chunk"),
+        (routed, True, "chunk"),
+    ):
+        layer = next(m for m in model.modules() if type(m).__name__ == "RWKV7Attention")
+        with torch.set_grad_enabled(grad), pytest.raises(Reached) as reached:
+            layer(torch.randn(1, 70, layer.hidden_size))
+        assert reached.value.args == (expected,), grad
+    assert library_layer.chunk_rwkv7 is chunk  # routed once per process
+    recurrent_reference(other)
+    assert library_layer.chunk_rwkv7 is chunk
