@@ -5,7 +5,8 @@ The walk hands every module to :func:`convert`:
 * the library's layers attnx maps (:data:`attnx.adapters.fla.layers.LAYERS`) become attnx layers
   with the same parameters (:mod:`attnx.adapters.fla.layers`);
 * the Triton modules around them in the library's models (``RMSNorm``, ``LayerNorm``, ``GatedMLP``,
-  RWKV-6's feed-forward) become the same computations in torch (:mod:`attnx.adapters.fla.parts`);
+  RWKV-6's and RWKV-7's feed-forwards) become the same computations in torch
+  (:mod:`attnx.adapters.fla.parts`);
 * any other layer of ``fla.layers`` is refused in one line naming it and the layers attnx maps;
 * a model whose config asks for what the walk cannot see (``attnres_block_size``: a fused kernel
   called from the blocks' forward) is refused by that option's name.
@@ -56,7 +57,7 @@ class Library:
     layers: tuple[type, ...]  # every layer of fla.layers
     native: tuple[type, ...]  # fla.modules classes that launch Triton kernels
     modules: Any  # fla.modules
-    feed_forward: type  # fla.models.rwkv6.RWKV6FeedForward
+    feed_forwards: tuple[type, ...]  # fla.models' RWKV-6 and RWKV-7 feed-forwards (layers.FEED_FORWARDS)
 
 
 @functools.cache
@@ -65,12 +66,13 @@ def library() -> Library:
     import fla.layers
     import fla.modules
     from fla.models.rwkv6.modeling_rwkv6 import RWKV6FeedForward
+    from fla.models.rwkv7.modeling_rwkv7 import RWKV7FeedForward
 
     return Library(
         layers=tuple(getattr(fla.layers, name) for name in fla.layers.__all__),
         native=tuple(getattr(fla.modules, name) for name in NATIVE_MODULES),
         modules=fla.modules,
-        feed_forward=RWKV6FeedForward,
+        feed_forwards=(RWKV6FeedForward, RWKV7FeedForward),
     )
 
 
@@ -95,19 +97,14 @@ def convert(module: nn.Module) -> nn.Module | None:
     refuse_model_options(module)
     lib, kind = library(), type(module)
     if isinstance(module, lib.layers):
-        if kind.__name__ in layers.REFUSED:
-            raise AttnxError(
-                f"flash-linear-attention layer {kind.__name__} is not exported by attnx: "
-                f"{layers.REFUSED[kind.__name__]}"
-            )
         if kind.__name__ not in layers.LAYERS:
             raise AttnxError(
                 f"flash-linear-attention layer {kind.__name__} is not exported by attnx; it maps "
                 f"{supported()}"
             )
         return layers.LAYERS[kind.__name__](module)
-    if isinstance(module, lib.feed_forward):
-        return layers.RWKV6FeedForward(module)
+    if isinstance(module, lib.feed_forwards):
+        return layers.FEED_FORWARDS[kind.__name__](module)
     if isinstance(module, lib.modules.GatedMLP):
         return parts.SwiGLU(module)
     if kind in (lib.modules.RMSNorm, lib.modules.LayerNorm):
@@ -132,7 +129,7 @@ def needs_adapter(module: nn.Module) -> bool:
     if not from_library(module):
         return False
     lib = library()
-    return isinstance(module, (*lib.layers, *lib.native, lib.feed_forward))
+    return isinstance(module, (*lib.layers, *lib.native, *lib.feed_forwards))
 
 
 IMPL = AdapterImpl(convert=convert, needs_adapter=needs_adapter, load=load)

@@ -3,15 +3,18 @@ gates and norms in torch (:mod:`attnx.adapters.fla.parts`), and the recurrence o
 delta-rule op through its one entry (:func:`attnx.plugins.gated.op.run_rule`):
 
     S_t = diag(exp(g_t)) S_{t-1} + k_t u_t^T,  u_t = beta_t (v_t - (D_t S_{t-1})^T k_t) (delta) or beta_t v_t,
-    o_t = scale * S_t^T q_t.
+    o_t = scale * S_t^T q_t,
+
+or, for RWKV-7, on the family's generalised delta rule
+(:func:`attnx.plugins.gated.generalized.run_generalized_rule`).
 
 Each class reads the options of one library layer (``fla.layers``, 0.6) and refuses, by name, those
 it does not reproduce. The library's layout is (batch, seq, heads, dim); the op's is
 (batch, heads, seq, dim). Every layer decodes (:class:`attnx.state.DecodableLayer`, stepping through
 the model's own forward by :class:`attnx.attention.Stepping`): its state, in the rule's order
 (:func:`attnx.plugins.gated.op.rule_state`), is the carry before the rule, ``conv`` (batch, channels,
-kernel - 1) over the concatenated q, k, v projections with short convolutions (RWKV-6: its token shift,
-one previous input), then ``recurrent`` (batch, value heads, key dim, value dim; float32).
+kernel - 1) over the concatenated q, k, v projections with short convolutions (RWKV-6 and RWKV-7: the
+token shift, one previous input), then ``recurrent`` (batch, value heads, key dim, value dim; float32).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from torch import nn
 from attnx.adapters.fla import parts
 from attnx.attention import Stepping
 from attnx.errors import AttnxError
+from attnx.plugins.gated.generalized import run_generalized_rule
 from attnx.plugins.gated.op import l2norm, rule_state, run_rule, split_state, ssd_rule
 from attnx.shortconv import carried_conv
 from attnx.state import StateTensor, conv_state
@@ -568,6 +572,95 @@ class RWKV6Attention(FlaLayer):
         return self.o_proj(o * self.gate_fn(g)), state
 
 
+class RWKV7Attention(FlaLayer):
+    """``fla.layers.RWKV7Attention`` on the generalised delta rule (:mod:`attnx.plugins.gated.generalized`):
+
+        S_t = (diag(exp(w_t)) - (kk_t * a_t) kk_t^T) S_{t-1} + k_t v_t^T,    o_t = S_t^T r_t
+
+    the library's ``chunk_rwkv7`` / ``fused_mul_recurrent_rwkv7`` with its arguments (log-decay w, the
+    rule's a = -kk and b = kk * a, scale 1). Around it, as the library computes them: the token shift
+    dx and the lerps x + dx * x_{r,w,k,v,a,g}; w = -exp(-1/2) sigmoid(w_lora) (:data:`LOG_DECAY_BOUND`);
+    a = sigmoid(a_lora); kk = L2-normalised k * k_k per head (``l2_norm``, eps 1e-6 inside the root,
+    with ``fuse_norm``; ``F.normalize`` without); the added key k + k (a - 1) k_a; the values mixed
+    towards the first layer's (``v_first``, which layer 0 produces and the library's model passes through
+    its blocks) by sigmoid(v_lora) from the second layer on; a GroupNorm per head (eps head_dim *
+    norm_eps, from the library); the bonus (r * k * r_k summed per head) v; the gate g_lora; ``o_proj``.
+
+    The forward returns the library's four values (o, None, cache, v_first). State: ``conv``, the token
+    shift's last input (batch, hidden, 1), then ``recurrent`` S (batch, heads, head_dim, head_v_dim).
+    """
+
+    LOG_DECAY_BOUND = -0.6065306597126334  # -exp(-0.5): the library's w = this * sigmoid(w_lora(x))
+    MIXES = ("x_r", "x_w", "x_k", "x_v", "x_a", "x_g")
+
+    def __init__(self, layer: nn.Module) -> None:
+        super().__init__(layer)
+        self.n_heads, self.head_k, self.head_v = layer.num_heads, layer.head_dim, layer.head_v_dim
+        self.first = layer.layer_idx == 0
+        loras = ("w_lora", "a_lora", "g_lora") if self.first else ("w_lora", "a_lora", "g_lora", "v_lora")
+        self.take(layer, *self.MIXES, "k_k", "k_a", "r_k", "r_proj", "k_proj", "v_proj", "o_proj", *loras)
+        self.fused, norm = layer.fuse_norm, layer.g_norm
+        self.norm_w, self.norm_b, self.norm_eps = norm.weight, norm.bias, norm.eps
+        self.norm_rms = bool(getattr(norm, "is_rms_norm", False))
+        self.hidden = layer.hidden_size
+        self.heads, self.d_key, self.d_value = self.n_heads, self.head_k, self.head_v
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        past_key_values: Any = None,
+        use_cache: bool | None = False,
+        output_attentions: bool | None = False,
+        **kwargs: Any,
+    ) -> tuple[torch.Tensor, None, Any, torch.Tensor]:
+        (out, v_first), _, cache = super().forward(
+            hidden_states, attention_mask, past_key_values, use_cache, output_attentions, **kwargs
+        )
+        return out, None, cache, v_first
+
+    def context(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        return {"v_first": kwargs.get("v_first")}
+
+    def carry(self) -> StateTensor:
+        return token_shift_state(self.hidden)
+
+    def run(self, x, past, position, v_first=None):
+        delta = shift(x, split_state(past, True)[0]) - x
+        xr, xw, xk, xv, xa, xg = (torch.addcmul(x, delta, getattr(self, name)) for name in self.MIXES)
+        r, k, v = self.r_proj(xr), self.k_proj(xk), self.v_proj(xv)
+        w = self.LOG_DECAY_BOUND * self.w_lora(xw).sigmoid()
+        if self.first:
+            v_first = v
+        elif v_first is None:
+            raise AttnxError(
+                f"flash-linear-attention RWKV7Attention layer {self.layer_idx} mixes in the first layer's "
+                "values: pass v_first (the library's model does)"
+            )
+        else:
+            v = torch.lerp(v, v_first, self.v_lora(xv).sigmoid())
+        a, g = self.a_lora(xa).sigmoid(), self.g_lora(xg)
+        kk = heads(k * self.k_k, self.head_k)
+        kk = l2norm(kk) if self.fused else F.normalize(kk, dim=-1, p=2.0)
+        k = k.addcmul(k * (a - 1), self.k_a)
+        r, w, k, a = (heads(t, self.head_k) for t in (r, w, k, a))
+        v = heads(v, self.head_v)
+        step = position is not None
+        args = [t.transpose(1, 2) for t in (r, k, v, w, -kk, kk * a)]
+        o, recurrent = run_generalized_rule(*args, split_state(past, False)[1], scale=1.0, step=step)
+        o = parts.norm(
+            o.transpose(1, 2).flatten(-2),
+            self.norm_w,
+            self.norm_b,
+            self.norm_eps,
+            self.norm_rms,
+            self.n_heads,
+        )
+        o = (o + ((r * k * self.r_k).sum(-1, keepdim=True) * v).flatten(-2)) * g
+        state = (x[:, -1:].transpose(1, 2), recurrent) if step else ()
+        return (self.o_proj(o), v_first), state
+
+
 def token_shift_state(hidden: int) -> StateTensor:
     """RWKV's token shift carries one previous input: a kernel-2 convolution's carry (role ``conv``)."""
     return StateTensor("conv", ("batch", hidden, 1), doc="the token shift's previous input", role="conv")
@@ -642,30 +735,19 @@ LAYERS = {
     "HGRN2Attention": HGRN2Attention,
     "MultiScaleRetention": MultiScaleRetention,
     "RWKV6Attention": RWKV6Attention,
+    "RWKV7Attention": RWKV7Attention,
     "Mamba2": Mamba2,
 }
 
 
-# Layers of the family the op cannot run, refused with the reason rather than the generic line.
-REFUSED = {
-    "RWKV7Attention": (
-        "its generalised delta rule S_t = S_{t-1} (diag(w_t) + a_t b_t^T) + v_t k_t^T has a = -kk, "
-        "b = kk * rate (a per-channel rate, so a b^T is not symmetric) and adds along a key k apart from "
-        "kk, and attnx's gated op removes only along the key it adds with one scalar rate "
-        "(S (I - beta k k^T)), so no setting of its rules is RWKV-7's"
-    ),
-}
-
-
-class RWKV6FeedForward(Stepping, nn.Module):
-    """``fla.models.rwkv6.RWKV6FeedForward``: sigmoid(receptance(x, dx)) * value(act(key(x, dx))) with
-    the token shift dx; while stepping it carries its last input (``conv``, (batch, hidden, 1))."""
+class TokenShiftFeedForward(Stepping, nn.Module):
+    """RWKV's feed-forward (channel mix) on x and its token shift; while stepping it carries its last
+    input (``conv``, (batch, hidden, 1)). Subclasses implement :meth:`run`."""
 
     def __init__(self, ffn: nn.Module) -> None:
         super().__init__()
-        self.key, self.value, self.receptance = ffn.key, ffn.value, ffn.receptance
-        self.act = parts.activation(_name_of(ffn.act_fn), "flash-linear-attention RWKV6FeedForward")
-        self.hidden = ffn.hidden_size
+        self.kind, self.hidden = type(ffn).__name__, ffn.hidden_size
+        self.act = parts.activation(_name_of(ffn.act_fn), f"flash-linear-attention {self.kind}")
 
     def forward(
         self,
@@ -675,14 +757,12 @@ class RWKV6FeedForward(Stepping, nn.Module):
         cu_seqlens: Any = None,
         **kw: Any,
     ) -> tuple[torch.Tensor, Any]:
-        refuse_call("RWKV6FeedForward", attention_mask, state, False, {"cu_seqlens": cu_seqlens})
+        refuse_call(self.kind, attention_mask, state, False, {"cu_seqlens": cu_seqlens})
         return (self.run(x, None) if self.stepping is None else self.stepped(x)), state
 
     def run(self, x: torch.Tensor, last: torch.Tensor | None) -> torch.Tensor:
         """The feed-forward on x after the input ``last`` ((batch, hidden, 1); None: zeros)."""
-        delta = shift(x, last) - x
-        value = self.value(self.act(self.key(x, delta)))
-        return self.receptance(x, delta).sigmoid() * value
+        raise NotImplementedError
 
     def step(
         self, x: torch.Tensor, state: tuple[torch.Tensor, ...] | None, position: torch.Tensor
@@ -692,3 +772,33 @@ class RWKV6FeedForward(Stepping, nn.Module):
 
     def decode_state(self) -> list[StateTensor]:
         return [token_shift_state(self.hidden)]
+
+
+class RWKV6FeedForward(TokenShiftFeedForward):
+    """``fla.models.rwkv6.RWKV6FeedForward``: sigmoid(receptance(x, dx)) * value(act(key(x, dx))) with
+    the token shift dx."""
+
+    def __init__(self, ffn: nn.Module) -> None:
+        super().__init__(ffn)
+        self.key, self.value, self.receptance = ffn.key, ffn.value, ffn.receptance
+
+    def run(self, x: torch.Tensor, last: torch.Tensor | None) -> torch.Tensor:
+        delta = shift(x, last) - x
+        value = self.value(self.act(self.key(x, delta)))
+        return self.receptance(x, delta).sigmoid() * value
+
+
+class RWKV7FeedForward(TokenShiftFeedForward):
+    """``fla.models.rwkv7.RWKV7FeedForward``: value(act(key(x + dx * x_k))) with the token shift dx
+    (``act`` the config's ``hidden_act``, sqrelu: relu(x)^2)."""
+
+    def __init__(self, ffn: nn.Module) -> None:
+        super().__init__(ffn)
+        self.key, self.value, self.x_k = ffn.key, ffn.value, ffn.x_k
+
+    def run(self, x: torch.Tensor, last: torch.Tensor | None) -> torch.Tensor:
+        return self.value(self.act(self.key(x.addcmul(shift(x, last) - x, self.x_k))))
+
+
+# the library's feed-forward classes (fla.models.rwkv6 / rwkv7), by class name -> their conversions
+FEED_FORWARDS = {"RWKV6FeedForward": RWKV6FeedForward, "RWKV7FeedForward": RWKV7FeedForward}

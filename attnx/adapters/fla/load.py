@@ -8,6 +8,7 @@ with ``use_cache`` off (attnx's decode graphs carry the state). Its example inpu
 
 from __future__ import annotations
 
+import contextvars
 import json
 import warnings
 from pathlib import Path
@@ -29,6 +30,7 @@ MODEL_TYPES = {
     "hgrn2": "HGRN2Attention",
     "retnet": "MultiScaleRetention",
     "rwkv6": "RWKV6Attention",
+    "rwkv7": "RWKV7Attention",
     "mamba2": "Mamba2",
 }
 EXAMPLE_LENGTH = 2 * 64 + 3
@@ -78,4 +80,54 @@ def load(path: Path) -> tuple[Any, dict[str, Any], None, list[str]]:
     check_loading_info(path, info, scheme="fla")
     model.config.use_cache = False
     example = {"input_ids": torch.randint(0, raw["vocab_size"], (2, EXAMPLE_LENGTH)), "use_cache": False}
-    return model.eval(), example, None, []
+    return model.eval(), example, None, recurrent_reference(model)
+
+
+RECURRENT_ONLY = "RWKV7Attention"
+_RECURRENT: contextvars.ContextVar[bool] = contextvars.ContextVar("attnx_fla_recurrent", default=False)
+
+
+def recurrent_reference(model: torch.nn.Module) -> list[str]:
+    """Make ``model``'s RWKV-7 layers run the library's recurrent DPLR kernel (``fused_recurrent_rwkv7``, the
+    same rule and arguments) where the library's layer calls its chunk kernel (from 64 tokens, whatever its
+    ``mode``): in float32 that kernel is 0.05 and 0.27 off the exact recurrence on trained weights, the
+    recurrent one 1e-5 (docs/importing.md), and the library's forward is the parity reference.
+
+    Only these layers' own no-grad calls are routed (hooks mark the call); other models of the library, and
+    training, keep its dispatch. Returns the manifest's note, or none when the model has no such layer."""
+    layers = [m for m in model.modules() if type(m).__name__ == RECURRENT_ONLY]
+    if not layers:
+        return []
+    _route_chunk_calls()
+    for layer in layers:
+        layer.register_forward_pre_hook(lambda *_: _mark(True))
+        layer.register_forward_hook(lambda *_: _mark(False), always_call=True)
+    return [
+        f"the library's {RECURRENT_ONLY} layers ran its recurrent kernel (fused_recurrent_rwkv7) as the "
+        "parity reference at every length: its float32 chunk kernel is 0.05-0.27 off the exact recurrence"
+    ]
+
+
+def _mark(inside: bool) -> None:
+    _RECURRENT.set(inside)
+
+
+def _route_chunk_calls() -> None:
+    """Once per process: the library layer's ``chunk_rwkv7`` becomes the recurrent kernel inside a marked,
+    no-grad call, and stays itself everywhere else."""
+    import fla.layers.rwkv7 as library_layer
+    from fla.ops.rwkv7 import fused_recurrent_rwkv7
+
+    chunk = library_layer.chunk_rwkv7
+    if getattr(chunk, "attnx_routed", False):
+        return
+
+    def routed(r, w, k, v, a, b, scale, initial_state, output_final_state, cu_seqlens=None, **options):  # type: ignore[no-untyped-def]
+        if _RECURRENT.get() and not torch.is_grad_enabled():
+            return fused_recurrent_rwkv7(
+                r, w, k, v, a, b, scale, initial_state, output_final_state, cu_seqlens
+            )
+        return chunk(r, w, k, v, a, b, scale, initial_state, output_final_state, cu_seqlens, **options)
+
+    routed.attnx_routed = True  # type: ignore[attr-defined]
+    library_layer.chunk_rwkv7 = routed

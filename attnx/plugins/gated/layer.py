@@ -28,6 +28,7 @@ from attnx.attention import Stepping
 from attnx.errors import AttnxError
 from attnx.ops import VariantImpl, at_least_float32
 from attnx.plugins.gated.config import GatedConfig
+from attnx.plugins.gated.generalized import GENERALIZED_DELTA_RULE_OP, GENERALIZED_DELTA_RULE_STEP_OP
 from attnx.plugins.gated.op import (
     GATED_DELTA_RULE_OP,
     GATED_DELTA_RULE_STEP_OP,
@@ -227,4 +228,11 @@ class GatedLayer(Stepping, nn.Module):
         return y, join_state(carry, recurrent)
 
 
-IMPL = VariantImpl(build=GatedLayer, ops=(GATED_DELTA_RULE_OP,), decode_ops=(GATED_DELTA_RULE_STEP_OP,))
+# The generalised delta rule's ops are the family's too (one plugin owns every op of the family, so an
+# export that calls them names it); only adapters' layers (flash-linear-attention's RWKV-7) call them.
+IMPL = VariantImpl(
+    build=GatedLayer,
+    ops=(GATED_DELTA_RULE_OP, GENERALIZED_DELTA_RULE_OP),
+    decode_ops=(GATED_DELTA_RULE_STEP_OP, GENERALIZED_DELTA_RULE_STEP_OP),
+    conditional_ops=(GENERALIZED_DELTA_RULE_OP.name,),
+)

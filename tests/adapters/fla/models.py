@@ -69,6 +69,17 @@ MODELS: dict[str, tuple[str, dict[str, Any]]] = {
     "hgrn2": ("HGRN2Config", {"expand_ratio": 16}),
     "retnet": ("RetNetConfig", {"num_heads": 2, "expand_v": 1}),
     "rwkv6": ("RWKV6Config", {"num_heads": 2, "proj_low_rank_dim": 8, "gate_low_rank_dim": 8}),
+    # two heads of 16; the library's model defaults (fuse_norm: l2_norm and its GroupNorm; norm_first)
+    "rwkv7": (
+        "RWKV7Config",
+        {
+            "head_dim": 16,
+            "decay_low_rank_dim": 8,
+            "gate_low_rank_dim": 8,
+            "a_low_rank_dim": 8,
+            "v_low_rank_dim": 8,
+        },
+    ),
     # two groups over four heads (the torch path tiles them) and the library's SSD chunk at 64
     "mamba2": (
         "Mamba2Config",

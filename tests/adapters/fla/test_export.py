@@ -6,8 +6,9 @@ picks its ``fused_recurrent_*`` kernel up to 64 tokens and the layer's ``mode`` 
 here sit on both sides of its chunk of 64 (odd ones included).
 
 * the default run: a user's module holding a GLA layer (``attnx export --module``);
-* the slow set: decode plus greedy generation of an RWKV-6 model as the library initialises it
-  (``--from fla:DIR``) at short lengths, and every model type of the library's causal LMs, trained
+* the slow set: a user's module of two RWKV-7 layers passing ``v_first``, decode plus greedy generation
+  of an RWKV-6 model as the library initialises it (``--from fla:DIR``) at short lengths, and every
+  model type of the library's causal LMs, trained
   here (tests/adapters/fla/models.py, cached in pytest's cache), exported with ``--decode``: ONNX
   Runtime at several lengths, a 2000-step decode against the full forward, and ``attnx generate``
   against the library's greedy decoding.
@@ -42,7 +43,7 @@ from tests.helpers import run_cli  # noqa: E402
 ROUTE = "fla-kernels-compiled-cuda" if torch.cuda.is_available() else "fla-kernels-triton-interpreter"
 ATOL, RTOL = 1e-4, 1e-3  # the gated variants' tolerance (float32)
 
-MODULE = '''
+GLA_MODULE = '''
 import torch
 from fla.layers import GatedLinearAttention
 
@@ -57,6 +58,37 @@ class Block(torch.nn.Module):
 
     def forward(self, x):
         return self.head(x + self.attn(x)[0])
+
+
+def factory():
+    torch.manual_seed(0)
+    block = Block().eval()
+    with torch.no_grad():
+        for parameter in block.parameters():
+            parameter.add_(0.2 * torch.randn_like(parameter))
+    return block, (torch.randn(2, 9, 32),)
+'''
+
+RWKV7_MODULE = '''
+import torch
+from fla.layers import RWKV7Attention
+
+RANKS = {f"{name}_low_rank_dim": 8 for name in ("decay", "gate", "a", "v")}
+
+
+class Block(torch.nn.Module):
+    """A user's block of two RWKV-7 layers, the second mixing in the first's values (v_first)."""
+
+    def __init__(self):
+        super().__init__()
+        self.first = RWKV7Attention(hidden_size=32, head_dim=16, layer_idx=0, num_hidden_layers=2, **RANKS)
+        self.second = RWKV7Attention(
+            hidden_size=32, head_dim=16, layer_idx=1, num_hidden_layers=2, fuse_norm=True, **RANKS
+        )
+
+    def forward(self, x):
+        y, _, _, v_first = self.first(x)
+        return x + y + self.second(x + y, v_first=v_first)[0]
 
 
 def factory():
@@ -109,15 +141,17 @@ def ids_of(length: int, seed: int, batch: int = 2) -> torch.Tensor:
 # --- default run ----------------------------------------------------------------------------------
 
 
-def check_module_export(tmp_path: Path, export_lengths: str, lengths: tuple[int, ...]) -> None:
-    """``--module`` with a GLA layer inside: the export's own parity check at ``export_lengths`` and ONNX
-    Runtime at ``lengths`` on fresh inputs, against the library's forward."""
+def check_module_export(
+    tmp_path: Path, export_lengths: str, lengths: tuple[int, ...], module: str = GLA_MODULE
+) -> None:
+    """``--module`` with the library's layers inside (GLA's by default): the export's own parity check at
+    ``export_lengths`` and ONNX Runtime at ``lengths`` on fresh inputs, against the library's forward."""
     source = tmp_path / "users_block.py"
-    source.write_text(MODULE)
+    source.write_text(module)
     out = tmp_path / "out"
     export(["--module", f"{source}:factory"], out, "--seq-lens", export_lengths)
     namespace: dict = {}
-    exec(compile(MODULE, str(source), "exec"), namespace)
+    exec(compile(module, str(source), "exec"), namespace)
     block, _ = namespace["factory"]()
     for length in lengths:
         x = torch.randn(2, length, 32, generator=torch.Generator().manual_seed(length))
@@ -135,6 +169,15 @@ def test_a_users_module_exports_with_the_librarys_numbers(route, tmp_path):
 @pytest.mark.parametrize("route", [f"gla-chunk-{ROUTE}"])
 def test_a_users_module_exports_with_the_librarys_numbers_across_its_chunk(route, tmp_path):
     check_module_export(tmp_path, "1,65", (63, 67, 130))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("route", [f"rwkv7-fused_recurrent-{ROUTE}"])
+def test_a_users_rwkv7_block_passes_v_first_through_the_export(route, tmp_path):
+    """Two RWKV-7 layers in a user's module, v_first handed from the first to the second (below the
+    library's chunk route: a user's module keeps the library's dispatch, whose float32 chunk kernel is off the
+    rule; attnx.adapters.fla.load.recurrent_reference)."""
+    check_module_export(tmp_path, "1,9", (5, 63), module=RWKV7_MODULE)
 
 
 @pytest.fixture(scope="module")
@@ -274,3 +317,80 @@ def test_trained_model_decodes_2000_steps_as_the_full_forward(model_type, traine
 @pytest.mark.parametrize("model_type", list(fla_models.MODELS), ids=MODEL_IDS)
 def test_trained_model_generates_as_the_library(model_type, trained_export):
     check_generate(*trained_export(model_type), new=16, own_generate=model_type not in OWN_GENERATE_DIFFERS)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("route", [f"rwkv7-chunk-{ROUTE}"])
+def test_rwkv7_chunk_kernel_is_the_difference(route, model_cache):
+    """Why the fla route runs RWKV-7's recurrent kernel as the reference (``recurrent_reference``): on the
+    trained model at 130 tokens, the library's chunk kernel's logits are more than 1e-3 from the adapted
+    model's (its float32 arithmetic), its recurrent kernel's within 1e-5."""
+    import transformers
+
+    from attnx.adapters.apply import apply_adapters
+
+    model, *_, notes = load(fla_models.trained("rwkv7", model_cache))
+    assert notes and "recurrent kernel" in notes[0]
+    adapted = apply_adapters(model).module
+    ids = ids_of(130, seed=130)
+    with torch.no_grad():
+        ours = adapted(input_ids=ids, use_cache=False).logits
+    recurrent = library_logits(model, ids)
+    library = transformers.AutoModelForCausalLM.from_pretrained(fla_models.trained("rwkv7", model_cache))
+    chunked = library_logits(library.eval(), ids)  # the library's own dispatch: its chunk kernel
+    chunk_gap, recurrent_gap = (float((t - ours).abs().max()) for t in (chunked, recurrent))
+    print(
+        f"rwkv7 at 130 tokens: chunk kernel {chunk_gap:.2e}, recurrent kernel {recurrent_gap:.2e} from attnx"
+    )
+    assert chunk_gap > 1e-3
+    torch.testing.assert_close(ours, recurrent, atol=1e-5, rtol=0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("route", [f"rwkv7-{ROUTE}"])
+def test_a_trained_rwkv7_verifies_by_default_on_its_recurrent_kernel(route, model_cache, tmp_path):
+    """The product's claim: ``attnx export --from fla:DIR`` of a trained RWKV-7 passes its default verify
+    (1, 7, 32, 129 tokens: the last past the library's chunk switch) against the library's recurrent
+    kernel, and its manifest says that kernel was the reference."""
+    out = tmp_path / "out"
+    export(["--from", f"fla:{fla_models.trained('rwkv7', model_cache)}"], out)
+    (note,) = ExportDir.open(out).manifest.module.notes
+    assert "recurrent kernel" in note and "fused_recurrent" in note
+
+
+def test_only_the_loaded_rwkv7s_chunk_calls_take_the_recurrent_kernel(monkeypatch):
+    """``recurrent_reference``: inside the marked RWKV-7 layers' no-grad calls the library's chunk kernel is
+    its recurrent one; another RWKV-7 model and calls with gradients keep the library's dispatch; a model
+    without RWKV-7 layers gets no note."""
+    import fla.layers.rwkv7 as library_layer
+
+    from attnx.adapters.fla.load import recurrent_reference
+
+    class Reached(Exception):
+        """A kernel was called (its name the argument); the stubs stop the layer there."""
+
+    def kernel(name: str):
+        def reached(*_, **__):
+            raise Reached(name)
+
+        return reached
+
+    monkeypatch.setattr(library_layer, "chunk_rwkv7", kernel("chunk"))
+    monkeypatch.setattr("fla.ops.rwkv7.fused_recurrent_rwkv7", kernel("recurrent"))
+    routed, other = fla_models.build("rwkv7"), fla_models.build("rwkv7")
+    assert recurrent_reference(fla_models.build("gla")) == []
+    (note,) = recurrent_reference(routed)
+    assert "RWKV7Attention" in note and "recurrent kernel" in note
+    chunk = library_layer.chunk_rwkv7
+    for model, grad, expected in (
+        (routed, False, "recurrent"),
+        (other, False, "chunk"),
+        (routed, True, "chunk"),
+    ):
+        layer = next(m for m in model.modules() if type(m).__name__ == "RWKV7Attention")
+        with torch.set_grad_enabled(grad), pytest.raises(Reached) as reached:
+            layer(torch.randn(1, 70, layer.hidden_size))
+        assert reached.value.args == (expected,), grad
+    assert library_layer.chunk_rwkv7 is chunk  # routed once per process
+    recurrent_reference(other)
+    assert library_layer.chunk_rwkv7 is chunk

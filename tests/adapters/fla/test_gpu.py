@@ -26,7 +26,7 @@ fla_layers = pytest.importorskip(
 )
 
 from attnx.adapters.fla.convert import convert  # noqa: E402
-from tests.adapters.fla.test_layers import HIDDEN, LAYERS, library_layer  # noqa: E402
+from tests.adapters.fla.test_layers import HIDDEN, LAYERS, library_layer, model_kwargs  # noqa: E402
 
 # GPU kernels use approximate exp2/softplus (the library's inline PTX) and TF32 dots: looser than CPU.
 GPU_RTOL = 2e-3
@@ -38,9 +38,10 @@ def test_layer_matches_the_librarys_cuda_kernels(name, length):
     layer = library_layer(name).cuda()
     replacement = convert(layer)
     x = torch.randn(2, length, HIDDEN, device="cuda", generator=torch.Generator("cuda").manual_seed(length))
+    kwargs = model_kwargs(name, x)
     with torch.no_grad():
-        expected = layer(x)[0]
-        actual = replacement(x)[0]
+        expected = layer(x, **kwargs)[0]
+        actual = replacement(x, **kwargs)[0]
     torch.testing.assert_close(actual, expected, atol=1e-4, rtol=GPU_RTOL)
 
 
@@ -50,6 +51,7 @@ def test_layer_matches_the_librarys_chunked_training_kernels(name):
     layer = library_layer(name).cuda()
     replacement = convert(layer)
     x = torch.randn(2, 130, HIDDEN, device="cuda", generator=torch.Generator("cuda").manual_seed(0))
-    expected = layer(x.requires_grad_())[0]
-    actual = replacement(x)[0]
+    kwargs = model_kwargs(name, x)
+    expected = layer(x.requires_grad_(), **kwargs)[0]
+    actual = replacement(x, **kwargs)[0]
     torch.testing.assert_close(actual, expected, atol=1e-4, rtol=GPU_RTOL)
