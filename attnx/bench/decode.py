@@ -149,7 +149,7 @@ def _stepper(
             cross_variant=cross,
             options={**options, **limits, **settings},
         )
-        with open_stepper(ExportDir.open(Path(tmp) / "out"), "ort-cpu", threads, timed=True) as stepper:
+        with open_stepper(ExportDir.open(Path(tmp) / "out"), "ort-cpu", threads, many_runs=True) as stepper:
             yield stepper
 
 

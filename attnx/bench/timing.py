@@ -66,7 +66,7 @@ def measure(
     runner = None
     try:
         start = time.perf_counter()
-        runner = backend.runner(Graph.of_model(export, timed=True), threads)
+        runner = backend.runner(Graph.of_model(export, many_runs=True), threads)
         runner.activate()
         result.load_s = time.perf_counter() - start
         result.load_rss_bytes = probe.current_delta()

@@ -157,7 +157,7 @@ def generate(
     check_positions(manifest, len(prompt) + max_new_tokens)
     rng = np.random.default_rng(seed)
     # one session at a time: the prefill graph's weights are let go before the decode graph's are loaded
-    with open_stepper(export, backend, threads, one_at_a_time=True, timed=True) as stepper:
+    with open_stepper(export, backend, threads, one_at_a_time=True, many_runs=True) as stepper:
         stepper.open("prefill")
         report(f"prefill: {len(prompt)} prompt tokens on {backend}")
         start = time.perf_counter()

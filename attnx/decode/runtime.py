@@ -44,9 +44,9 @@ def decode_section(export: ExportDir) -> DecodeSection:
     return export.manifest.decode
 
 
-def decode_graphs(export: ExportDir, assembly: Any = None, timed: bool = False) -> tuple[Graph, Graph]:
+def decode_graphs(export: ExportDir, assembly: Any = None, many_runs: bool = False) -> tuple[Graph, Graph]:
     """The prefill and decode graphs of ``export``; their torch modules wrap ``assembly`` (default:
-    the model rebuilt from the export, once, on first use); ``timed``: see :class:`Graph`."""
+    the model rebuilt from the export, once, on first use); ``many_runs``: see :class:`Graph`."""
     section = decode_section(export)
     built = functools.cache(lambda: assembly if assembly is not None else export.rebuild())
     layout = functools.cache(lambda: layout_of(built()))
@@ -57,7 +57,7 @@ def decode_graphs(export: ExportDir, assembly: Any = None, timed: bool = False) 
         return made
 
     return tuple(  # type: ignore[return-value]
-        Graph(export, key, io.inputs, io.outputs, functools.partial(torch_graph, key, io, past), timed)
+        Graph(export, key, io.inputs, io.outputs, functools.partial(torch_graph, key, io, past), many_runs)
         for key, io, past in (("prefill", section.prefill, False), ("decode", section.decode, True))
     )
 
@@ -151,10 +151,10 @@ def open_stepper(
     threads: int | None = None,
     assembly: Any = None,
     one_at_a_time: bool = False,
-    timed: bool = False,
+    many_runs: bool = False,
 ) -> Stepper:
     """The stepper of ``export`` on ``backend`` (a name from the backend table); ``one_at_a_time``: see
-    :class:`Stepper`; ``timed`` (generation, benchmarks): see :class:`~attnx.parity.runners.Graph`.
+    :class:`Stepper`; ``many_runs`` (generation, benchmarks): see :class:`~attnx.parity.runners.Graph`.
 
     Raises:
         AttnxError: not a decode export, an unknown backend, or one that cannot run here.
@@ -166,7 +166,7 @@ def open_stepper(
     reason = chosen.unavailable(export)
     if reason:
         raise AttnxError(f"backend {chosen.name} cannot run {export.label} here: {reason}")
-    prefill, decode = decode_graphs(export, assembly, timed)
+    prefill, decode = decode_graphs(export, assembly, many_runs)
     try:
         runners = chosen.runner(prefill, threads), chosen.runner(decode, threads)
     except BackendSkipped as exc:

@@ -130,7 +130,7 @@ def measure(
     ``text`` (:func:`attnx.optimizer.text.text_rows`)."""
     cases = Cases.make(export, PROMPT_LENGTHS, PROMPT_BATCH, seed=seed)
     feeds = cases.feeds(export.manifest.inputs)
-    graph = Graph.of_model(export, reference.module)
+    graph = Graph.of_model(export, reference.module, many_runs=True)
     expected = infer(TorchRunner(reference.module, graph.inputs, graph.outputs), feeds)
     (ort,) = backends(["ort-cpu"])
     actual = infer(ort.runner(graph, None), feeds)

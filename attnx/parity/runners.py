@@ -42,18 +42,19 @@ class Graph:
     inputs and outputs, and ``module()``, the torch module that computes the same function
     (built on first use, for the torch backends and as the reference).
 
-    ``timed``: run to be timed (``attnx bench``, ``attnx generate``). Otherwise (parity, accuracy) ONNX
-    Runtime's CPU session neither folds constants nor packs weights at load (:data:`UNTIMED_CPU`)."""
+    ``many_runs``: the graph runs many times (``attnx bench``, ``attnx generate``, the accuracy gate's text),
+    so ONNX Runtime's preparation of the weights at load (folded, packed for its MatMul kernels) pays off.
+    Otherwise (parity) its CPU session skips that preparation (:data:`CHECK_SKIPS`)."""
 
     export: ExportDir
     key: str
     inputs: Sequence[TensorSpec]
     outputs: Sequence[TensorSpec]
     module: Callable[[], Any]
-    timed: bool = False
+    many_runs: bool = False
 
     @classmethod
-    def of_model(cls, export: ExportDir, module: Any = None, timed: bool = False) -> Graph:
+    def of_model(cls, export: ExportDir, module: Any = None, many_runs: bool = False) -> Graph:
         """``model.onnx`` of ``export``; its torch module is ``module`` (None: rebuilt on first use)."""
         manifest = export.manifest
         return cls(
@@ -62,7 +63,7 @@ class Graph:
             manifest.inputs,
             manifest.outputs,
             (lambda: module) if module is not None else (lambda: export.rebuild().module),
-            timed,
+            many_runs,
         )
 
     @property
@@ -155,8 +156,8 @@ def torch_runner(name: str, compile: bool = False) -> Callable[[Graph, int | Non
 
 CPU, CUDA, TENSORRT = "CPUExecutionProvider", "CUDAExecutionProvider", "TensorrtExecutionProvider"
 
-UNTIMED_CPU = ["ConstantFolding"]
-"""ONNX Runtime's graph transformers an untimed CPU session (:attr:`Graph.timed`) leaves out. Folding the
+CHECK_SKIPS = ["ConstantFolding"]
+"""ONNX Runtime's graph transformers a check's CPU session (:attr:`Graph.many_runs`) leaves out. Folding the
 graphs' ``Transpose`` of each stored weight made a transposed copy of it at load (ONNX Runtime then fuses
 each Transpose into its MatMul instead, reading the weight as stored), and packing the weights for the
 MatMul kernels (``session.disable_prepacking``) another: so the weights stay memory-mapped from the
@@ -169,7 +170,7 @@ def ort_session_options(
 ) -> Any:
     """All graph optimisations, ``threads`` intra-op threads (None: ORT's default), sequential
     execution; with ``plugin_kernels`` also attnx's CPU kernels for a plugin-lowered model's nodes.
-    ``prepack`` False: constant weights are not packed for the kernels at load (``Graph.timed``).
+    ``prepack`` False: constant weights are not packed for the kernels at load (``Graph.many_runs``).
 
     ``spin`` False: the intra-op threads sleep between ops instead of spinning (ORT's
     ``session.intra_op.allow_spinning``), for graphs of many small ops such as a decode step: on a 2-core
@@ -261,14 +262,14 @@ def ort_runner(provider: str) -> Callable[[Graph, int | None], BaseRunner]:
             threads,
             plugin_kernels=graph.lowering == "plugin" and provider == CPU,
             spin=graph.key != "decode",
-            prepack=graph.timed or provider != CPU,
+            prepack=graph.many_runs or provider != CPU,
         )
 
-        untimed = None if graph.timed or provider != CPU else UNTIMED_CPU
+        skipped = None if graph.many_runs or provider != CPU else CHECK_SKIPS
 
         def session() -> onnxruntime.InferenceSession:
             made = onnxruntime.InferenceSession(
-                source, options, providers=providers, disabled_optimizers=untimed
+                source, options, providers=providers, disabled_optimizers=skipped
             )
             if made.get_providers()[0] != provider:
                 raise BackendSkipped(f"onnxruntime did not enable {provider} (got {made.get_providers()})")

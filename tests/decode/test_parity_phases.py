@@ -39,15 +39,16 @@ def test_the_torch_side_holds_no_model_and_the_report_is_check_paritys(decode_ex
     assert rows(report) == rows(check_parity(export, export.rebuild(), ort, cases, PARITY_EXTENSIONS))
 
 
-def test_checks_load_weights_as_stored_and_timed_runs_as_onnx_runtime_prepares_them(
+def test_checks_load_weights_as_stored_and_many_runs_as_onnx_runtime_prepares_them(
     decode_export, monkeypatch
 ):
     """A check's CPU session neither folds constants nor packs weights (each made a copy of every weight at
-    load: the 0.8B verify's peak), and computes the same; a timed one (bench, generate) keeps both."""
+    load: the 0.8B verify's peak), and computes the same; one that runs many times (bench, generate,
+    accuracy) keeps both."""
     import onnxruntime
 
     from attnx.decode.runtime import open_stepper
-    from attnx.parity.runners import UNTIMED_CPU
+    from attnx.parity.runners import CHECK_SKIPS
 
     made: list[tuple[str | None, list[str] | None]] = []
 
@@ -64,8 +65,8 @@ def test_checks_load_weights_as_stored_and_timed_runs_as_onnx_runtime_prepares_t
     monkeypatch.setattr(onnxruntime, "InferenceSession", Recorded)
     ids = np.arange(5)[None] % export.manifest.decode.vocab_size
     logits = {}
-    for timed in (False, True):
-        with open_stepper(export, timed=timed) as stepper:
-            logits[timed] = stepper.prefill(ids, {})[0]
-    assert made == [("1", UNTIMED_CPU), ("1", UNTIMED_CPU), (None, None), (None, None)]
+    for many_runs in (False, True):
+        with open_stepper(export, many_runs=many_runs) as stepper:
+            logits[many_runs] = stepper.prefill(ids, {})[0]
+    assert made == [("1", CHECK_SKIPS), ("1", CHECK_SKIPS), (None, None), (None, None)]
     np.testing.assert_allclose(logits[False], logits[True], rtol=1e-5, atol=1e-6)
