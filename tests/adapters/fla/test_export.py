@@ -10,8 +10,10 @@ here sit on both sides of its chunk of 64 (odd ones included).
   of an RWKV-6 model as the library initialises it (``--from fla:DIR``) at short lengths, and every
   model type of the library's causal LMs, trained
   here (tests/adapters/fla/models.py, cached in pytest's cache), exported with ``--decode``: ONNX
-  Runtime at several lengths, a 2000-step decode against the full forward, and ``attnx generate``
-  against the library's greedy decoding.
+  Runtime at several lengths, a 2000-step decode against the full forward, ``attnx generate``
+  against the library's greedy decoding, 200 greedy tokens of onnxruntime-genai and ``attnx generate``
+  against the library's (genai's logits against its full forward at every step), and a real tritonserver
+  serving two of them token by token.
 
 What the slow set costs, and how it is kept affordable without proving less: the library's forward in
 the interpreter takes about 0.05 s per token and sequence (hidden 32, 2 layers, a shared 2-core CPU), so
