@@ -449,9 +449,13 @@ def test_trained_model_generates_200_tokens_in_genai_and_attnx_as_the_library(mo
     """onnxruntime-genai 0.18 loads the ``--decode`` export's genai.onnx and genai_config.json (its end
     token the model's own, not genai's default 0, a grey level) and, like ``attnx generate --greedy``, picks
     the library's greedy tokens for 200 tokens: by its full forward (one call over the continuation: each
-    token the argmax at the position before, up to float ties) and, where it agrees with that
-    (OWN_GENERATE_DIFFERS), its model's own ``generate``. genai's logits, the prompt in one call and then
-    one token per call, are the full forward's at every step."""
+    token the argmax at the position before, up to float ties). genai's logits, the prompt in one call and
+    then one token per call, are the full forward's at every step.
+
+    Not the library model's own ``generate``: with transformers 5.24 its steps after the prompt do not
+    carry the state (trained rwkv6 after this prompt: every step's logits are those of the one token 0
+    from an empty state, 3.53 / 0.36 for 0 / 1, where its full forward's move on), so it agrees with the
+    forward only where the continuation does not depend on the state (the 16-token test's prompt)."""
     pytest.importorskip("onnxruntime_genai")
     from attnx.testing.hf_hybrid import genai_greedy
 
@@ -464,8 +468,6 @@ def test_trained_model_generates_200_tokens_in_genai_and_attnx_as_the_library(mo
     expected = full_forward_logits(model, LONG_PROMPT, tokens)
     ties = assert_greedy(tokens, expected)
     worst = close(genai_forced_logits(out, LONG_PROMPT, tokens), expected, "genai's logits")
-    if model_type not in OWN_GENERATE_DIFFERS:
-        assert library_generate(model, LONG_PROMPT, NEW_TOKENS) == tokens
     print(
         f"{model_type}: 200 greedy tokens equal ({len(set(tokens))} distinct, {ties} float ties), "
         f"genai's logits max abs difference {worst:.2e}"
