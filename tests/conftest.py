@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
@@ -34,3 +35,22 @@ def use_registry() -> Iterator:
 
     yield install
     set_registry(previous)
+
+
+@pytest.fixture(scope="session")
+def triton_cache(request, tmp_path_factory) -> Path:
+    """A folder kept between runs (pytest's cache, else a session folder): the tritonserver wheel's files
+    and the python backend's environment are fetched and built once."""
+    cache = getattr(request.config, "cache", None)
+    return cache.mkdir("attnx-triton") if cache is not None else tmp_path_factory.mktemp("attnx-triton")
+
+
+@pytest.fixture(scope="session")
+def triton_build(triton_cache) -> Path:
+    """The ``nvidia-pytriton`` wheel's server build (skipped, with the reason, where it cannot be fetched)."""
+    from tests.serve.tritonserver import Unavailable, server_build
+
+    try:
+        return server_build(triton_cache)
+    except Unavailable as exc:
+        pytest.skip(f"no tritonserver to test with: {exc}")

@@ -442,6 +442,24 @@ def genai_config(
     return {"model": model, "search": search}
 
 
+def model_specials(assembly: Assembly | ModuleAssembly, vocab_size: int) -> dict[str, Any]:
+    """The bos/eos/pad ids a loaded Hugging Face model names (its ``generation_config``, else its
+    ``config``; ids outside the vocabulary dropped: genai refuses them), for an export without a
+    tokenizer: genai without an eos id ends a sequence at its pad id 0, a real token of the vocabulary
+    (a flash-linear-attention model's first grey level), so its greedy decoding stopped at the first 0."""
+    model = getattr(assembly, "adapted", None)
+    found: dict[str, Any] = {}
+    for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        named = [getattr(getattr(model, where, None), key, None) for where in ("generation_config", "config")]
+        ids = next((i for i in named if i is not None), None)
+        ids = [
+            i for i in (ids if isinstance(ids, list) else [ids]) if isinstance(i, int) and 0 <= i < vocab_size
+        ]
+        if ids:
+            found[key] = ids if key == "eos_token_id" and len(ids) > 1 else ids[0]
+    return found
+
+
 def context_length(assembly: Assembly | ModuleAssembly) -> int:
     """The longest sequence genai may generate: the variant's position limit (a module's: what its
     adapters read from it, e.g. a Hugging Face config's ``max_position_embeddings``), else
@@ -488,11 +506,12 @@ class GenaiDecoder:
         proto = genai_layout(onnx.load(str(directory / DECODE_FILE), load_external_data=False), section)
         target = runtime_bodies(proto, every_op(assembly), settings)
         save_onnx(proto, directory / GENAI_FILE)
-        specials: dict[str, Any] = {}
+        specials = model_specials(assembly, section.vocab_size)
         if (directory / TOKENIZER_FILE).is_file():
             config = json.loads((directory / CONFIG_FILE).read_text(encoding="utf-8"))
             tokenizer = load_tokenizer(directory / TOKENIZER_FILE)
-            specials = vars(describe(tokenizer, config, section.vocab_size, TOKENIZER_FILE))
+            named = vars(describe(tokenizer, config, section.vocab_size, TOKENIZER_FILE))
+            specials |= {key: i for key, i in named.items() if i is not None}  # the tokenizer's first
         state = genai_state(section)
         config = genai_config(section, state, context_length(assembly), specials)
         text = json.dumps(config, indent=2) + "\n"

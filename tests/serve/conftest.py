@@ -60,25 +60,6 @@ def encoder_export(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def triton_cache(request, tmp_path_factory) -> Path:
-    """A folder kept between runs (pytest's cache, else a session folder): the tritonserver wheel's files
-    and the python backend's environment are fetched and built once."""
-    cache = getattr(request.config, "cache", None)
-    return cache.mkdir("attnx-triton") if cache is not None else tmp_path_factory.mktemp("attnx-triton")
-
-
-@pytest.fixture(scope="session")
-def triton_build(triton_cache) -> Path:
-    """The ``nvidia-pytriton`` wheel's server build (skipped, with the reason, where it cannot be fetched)."""
-    from tests.serve.tritonserver import Unavailable, server_build
-
-    try:
-        return server_build(triton_cache)
-    except Unavailable as exc:
-        pytest.skip(f"no tritonserver to test with: {exc}")
-
-
-@pytest.fixture(scope="session")
 def python_repositories(triton_build, triton_cache, serve_export, encoder_export, tmp_path_factory):
     """``attnx triton --backend python`` models, by name, all written into one repository (its path):
     "encoder" (dynamic batching), "kv" (softmax decode: KV cache) and "rnn" (linear decode: recurrent

@@ -8,6 +8,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+import torch
 
 import attnx
 from attnx.decode.model import DecodeLayout
@@ -316,3 +317,20 @@ def test_no_graph_output_is_a_copy_of_a_value_the_graph_computes(serve_export, n
     outputs = {v.name for v in graph.output}
     copies = [n for n in graph.node if n.op_type == "Identity" and n.output[0] in outputs]
     assert not [n.output[0] for n in copies if n.input[0] in produced]
+
+
+def test_an_export_without_a_tokenizer_ends_at_the_models_own_end_token():
+    """genai without an eos id ends at its pad id 0, a real token; so a loaded model's own ids are used
+    (its generation config first, its config for what that lacks), ids outside the vocabulary dropped (genai
+    refuses them), several end tokens kept as a list; a module without a config names none."""
+    from types import SimpleNamespace
+
+    from attnx.serve.genai import model_specials
+
+    config = SimpleNamespace(bos_token_id=1, eos_token_id=2, pad_token_id=None)
+    loaded = SimpleNamespace(adapted=SimpleNamespace(config=config, generation_config=None))
+    assert model_specials(loaded, 27) == {"bos_token_id": 1, "eos_token_id": 2}
+    loaded.adapted.generation_config = SimpleNamespace(eos_token_id=[5, 30, 7], pad_token_id=40)
+    assert model_specials(loaded, 27) == {"bos_token_id": 1, "eos_token_id": [5, 7]}
+    assert model_specials(SimpleNamespace(adapted=torch.nn.Linear(2, 2)), 27) == {}
+    assert model_specials(SimpleNamespace(), 27) == {}

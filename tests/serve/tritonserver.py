@@ -23,7 +23,7 @@ import time
 import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 WHEEL = "nvidia-pytriton==0.7.0"
 FETCH_SECONDS = 600
@@ -203,3 +203,37 @@ def running(build: Path, repositories: Sequence[Path], log: Path) -> Iterator[Tr
         yield server.start()
     finally:
         server.stop()
+
+
+def triton_tokens(
+    out: Path, build: Path, env_cache: Path, work: Path, prompt: list[int], new: int
+) -> tuple[list[int], Any]:
+    """Greedy tokens of one sequence served by a real tritonserver (``build``) from ``attnx triton OUT
+    --backend python`` written under ``work`` (its python environment built once under ``env_cache``): the
+    prompt, then one token per request (the server keeps each layer's state between requests); and the
+    logits each token was chosen from ((new, vocab), numpy)."""
+    import functools
+
+    import numpy as np
+    import tritonclient.http as client_module
+
+    from tests.helpers import run_cli
+
+    repo = work / "repo"
+    args = ["triton", str(out), "--repo", str(repo), "--backend", "python", "--name", "served", "-q"]
+    code, _, stderr = run_cli([*args, "--env-cache", str(env_cache)])
+    assert code == 0, stderr
+    tokens: list[int] = []
+    chosen_from = []
+    with running(build, [repo], work / "server.log") as server:
+        client = client_module.InferenceServerClient(server.http_url, network_timeout=60)
+        for step in range(new):
+            ids = np.asarray([prompt if step == 0 else tokens[-1:]], dtype=np.int64)
+            tensor = client_module.InferInput("input_ids", list(ids.shape), "INT64")
+            tensor.set_data_from_numpy(ids)
+            flags = {"sequence_start": step == 0, "sequence_end": step == new - 1}
+            result = server.call(functools.partial(client.infer, "served", [tensor], sequence_id=7, **flags))
+            chosen_from.append(result.as_numpy("logits")[0, -1])
+            tokens.append(int(chosen_from[-1].argmax()))
+        client.close()
+    return tokens, np.stack(chosen_from)

@@ -7,7 +7,6 @@ out with the saved tokenizer (slow: whole decode exports)."""
 from __future__ import annotations
 
 import copy
-import functools
 import json
 
 import pytest
@@ -225,46 +224,19 @@ def test_generate_past_recurrent_gemmas_attention_window_is_refused_by_name(deco
     assert f"need {window + 1} positions" in stderr and f"module.lengths.maximum={window}" in stderr
 
 
-def triton_tokens(out, repo, cache, log, prompt: list[int], new_tokens: int) -> list[int]:
-    """Greedy tokens of one sequence served by a real tritonserver from ``attnx triton OUT --backend
-    python`` (the server keeps each layer's state between requests)."""
-    import numpy as np
-    import tritonclient.http as client_module
-
-    from tests.serve.tritonserver import running, server_build
-
-    args = ["triton", str(out), "--repo", str(repo), "--backend", "python", "--name", "hybrid", "-q"]
-    code, _, stderr = run_cli([*args, "--env-cache", str(cache / "python-env")])
-    assert code == 0, stderr
-    tokens: list[int] = []
-    with running(server_build(cache), [repo], log) as server:
-        client = client_module.InferenceServerClient(server.http_url, network_timeout=60)
-        for step in range(new_tokens):
-            ids = np.asarray([prompt if step == 0 else tokens[-1:]], dtype=np.int64)
-            tensor = client_module.InferInput("input_ids", list(ids.shape), "INT64")
-            tensor.set_data_from_numpy(ids)
-            flags = {"sequence_start": step == 0, "sequence_end": step == new_tokens - 1}
-            result = server.call(functools.partial(client.infer, "hybrid", [tensor], sequence_id=7, **flags))
-            tokens.append(int(result.as_numpy("logits")[0, -1].argmax()))
-        client.close()
-    return tokens
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(1800)  # the first run fetches the server wheel and builds the backend's environment
 @pytest.mark.parametrize("arch", ARCHS)
-def test_a_real_triton_server_serves_the_hybrid_token_by_token(decode_export, request, tmp_path, arch):
+def test_a_real_triton_server_serves_the_hybrid_token_by_token(
+    decode_export, triton_build, triton_cache, tmp_path, arch
+):
     """``attnx triton --backend python`` of each architecture's decode export, served by a real
     tritonserver with the state kept per sequence: a prompt then one token per request gives ``attnx
     generate``'s greedy tokens."""
     pytest.importorskip("tritonclient.http")
-    from tests.serve.tritonserver import Unavailable
+    from tests.serve.tritonserver import triton_tokens
 
     out = decode_export(arch)
-    cache = request.config.cache.mkdir("attnx-triton")
     prompt = [5, 17, 230, 41, 9, 88, 3]
-    try:
-        served = triton_tokens(out, tmp_path / "repo", cache, tmp_path / "server.log", prompt, 16)
-    except Unavailable as exc:
-        pytest.skip(f"no tritonserver to test with: {exc}")
+    served, _ = triton_tokens(out, triton_build, triton_cache / "python-env", tmp_path, prompt, 16)
     assert served == generate(out, prompt, 16).tokens
