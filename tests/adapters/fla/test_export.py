@@ -232,19 +232,6 @@ def library_greedy(model: torch.nn.Module, prompt: list[int], new: int) -> list[
     return ids[0, len(prompt) :].tolist()
 
 
-def library_generate(model: torch.nn.Module, prompt: list[int], new: int) -> list[int]:
-    """The library model's own ``generate`` (greedy, its recurrent cache)."""
-    model.config.use_cache = True
-    try:
-        with torch.no_grad():
-            ids = model.generate(
-                torch.tensor([prompt]), max_new_tokens=new, min_new_tokens=new, do_sample=False
-            )
-    finally:
-        model.config.use_cache = False
-    return ids[0, len(prompt) :].tolist()
-
-
 def attnx_generate(out: Path, prompt: list[int], new: int) -> list[int]:
     ids = ",".join(map(str, prompt))
     code, stdout, stderr = run_cli(
@@ -254,29 +241,18 @@ def attnx_generate(out: Path, prompt: list[int], new: int) -> list[int]:
     return json.loads(stdout)["tokens"]
 
 
-def check_generate(saved: Path, out: Path, new: int, own_generate: bool = True) -> None:
-    """``attnx generate --greedy`` equals the library's greedy decoding by its full forward and, where
-    ``own_generate``, its model's ``generate`` (digit 3's start token and two pixels as the prompt)."""
+def check_generate(saved: Path, out: Path, new: int) -> None:
+    """``attnx generate --greedy`` equals the library's greedy decoding by its full forward (digit 3's start
+    token and two pixels as the prompt). Not its model's ``generate``: under transformers 5.24 its steps do
+    not carry the library's state (docs/importing.md)."""
     model = load(saved)[0]
     prompt = [20, 0, 0]
-    tokens = attnx_generate(out, prompt, new)
-    assert tokens == library_greedy(model, prompt, new)
-    if own_generate:
-        assert tokens == library_generate(model, prompt, new)
+    assert attnx_generate(out, prompt, new) == library_greedy(model, prompt, new)
 
 
 # --- slow: the trained models ---------------------------------------------------------------------
 
 MODEL_IDS = [f"{t}-{ROUTE}" for t in fla_models.MODELS]
-# The library's cached decoding of LinearAttention (its generate) is not its own full forward: the trained
-# linear_attn model's greedy continuation of [17, 0, 0] is all 0 by generate and 0, 12, 16, 16, 16, 0, ...
-# by the full forward (what attnx generates); attnx is checked against the full forward there.
-# Mamba2's generate likewise: its one-token step gives each of the two groups consecutive heads where its
-# full forward (torch path) tiles them (docs/importing.md, "Mamba2's groups"): [0, 0, 0, ...] by generate,
-# [0, 4, 16, 16, 2, 0, ...] by the full forward and attnx. So is GatedDeltaProduct's: the trained model's
-# generate gives 0, 0, 0, 0, ... where its full forward (and attnx, which also continues that forward over
-# 2000 decode steps) gives 0, 0, 16, 8, 0, 0, ... (cause in the library's cached path not yet found).
-OWN_GENERATE_DIFFERS = {"linear_attn", "mamba2", "gated_deltaproduct"}
 
 
 @pytest.fixture(scope="module")
@@ -313,12 +289,6 @@ def test_trained_model_exports_with_the_librarys_numbers(model_type, trained_exp
 def test_trained_model_decodes_2000_steps_as_the_full_forward(model_type, trained_export):
     worst = check_decode(*trained_export(model_type), prompt=1, steps=2000, batch=1)
     print(f"{model_type}: 2000 decode steps, max abs logit difference {worst:.2e}")
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("model_type", list(fla_models.MODELS), ids=MODEL_IDS)
-def test_trained_model_generates_as_the_library(model_type, trained_export):
-    check_generate(*trained_export(model_type), new=16, own_generate=model_type not in OWN_GENERATE_DIFFERS)
 
 
 @pytest.mark.slow
