@@ -361,7 +361,7 @@ _NUMPY_TYPES = {
 
 
 @dataclasses.dataclass(frozen=True)
-class StoredTensor:
+class FileTensor:
     """One tensor of a safetensors file, read with plain reads when asked (never memory-mapped: a mapped
     file's pages would stay resident beside the model's until it is closed)."""
 
@@ -398,7 +398,7 @@ class StoredTensor:
             return np.frombuffer(handle.read(self.length), dtype=self.dtype).reshape(self.shape)
 
 
-def stored_tensors(path: Path) -> Iterator[StoredTensor]:
+def stored_tensors(path: Path) -> Iterator[FileTensor]:
     """Each tensor of a safetensors file (header checked first).
 
     Raises:
@@ -414,7 +414,7 @@ def stored_tensors(path: Path) -> Iterator[StoredTensor]:
                 f"{path.name} holds {name} in {entry['dtype']}, which attnx does not store; {REEXPORT}"
             )
         begin, end = entry["data_offsets"]
-        yield StoredTensor(path, name, np.dtype(dtype), tuple(entry["shape"]), start + begin, end - begin)
+        yield FileTensor(path, name, np.dtype(dtype), tuple(entry["shape"]), start + begin, end - begin)
 
 
 def graph_tensors(

@@ -58,10 +58,10 @@ def test_stored_weights_are_matched_by_hashing_blocks_not_reading_them(loaded, m
     """weights.safetensors is matched by hashing each tensor a block at a time (at 2B the tied embedding is
     2 GB): with blocks of 5 bytes, splitting elements, every stored tensor still matches, and none is read
     whole."""
-    from attnx.parity.weights import StoredTensor
+    from attnx.parity.weights import FileTensor
 
-    monkeypatch.setattr(StoredTensor, "BLOCK", 5)
-    monkeypatch.setattr(StoredTensor, "read", lambda self: pytest.fail(f"{self.name} was read whole"))
+    monkeypatch.setattr(FileTensor, "BLOCK", 5)
+    monkeypatch.setattr(FileTensor, "read", lambda self: pytest.fail(f"{self.name} was read whole"))
     export, tensors, own, _ = loaded["module"]
     (stored,) = [c for c in check_weights(export, tensors, own) if c.graph == "weights.safetensors"]
     _, header = check_safetensors(export.file("weights"))
