@@ -64,6 +64,17 @@ class ExportDir:
             AttnxError: OUT is not an attnx export, its manifest is malformed, or a file is missing, a
                 symbolic link, changed since export or not what it claims to be.
         """
+        return cls._opened(out, hashed=True)
+
+    @classmethod
+    def written(cls, out: str | Path) -> ExportDir:
+        """An export this process has just written and hashed (:func:`attnx.exporter.export.write`), opened
+        as :meth:`open` does without reading every file again for its hash (a real-size export's weights are
+        gigabytes)."""
+        return cls._opened(out, hashed=False)
+
+    @classmethod
+    def _opened(cls, out: str | Path, hashed: bool) -> ExportDir:
         directory = Path(out)
         if not directory.is_dir():
             raise AttnxError(f"'{directory}' is not a directory; pass the OUT directory of an `attnx export`")
@@ -76,14 +87,15 @@ class ExportDir:
             raise AttnxError(f"cannot read {path} ({type(exc).__name__}); re-export") from None
         export = cls(directory, Manifest.from_json(text, str(path)))
         for key in export.manifest.files:
-            export._check(key)
+            export._check(key, hashed)
         return export
 
-    def _check(self, key: str) -> None:
-        """File ``key`` is a plain file of OUT with its recorded hash and the content it claims."""
+    def _check(self, key: str, hashed: bool) -> None:
+        """File ``key`` is a plain file of OUT with the content it claims (and, ``hashed``, its recorded
+        hash)."""
         record = self.manifest.files[key]
         path = self.path / record.path
-        if sha256_plain(path) != record.sha256:
+        if hashed and sha256_plain(path) != record.sha256:
             raise AttnxError(
                 f"{path} changed since it was written (its SHA-256 differs from attnx.json's); re-export"
             )

@@ -203,7 +203,7 @@ def write(
         **sections,
     )
     write_atomic(directory / MANIFEST, manifest.to_json())
-    return ExportDir.open(directory)
+    return ExportDir.written(directory)
 
 
 def verify_lengths(job: ExportJob, assembly: Assembly | ModuleAssembly) -> list[int]:

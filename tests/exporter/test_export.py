@@ -14,7 +14,7 @@ import torch
 
 from attnx.api import export, verify
 from attnx.errors import AttnxError
-from attnx.exporter import source
+from attnx.exporter import directory, source
 from attnx.exporter.directory import ExportDir, record_file
 from attnx.parity.runners import CPU, Graph, onnx_for_ort
 from tests.conftest import TINY
@@ -125,6 +125,25 @@ def test_existing_out_is_refused_without_force(exported):
     _, result = exported
     with pytest.raises(AttnxError, match="already exists; pass --force"):
         export("softmax", result.out, options=TINY)
+
+
+def test_an_export_hashes_each_file_once(tmp_path, monkeypatch):
+    """write() hashes what it wrote for the manifest and returns the export without reading every file again
+    for its hash (gigabytes at real size); opening it later still compares the hashes."""
+    hashed = []
+    original = directory.sha256_file
+
+    def counted(path):
+        hashed.append(os.path.basename(path))
+        return original(path)
+
+    monkeypatch.setattr(directory, "sha256_file", counted)
+    monkeypatch.setattr(directory, "sha256_plain", counted)
+    result = export("softmax", tmp_path / "o", options={**TINY, "verify.enabled": False})
+    assert sorted(hashed) == sorted(r.path for r in result.manifest.files.values())
+    (result.out / "model.onnx").write_bytes(b"changed")
+    with pytest.raises(AttnxError, match="model.onnx changed since it was written"):
+        ExportDir.open(result.out)
 
 
 def test_failed_export_leaves_nothing(tmp_path, monkeypatch):
