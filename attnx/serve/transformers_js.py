@@ -87,9 +87,9 @@ def _qkv_channels(config: Any) -> dict[str, int]:
 
 
 # The model types whose checkpoints of transformers 5.24 transformers.js runs as a decoder of input_ids
-# and position_ids. Not here: qwen3_5(_moe)_text, whose model class generates through Qwen2-VL's
-# multimodal positions (get_rope_index reads config.vision_config, which a text model has not); the
-# Mamba2 hybrids it has no model class for (bamba, zamba2, jamba, mamba2).
+# and position_ids. Not here (docs/deploying.md): qwen3_5_text, whose model class generates through
+# Qwen2-VL's multimodal positions (get_rope_index reads config.vision_config, which a text model has not);
+# qwen3_5_moe_text and the Mamba2 hybrids (bamba, zamba2, jamba, mamba2), which it has no model class for.
 FAMILIES = {
     "lfm2": JsFamily(),
     "lfm2_moe": JsFamily(),
