@@ -248,7 +248,9 @@ class GenaiState:
 
     ``carries``: the decode graph's state inputs it holds, concatenated along the last axis when
     several (linear attention's S and Z in one ``recurrent``); empty: a placeholder genai requires
-    that holds no attnx state (the ``conv`` of a recurrent layer without a convolution).
+    that holds no attnx state (the ``conv`` of a recurrent layer without a convolution). ``part``:
+    where the runtime splits its one carried tensor into several states (transformers.js's OLMo Hybrid
+    conv: query, key, value), the [start, stop) of that tensor's axis 1 it holds; None: all of it.
     """
 
     layer: int
@@ -256,6 +258,7 @@ class GenaiState:
     past: str
     present: str
     carries: list[str]
+    part: list[int] | None = None
 
 
 @dataclasses.dataclass

@@ -274,7 +274,8 @@ def decoder_layout(
 ) -> onnx.ModelProto:
     """``decode.onnx`` as a runtime's decoder (genai's layout, see the module docstring): ``positions``
     (``position_ids`` or ``attention_mask``) for ``past_length``, and the decode state under ``state``'s
-    names (a genai placeholder where it carries nothing), its batch axis named ``batch``."""
+    names (a genai placeholder where it carries nothing; the parts of one tensor where the runtime splits
+    it), its batch axis named ``batch``."""
     layout = Layout(proto)
     layout.keep(TOKENS)
     past_length = layout.feed(PAST_LENGTH)
@@ -291,8 +292,14 @@ def decoder_layout(
         first = layout.node("Slice", [POSITION_IDS, *corner], f"{PREFIX}first_position")
         layout.node("Reshape", [first, layout.constant("one", [1])], past_length)
     layout.keep(LOGITS)
+    parts: dict[str, list[GenaiState]] = {}
+    for held in (s for s in state if s.part is not None):
+        parts.setdefault(held.carries[0], []).append(held)
     for held in state:
-        if held.role in CACHE_ROLES:
+        if held.part is not None:
+            if parts[held.carries[0]][0] is held:  # the tensor's first part lays out all of them
+                _split(layout, parts[held.carries[0]], _carried(held, section)[0])
+        elif held.role in CACHE_ROLES:
             _rename(layout, held, _carried(held, section)[0])
         elif held.carries:
             _pack(layout, held, section)
@@ -375,6 +382,23 @@ def _pack(layout: Layout, state: GenaiState, section: DecodeSection) -> None:
             parts.append(layout.node("Unsqueeze", [output, last], f"{output}/packed", after=True))
         start += width
     layout.node("Concat", parts, state.present, after=True, axis=rank - 1)
+
+
+def _split(layout: Layout, parts: Sequence[GenaiState], pair: StatePair) -> None:
+    """One state tensor held as several runtime states along its axis 1 (its channels): their inputs
+    concatenated into it, its next value sliced into their outputs."""
+    output, channels = layout.take(pair.output), layout.constant(f"{pair.input}/channel_axis", [1])
+    for held in parts:
+        assert held.part is not None, "decoder_layout() splits a tensor into its parts only"
+        start, stop = held.part
+        axes = [pair.axes[0], stop - start, *pair.axes[2:]]
+        layout.inputs.append(value(held.past, pair.dtype, axes))
+        layout.outputs.append(value(held.present, pair.dtype, axes))
+        ends = [
+            layout.constant(f"{held.present}/{end}", [at]) for end, at in (("start", start), ("stop", stop))
+        ]
+        layout.node("Slice", [output, *ends, channels], held.present, after=True)
+    layout.node("Concat", [held.past for held in parts], layout.feed(pair.input), axis=1)
 
 
 def _placeholder(layout: Layout, state: GenaiState, axes: list[str | int], dtype: str) -> None:

@@ -7,9 +7,12 @@ transformers.js 4.3 gives a hybrid model of the same ``model_type`` (its ``confi
 inputs), through the same layout as the genai decoder (:func:`attnx.serve.genai.decoder_layout`):
 
 * a KV cache layer: ``past_key_values.<layer>.key/value`` in, ``present.<layer>.key/value`` out;
-* a short convolution's carry: ``past_conv.<layer>`` in, ``present_conv.<layer>`` out;
-* a recurrent state: ``past_recurrent.<layer>`` (Qwen3-Next) or ``past_ssm.<layer>`` (the Mamba2
-  hybrids) in, ``present_*`` out, several tensors packed along the last axis as for genai; no
+* a short convolution's carry: ``past_conv.<layer>`` in, ``present_conv.<layer>`` out; OLMo Hybrid's
+  split along its channels into ``past_conv.<layer>.query/key/value`` (the channels of its q, k and v
+  projections, which its one depthwise conv runs over concatenated), concatenated into attnx's one
+  carry in the graph and sliced out of the next one;
+* a recurrent state: ``past_recurrent.<layer>`` (Qwen3-Next, OLMo Hybrid) or ``past_ssm.<layer>`` (the
+  Mamba2 hybrids) in, ``present_*`` out, several tensors packed along the last axis as for genai; no
   placeholders (transformers.js feeds exactly the names it expects);
 * ``<layer>`` is the model's own decoder layer (:func:`layer_numbers`: stateless MLP layers keep their
   numbers, a layer with both a KV cache and an SSM has one number);
@@ -30,7 +33,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +45,7 @@ from attnx.decode.module import stepping_layers
 from attnx.errors import AttnxError
 from attnx.exporter.assemble import Assembly
 from attnx.exporter.export import ExportJob, ExtraGraphs
-from attnx.exporter.manifest import GenaiSection
+from attnx.exporter.manifest import DecodeSection, GenaiSection, GenaiState
 from attnx.exporter.module import ModuleAssembly
 from attnx.exporter.store import WeightStore
 from attnx.exporter.trace import attnx_ops, save_onnx
@@ -67,20 +70,31 @@ class JsFamily:
             layers carry a conv state alone.
         spelling: the config's layer types as transformers.js reads them, where transformers 5.24 saves
             them otherwise (``layer_types`` / ``layers_block_type`` in the config.json written).
+        conv_parts: the parts it splits a layer's conv carry into along the channels, from the Hugging
+            Face config (:func:`split_conv`); None: one ``past_conv.<layer>``.
     """
 
     recurrent: str | None = None
     spelling: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    conv_parts: Callable[[Any], Mapping[str, int]] | None = None
+
+
+def _qkv_channels(config: Any) -> dict[str, int]:
+    """OLMo Hybrid's conv channels, in its order (transformers 5.24 ``OlmoHybridGatedDeltaNet``: the conv
+    runs over ``cat(q_proj, k_proj, v_proj)``), under transformers.js's names of the parts."""
+    keys = config.linear_num_key_heads * config.linear_key_head_dim
+    return {"query": keys, "key": keys, "value": config.linear_num_value_heads * config.linear_value_head_dim}
 
 
 # The model types whose checkpoints of transformers 5.24 transformers.js runs as a decoder of input_ids
-# and position_ids. Not here: qwen3_5(_moe)_text, which it runs as vision-language models (inputs_embeds,
-# multimodal positions); olmo_hybrid, whose conv state it splits into query/key/value tensors; the
-# Mamba2 hybrids it has no model class for (bamba, zamba2, jamba, mamba2).
+# and position_ids. Not here (docs/deploying.md): qwen3_5_text, whose model class generates through
+# Qwen2-VL's multimodal positions (get_rope_index reads config.vision_config, which a text model has not);
+# qwen3_5_moe_text and the Mamba2 hybrids (bamba, zamba2, jamba, mamba2), which it has no model class for.
 FAMILIES = {
     "lfm2": JsFamily(),
     "lfm2_moe": JsFamily(),
     "qwen3_next": JsFamily("recurrent"),
+    "olmo_hybrid": JsFamily("recurrent", conv_parts=_qkv_channels),
     "granitemoehybrid": JsFamily("ssm", OLD_SPELLING),
     "nemotron_h": JsFamily("ssm", OLD_SPELLING),
     "falcon_h1": JsFamily("ssm"),  # no layer types saved: every layer has both a KV cache and an SSM
@@ -133,6 +147,40 @@ def layer_numbers(model: nn.Module) -> list[int]:
             )
         numbers.append(int(found.group(1)))
     return numbers
+
+
+def split_conv(
+    state: Sequence[GenaiState], section: DecodeSection, widths: Mapping[str, int]
+) -> list[GenaiState]:
+    """``state`` with each conv carry split along its channels into the parts of ``widths`` (name ->
+    channels, in the carry's order), each named ``<past>.<name>`` / ``<present>.<name>``.
+
+    Raises:
+        AttnxError: a conv carry whose channels are not the parts' together.
+    """
+    axes = {p.input: p.axes for p in section.state}
+    split: list[GenaiState] = []
+    for held in state:
+        if held.role != "conv":
+            split.append(held)
+            continue
+        (carried,) = held.carries
+        if axes[carried][1] != sum(widths.values()):
+            raise AttnxError(
+                f"--state-names {RUNTIME}: layer {held.layer}'s conv carry has {axes[carried][1]} channels, "
+                f"not the {sum(widths.values())} of transformers.js's {'/'.join(widths)} parts; use "
+                "--state-names genai"
+            )
+        start = 0
+        for name, width in widths.items():
+            part = [start, start + width]
+            split.append(
+                dataclasses.replace(
+                    held, past=f"{held.past}.{name}", present=f"{held.present}.{name}", part=part
+                )
+            )
+            start += width
+    return split
 
 
 def js_config(config: Any) -> str:
@@ -197,6 +245,9 @@ class TransformersJsDecoder:
         assert isinstance(assembly, ModuleAssembly) and assembly.adapted is not None, "check() refuses others"
         numbers = layer_numbers(assembly.adapted)
         state = genai_state(section, state_names(config.model_type, numbers))
+        parts = family(config.model_type).conv_parts
+        if parts is not None:
+            state = split_conv(state, section, parts(config))
         decode = onnx.load(str(directory / DECODE_FILE), load_external_data=False)
         proto = decoder_layout(decode, section, state, BATCH)
         save_onnx(proto, directory / DECODER_FILE)

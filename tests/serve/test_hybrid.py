@@ -9,6 +9,7 @@ state, then running linear attention with a ``recurrent`` state); the others are
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -143,22 +144,42 @@ def test_triton_carries_each_layers_state(hybrid):
     }
 
 
-def test_the_transformers_js_layout_driven_as_transformers_js_follows_the_full_forward(hybrid, tmp_path):
-    """The decode graph under transformers.js's Qwen3-Next names (conv, packed recurrent, KV cache, batch
-    axis batch_size), fed back by transformers.js's own renaming rule, computes the module's forward."""
+# transformers.js's names of the hybrid's state (layers 0 and 2 recurrent, 1 a KV cache) as Qwen3-Next's and
+# as OLMo Hybrid's, whose conv carry it splits along the channels (32 here) into query, key and value parts
+OLMO_SHAPE = SimpleNamespace(
+    linear_num_key_heads=2, linear_key_head_dim=4, linear_num_value_heads=2, linear_value_head_dim=8
+)
+JS_STATE = {
+    "qwen3_next": lambda i: [f"past_conv.{i}", f"past_recurrent.{i}"],
+    "olmo_hybrid": lambda i: (
+        [f"past_conv.{i}.{part}" for part in ("query", "key", "value")] + [f"past_recurrent.{i}"]
+    ),
+}
+
+
+@pytest.mark.parametrize("model_type", list(JS_STATE))
+def test_the_transformers_js_layout_driven_as_transformers_js_follows_the_full_forward(
+    hybrid, model_type, tmp_path
+):
+    """The decode graph under transformers.js's names (conv whole or in parts, packed recurrent, KV cache,
+    batch axis batch_size), fed back by transformers.js's own renaming rule, computes the module's
+    forward."""
     import onnx
     import onnxruntime as ort
 
     from attnx.serve.genai import decoder_layout, genai_state
-    from attnx.serve.transformers_js import BATCH, state_names
+    from attnx.serve.transformers_js import BATCH, family, split_conv, state_names
     from tests.serve.test_transformers_js import empty_cache, past_name
 
     model, out = hybrid
     section = ExportDir.open(out).manifest.decode
-    state = genai_state(section, state_names("qwen3_next"))
+    state = genai_state(section, state_names(model_type))
+    parts = family(model_type).conv_parts
+    if parts is not None:
+        state = split_conv(state, section, parts(OLMO_SHAPE))
     laid_out = decoder_layout(onnx.load(str(out / "decode.onnx")), section, state, BATCH)
-    expected_names = {"past_conv.0", "past_recurrent.0", "past_key_values.1.key", "past_key_values.1.value"}
-    assert {s.past for s in state} == expected_names | {"past_conv.2", "past_recurrent.2"}
+    expected_names = {"past_key_values.1.key", "past_key_values.1.value", *JS_STATE[model_type](0)}
+    assert {s.past for s in state} == expected_names | set(JS_STATE[model_type](2))
     onnx.save(laid_out, tmp_path / "tjs.onnx")
     session = ort.InferenceSession(str(tmp_path / "tjs.onnx"))
     ids = np.random.default_rng(6).integers(2, 40, size=(1, 12))
@@ -171,3 +192,14 @@ def test_the_transformers_js_layout_driven_as_transformers_js_follows_the_full_f
         np.testing.assert_allclose(outputs["logits"], full[:, start:stop], atol=2e-5, rtol=1e-4)
         cache = {past_name(name): value for name, value in outputs.items() if name.startswith("present")}
         start = stop
+
+
+def test_a_conv_split_into_parts_of_other_widths_is_refused(hybrid):
+    from attnx.errors import AttnxError
+    from attnx.serve.genai import genai_state
+    from attnx.serve.transformers_js import split_conv, state_names
+
+    section = ExportDir.open(hybrid[1]).manifest.decode
+    state = genai_state(section, state_names("olmo_hybrid"))
+    with pytest.raises(AttnxError, match="layer 0's conv carry has 32 channels, not the 40 of"):
+        split_conv(state, section, {"query": 8, "key": 8, "value": 24})

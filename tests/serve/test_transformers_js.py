@@ -36,6 +36,12 @@ EXPECTED = {
     ),
     "lfm2": lambda i, kind: _kv(i) if kind == "full_attention" else [f"past_conv.{i}"],
     "lfm2_moe": lambda i, kind: _kv(i) if kind == "full_attention" else [f"past_conv.{i}"],
+    # OLMo Hybrid: the conv state of a Gated DeltaNet layer split into its q, k and v channels
+    "olmo_hybrid": lambda i, kind: (
+        _kv(i)
+        if kind == "full_attention"
+        else [f"past_conv.{i}.key", f"past_conv.{i}.value", f"past_conv.{i}.query", f"past_recurrent.{i}"]
+    ),
     "granitemoehybrid": _ssm,
     "nemotron_h": _ssm,
     # every layer runs attention and a Mamba2 mixer side by side ("hybrid")
@@ -120,6 +126,35 @@ def test_the_decoder_driven_as_transformers_js_computes_hf_forward(arch, tmp_pat
         cache = {past_name(name): value for name, value in outputs.items() if name.startswith("present")}
         assert set(cache) == expected
         start = stop
+
+
+@pytest.mark.slow
+def test_olmo_hybrids_conv_parts_are_its_query_key_and_value_channels(tmp_path):
+    """After a prompt, past_conv.<i>.query/key/value hold the last kernel - 1 inputs of HF's conv over the
+    q, k and v projections (HF's own conv state, its channels in the order of cat(q, k, v))."""
+    import torch
+    import transformers
+
+    source = hf_hybrid.make("olmo_hybrid", steps=0)
+    out = export(source, tmp_path / "out", "--no-verify")
+    config = transformers.AutoConfig.from_pretrained(source)
+    keys = config.linear_num_key_heads * config.linear_key_head_dim
+    channels = {"query": slice(0, keys), "key": slice(keys, 2 * keys), "value": slice(2 * keys, None)}
+    session = ort.InferenceSession(str(out / "transformers-js.onnx"))
+    expected = {
+        name for i, kind in enumerate(config.layer_types) for name in EXPECTED["olmo_hybrid"](i, kind)
+    }
+    ids = np.random.default_rng(4).integers(1, config.vocab_size, (1, 9))
+    feeds = {"input_ids": ids, "position_ids": np.arange(9)[None], **empty_cache(session, expected)}
+    outputs = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds), strict=True))
+    with torch.no_grad():
+        cache = hf_model("olmo_hybrid", source)(torch.from_numpy(ids), use_cache=True).past_key_values
+    layers = [i for i, kind in enumerate(config.layer_types) if kind == "linear_attention"]
+    for i in layers:
+        hf = cache.get_conv_state(i).numpy()  # (batch, channels, kernel): the last kernel inputs
+        for part, where in channels.items():
+            got = outputs[f"present_conv.{i}.{part}"]
+            np.testing.assert_allclose(got, hf[:, where, -got.shape[-1] :], rtol=1e-5, atol=1e-6)
 
 
 def test_an_export_that_is_not_a_hugging_face_model_is_refused(tmp_path):
