@@ -252,6 +252,7 @@ class OrtRunner(BaseRunner):
         the host), the others come back as NumPy arrays."""
         import onnxruntime
 
+        # a binding per run: run again, a binding writes its outputs into the last run's (the state we hold)
         binding = self.sess.io_binding()
         for name, value in feed.items():
             if isinstance(value, onnxruntime.OrtValue):
