@@ -37,7 +37,7 @@ import numpy as np
 
 from attnx import api
 from attnx.decode.export import decoders
-from attnx.decode.runtime import Stepper, open_stepper
+from attnx.decode.runtime import State, Stepper, open_stepper, state_bytes
 from attnx.exporter.directory import ExportDir
 from attnx.registry import get_registry
 
@@ -79,7 +79,7 @@ def decode_latency(
                 _, prefilled = stepper.prefill(rng.integers(0, options["vocab_size"], size=(1, position)))
                 tokens = rng.integers(0, options["vocab_size"], size=(WARMUP + steps, 1, 1))
                 best = min(_median_step(stepper, prefilled, tokens) for _ in range(ROUNDS))
-                size = sum(a.nbytes for a in prefilled.values())
+                size = state_bytes(prefilled)
                 timings.append(DecodeTiming(name, position, 1000 * best, size))
     return timings
 
@@ -118,7 +118,7 @@ def source_latency(
                 _, prefilled = stepper.prefill(rng.integers(0, vocab, (1, PROMPT)), source)
                 tokens = rng.integers(0, vocab, size=(WARMUP + steps, 1, 1))
                 best = min(_median_step(stepper, prefilled, tokens) for _ in range(ROUNDS))
-                size = sum(prefilled[c.input].nbytes for c in stepper.section.context)
+                size = state_bytes({c.input: prefilled[c.input] for c in stepper.section.context})
                 timings.append(SourceTiming(name, cross, n, 1000 * best, size))
     return timings
 
@@ -153,7 +153,7 @@ def _stepper(
             yield stepper
 
 
-def _median_step(stepper: Any, state: dict[str, np.ndarray], tokens: np.ndarray) -> float:
+def _median_step(stepper: Any, state: State, tokens: np.ndarray) -> float:
     """Median time of the decode steps after :data:`WARMUP`, starting from ``state`` (left unchanged)."""
     times = []
     for i, token in enumerate(tokens):

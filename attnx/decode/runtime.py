@@ -8,6 +8,11 @@ section pairs with them, plus its ``context`` inputs (seq2seq: the cached cross-
 keys/values, or the encoder output, and the source mask), which stay as prefill made or took
 them. Nothing here knows which variant or model it drives: the manifest's decode section is
 the whole contract, checked when the export is opened and against the graphs' own inputs.
+
+On ONNX Runtime the stepper runs each graph through IO binding: the state and context tensors are
+``OrtValue``s that stay where the session made them (its device) from one call to the next, and only
+the logits come back as NumPy arrays; a torch backend's state is NumPy arrays. A caller treats the state
+as opaque: it passes what one call returned to the next (:func:`state_bytes` sizes it).
 """
 
 from __future__ import annotations
@@ -25,9 +30,10 @@ from attnx.errors import AttnxError
 from attnx.exporter.directory import ExportDir
 from attnx.exporter.manifest import DecodeSection, GraphIO
 from attnx.parity.backends import BACKENDS, backends
-from attnx.parity.runners import BackendSkipped, Graph
+from attnx.parity.runners import BackendSkipped, Graph, OrtRunner
 
-State = dict[str, np.ndarray]
+State = dict[str, Any]
+"""Decode input name -> a NumPy array, or an ``OrtValue`` on an ONNX Runtime backend."""
 
 
 def decode_section(export: ExportDir) -> DecodeSection:
@@ -74,6 +80,7 @@ class Stepper:
         self, section: DecodeSection, prefill: BaseRunner, decode: BaseRunner, one_at_a_time: bool = False
     ) -> None:
         self.section, self.feeds = section, section.feeds()
+        self.kept = {*self.feeds, *(c.input for c in section.context)}  # outputs a later call is fed
         self.runners = {"prefill": prefill, "decode": decode}
         self.one_at_a_time = one_at_a_time
         if not one_at_a_time:
@@ -125,14 +132,24 @@ class Stepper:
         outputs = self._run("decode", {self.section.tokens: input_ids, **state})
         return self._split(outputs, {c.input: state[c.input] for c in self.section.context})
 
-    def _run(self, graph: str, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return dict(self.open(graph).infer(feed, check_inputs=False))
+    def _run(self, graph: str, feed: State) -> State:
+        """``graph``'s outputs: an ONNX Runtime runner binds them, keeping the state and context where its
+        session made them; another runner returns NumPy arrays."""
+        runner = self.open(graph)
+        if isinstance(runner, OrtRunner):
+            return runner.infer_bound(feed, self.kept)
+        return dict(runner.infer(feed, check_inputs=False))
 
-    def _split(self, outputs: dict[str, np.ndarray], context: State) -> tuple[np.ndarray, State]:
+    def _split(self, outputs: State, context: State) -> tuple[np.ndarray, State]:
         return outputs[LOGITS], {
             **context,
             **{self.feeds[k]: v for k, v in outputs.items() if k in self.feeds},
         }
+
+
+def state_bytes(state: State) -> int:
+    """The bytes of every tensor of ``state`` (NumPy arrays or ``OrtValue``s)."""
+    return sum(v.nbytes if isinstance(v, np.ndarray) else v.tensor_size_in_bytes() for v in state.values())
 
 
 def _check_inputs(graph: str, actual: Sequence[str], declared: Sequence[str]) -> None:

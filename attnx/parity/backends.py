@@ -110,7 +110,7 @@ BACKENDS: dict[str, Backend] = {
         ),
         Backend(
             "ort-cuda",
-            "ONNX Runtime, CUDA execution provider (host inputs and outputs)",
+            "ONNX Runtime, CUDA execution provider (host inputs and outputs; decode state stays on the GPU)",
             _ort_missing(CUDA, "install the gpu extra on a CUDA machine"),
             ort_runner(CUDA),
             ORT_MEMORY_FACTOR,

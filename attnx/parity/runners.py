@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -214,18 +214,20 @@ def onnx_for_ort(graph: Graph, provider: str) -> bytes | str:
 
 
 ORT_NAMES = {CPU: "ort-cpu", CUDA: "ort-cuda", TENSORRT: "ort-trt"}
+ORT_DEVICES = {CPU: "cpu", CUDA: "cuda", TENSORRT: "cuda"}  # where each provider's tensors live
 
 
 class OrtRunner(BaseRunner):
-    """An ONNX Runtime session as a Polygraphy runner.
+    """An ONNX Runtime session as a Polygraphy runner; ``device`` ("cpu", "cuda") is where its execution
+    provider keeps tensors.
 
     Polygraphy's ``OnnxrtRunner`` imports torch on every inference (to accept torch tensors); this
     one takes NumPy arrays only, so a process that times ONNX Runtime never loads torch.
     """
 
-    def __init__(self, session: Callable[[], Any], name: str) -> None:
+    def __init__(self, session: Callable[[], Any], name: str, device: str = "cpu") -> None:
         super().__init__(name=name)
-        self._make = session
+        self._make, self.device = session, device
 
     def activate_impl(self) -> None:
         self.sess = self._make()
@@ -242,6 +244,28 @@ class OrtRunner(BaseRunner):
         outputs = self.sess.run(self._outputs, feed_dict)
         self.inference_time = time.perf_counter() - start
         return OrderedDict(zip(self._outputs, outputs, strict=True))
+
+    def infer_bound(self, feed: Mapping[str, Any], keep: Collection[str]) -> dict[str, Any]:
+        """One run through ONNX Runtime's IO binding (an active runner): each input a NumPy array or an
+        ``OrtValue``, bound where it lies; the outputs named in ``keep`` stay ``OrtValue``s on
+        :attr:`device` (a decode step's state, bound as the next step's inputs: on a GPU it never visits
+        the host), the others come back as NumPy arrays."""
+        import onnxruntime
+
+        # a binding per run: run again, a binding writes its outputs into the last run's (the state we hold)
+        binding = self.sess.io_binding()
+        for name, value in feed.items():
+            if isinstance(value, onnxruntime.OrtValue):
+                binding.bind_ortvalue_input(name, value)
+            else:
+                binding.bind_cpu_input(name, np.ascontiguousarray(value))
+        for name in self._outputs:
+            binding.bind_output(name, self.device if name in keep else "cpu")
+        start = time.perf_counter()
+        self.sess.run_with_iobinding(binding)
+        self.inference_time = time.perf_counter() - start
+        outputs = zip(self._outputs, binding.get_outputs(), strict=True)
+        return {name: value if name in keep else value.numpy() for name, value in outputs}
 
     def deactivate_impl(self) -> None:
         del self.sess
@@ -277,8 +301,8 @@ def ort_runner(provider: str) -> Callable[[Graph, int | None], BaseRunner]:
 
         if graph.lowering == "plugin" and provider == TENSORRT:
             made = _plugin_session_for_tensorrt(session)
-            return OrtRunner(lambda: made, name=ORT_NAMES[provider])
-        return OrtRunner(session, name=ORT_NAMES[provider])
+            return OrtRunner(lambda: made, ORT_NAMES[provider], ORT_DEVICES[provider])
+        return OrtRunner(session, ORT_NAMES[provider], ORT_DEVICES[provider])
 
     return make
 

@@ -21,6 +21,7 @@ from attnx.exporter.directory import ExportDir
 from attnx.registry import Registry, set_registry
 from attnx.serve.triton import plan_model
 from attnx.variant import AttentionSpec
+from tests.decode.test_runtime import check_bound_decoding
 from tests.serve.test_genai import genai_greedy
 from tests.testing import seeded_decode_plugins
 
@@ -99,6 +100,18 @@ def test_generate_matches_a_greedy_loop_of_the_module_and_genai_follows(hybrid):
     tokens = genai_greedy(out, prompt, 12)
     eos = json.loads((out / "genai_config.json").read_text())["model"]["eos_token_id"]
     assert tokens == generated[: len(tokens)] and (len(tokens) == 12 or tokens[-1] in (eos or [0]))
+
+
+def test_bound_greedy_decoding_of_a_batch_equals_the_numpy_loop_and_the_full_forward(hybrid):
+    """ONNX Runtime IO binding carries the KV cache, the recurrent state and the conv carry between
+    steps as ``OrtValue``s (tests/decode/test_runtime.py)."""
+    model, out = hybrid
+
+    def forward(ids: np.ndarray) -> np.ndarray:
+        with torch.no_grad():
+            return model(torch.from_numpy(ids)).numpy()
+
+    check_bound_decoding(out, forward, 40)
 
 
 def test_genai_logits_follow_the_full_forward_with_every_state_fed_back(hybrid):
