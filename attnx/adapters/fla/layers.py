@@ -15,6 +15,8 @@ the model's own forward by :class:`attnx.attention.Stepping`): its state, in the
 (:func:`attnx.plugins.gated.op.rule_state`), is the carry before the rule, ``conv`` (batch, channels,
 kernel - 1) over the concatenated q, k, v projections with short convolutions (RWKV-6 and RWKV-7: the
 token shift, one previous input), then ``recurrent`` (batch, value heads, key dim, value dim; float32).
+Every layer takes the library's 2D padding mask and does with it what the library's layer does
+(:class:`FlaLayer`), so a left-padded row equals the row alone.
 """
 
 from __future__ import annotations
