@@ -133,6 +133,14 @@ def ort_run(out: Path, **inputs: torch.Tensor) -> np.ndarray:
     return session.run(None, {name: t.numpy() for name, t in inputs.items()})[0]
 
 
+def ort_logits(out: Path, ids: torch.Tensor, mask: torch.Tensor | None = None) -> np.ndarray:
+    """model.onnx of an ``--from fla:`` export on token ids with their padding mask (None: every token
+    real) and generate's positions cumsum(mask) - 1."""
+    mask = torch.ones(ids.shape, dtype=torch.bool) if mask is None else mask
+    positions = (mask.long().cumsum(-1) - 1).clamp_min(0)
+    return ort_run(out, input_ids=ids, attention_mask=mask, position_ids=positions)
+
+
 def close(actual: np.ndarray, expected: torch.Tensor, what: str) -> float:
     """Asserted within the gated variants' tolerance; the max abs difference (printed by the slow tests)."""
     actual = torch.from_numpy(np.asarray(actual))
@@ -331,7 +339,7 @@ def test_trained_model_exports_with_the_librarys_numbers(model_type, trained_exp
     for length in (7, 64, 129, 200):
         ids = ids_of(length, seed=length)
         expected = library_logits(model, ids)
-        worst = close(ort_run(out, input_ids=ids), expected, f"{model_type} at {length} tokens")
+        worst = close(ort_logits(out, ids), expected, f"{model_type} at {length} tokens")
         print(f"{model_type}: {length} tokens, max abs logit difference {worst:.2e}")
 
 
@@ -351,13 +359,11 @@ def test_trained_model_left_padded_rows_equal_the_rows_alone(model_type, trained
     model = load(saved)[0]
     for length in (7, 65, 130):
         ids, mask = ids_of(length, seed=length, batch=3), left_padded(length)
-        positions = (mask.long().cumsum(-1) - 1).clamp_min(0)
-        padded = ort_run(out, input_ids=ids, attention_mask=mask, position_ids=positions)
+        padded = ort_logits(out, ids, mask)
         worst = check_rows_alone(
             padded, mask, ids, functools.partial(library_logits, model), f"{length} tokens"
         )
-        unpadded = ort_run(out, input_ids=ids[:1], attention_mask=mask[:1], position_ids=positions[:1])
-        close(padded[:1], torch.from_numpy(unpadded), "unpadded row")
+        close(padded[:1], torch.from_numpy(ort_logits(out, ids[:1])), "unpadded row")
         print(f"{model_type}: {length} tokens left-padded, max abs logit difference {worst:.2e}")
 
 
