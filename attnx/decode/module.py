@@ -9,13 +9,13 @@ forward returns its own ``step`` (:class:`attnx.attention.Stepping`), so everyth
 
 The module must be a causal language model: token ids (batch, seq) int64 as its first input and
 the logits (batch, seq, vocab) as its first output. Its other inputs must be ones its forward can
-omit (a parameter with a default), each a (batch, seq) bool padding mask or int64 position ids (a
-Hugging Face model's ``attention_mask`` and ``position_ids``): the decode graphs take token ids only
-and call the forward without them, and decode parity compares with the full forward given what
-they stand for when omitted (:func:`full_inputs`: every token real, positions 0..n-1). A module
-that adds absolute positions must take a keyword argument ``past_length`` (int64 (1,), the
-position of its first token; 0 in a full forward) and offset them by it; decode parity (every
-decoded position against the full forward) catches a module that does not.
+omit (a parameter with a default, or one its ``**kwargs`` take), each a (batch, seq) bool padding
+mask or int64 position ids (a Hugging Face model's ``attention_mask`` and ``position_ids``): the
+decode graphs take token ids only and call the forward without them, and decode parity compares with
+the full forward given what they stand for when omitted (:func:`full_inputs`: every token real,
+positions 0..n-1). A module that adds absolute positions must take a keyword argument ``past_length``
+(int64 (1,), the position of its first token; 0 in a full forward) and offset them by it; decode
+parity (every decoded position against the full forward) catches a module that does not.
 """
 
 from __future__ import annotations
@@ -88,9 +88,11 @@ def _check_omittable(model: nn.Module, inputs: Sequence[TensorSpec], kind: str) 
             forward requires.
     """
     parameters = inspect.signature(model.forward).parameters
+    any_keyword = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
     for spec in inputs:
         parameter = parameters.get(spec.name)
-        optional = parameter is not None and parameter.default is not inspect.Parameter.empty
+        # an input the forward takes among its **kwargs (a library model passing them on) may be left out
+        optional = any_keyword if parameter is None else parameter.default is not inspect.Parameter.empty
         if spec.dtype not in OMITTED or spec.axes != ("batch", "seq") or not optional:
             raise AttnxError(
                 f"a decode export of a module takes token ids only, and {kind} also takes {spec.name} "

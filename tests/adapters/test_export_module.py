@@ -37,6 +37,34 @@ def test_outputs_are_flattened_deterministically(value, names):
     assert [name for name, _ in flatten_outputs(value)] == names
 
 
+def test_a_decode_export_omits_the_inputs_a_forward_can_go_without():
+    """The decode graphs take token ids only: a padding mask or position ids the forward has a default for,
+    or takes among its ``**kwargs`` (fla: models' position_ids), are omitted; a required one is refused."""
+    from attnx.decode.module import _check_omittable
+    from attnx.errors import AttnxError
+    from attnx.models.spec import TensorSpec
+
+    class Defaults(torch.nn.Module):
+        def forward(self, input_ids, attention_mask=None, position_ids=None): ...
+
+    class Keywords(torch.nn.Module):
+        def forward(self, input_ids, attention_mask=None, **kwargs): ...
+
+    class Required(torch.nn.Module):
+        def forward(self, input_ids, attention_mask): ...
+
+    specs = [
+        TensorSpec("attention_mask", "bool", ("batch", "seq")),
+        TensorSpec("position_ids", "int64", ("batch", "seq")),
+    ]
+    _check_omittable(Defaults(), specs, "Defaults")
+    _check_omittable(Keywords(), specs, "Keywords")
+    with pytest.raises(AttnxError, match="also takes attention_mask .*required"):
+        _check_omittable(Required(), specs[:1], "Required")
+    with pytest.raises(AttnxError, match="also takes position_ids"):
+        _check_omittable(Required(), specs[1:], "Required")
+
+
 def test_inputs_are_named_and_a_dicts_plain_values_are_constants():
     ids = torch.randint(3, 17, (2, 9))
     specs, tensors, keywords, constants = input_specs(

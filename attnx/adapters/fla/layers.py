@@ -15,6 +15,8 @@ the model's own forward by :class:`attnx.attention.Stepping`): its state, in the
 (:func:`attnx.plugins.gated.op.rule_state`), is the carry before the rule, ``conv`` (batch, channels,
 kernel - 1) over the concatenated q, k, v projections with short convolutions (RWKV-6 and RWKV-7: the
 token shift, one previous input), then ``recurrent`` (batch, value heads, key dim, value dim; float32).
+Every layer takes the library's 2D padding mask and does with it what the library's layer does
+(:class:`FlaLayer`), so a left-padded row equals the row alone.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from attnx.adapters.fla import parts
+from attnx.adapters.hf_hybrid.mixer import mask_padding
 from attnx.attention import Stepping
 from attnx.errors import AttnxError
 from attnx.plugins.gated.generalized import run_generalized_rule
@@ -39,11 +42,18 @@ class FlaLayer(Stepping, nn.Module):
 
     Subclasses set ``heads`` (value heads), ``d_key``, ``d_value`` (the recurrent state's per-head
     sizes), ``conv`` (a :class:`parts.ShortConv` or None) and implement :meth:`run`.
+
+    The library's 2D ``attention_mask`` (1 / True: a real token) reaches :meth:`run` as ``mask``. Where
+    the library unpads by it (``unpads``: it runs each row's real tokens alone and its output is zero at
+    the padding), a padded token is a step that keeps the state: its short-convolution inputs, key and
+    log-decay are zeroed (:meth:`convolve`, :meth:`rule`), and its output is zeroed. RWKV-6, RWKV-7 and
+    Mamba2 do not unpad: they zero some inputs and run the padded tokens, and their conversions do the same.
     """
 
     heads: int
     d_key: int
     d_value: int
+    unpads = True
 
     def __init__(self, layer: nn.Module) -> None:
         super().__init__()
@@ -61,11 +71,13 @@ class FlaLayer(Stepping, nn.Module):
         **kwargs: Any,
     ) -> tuple[torch.Tensor, None, Any]:
         refuse_call(self.kind, attention_mask, past_key_values, use_cache, kwargs)
-        context = self.context(kwargs)
+        context = {"mask": attention_mask, **self.context(kwargs)}
         if self.stepping is None:
             out = self.run(hidden_states, None, None, **context)[0]
         else:
             out = self.stepped(hidden_states, **context)
+        if self.unpads:
+            out = mask_padding(out, attention_mask)
         return out, None, past_key_values
 
     def context(self, kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -87,8 +99,8 @@ class FlaLayer(Stepping, nn.Module):
         **context: Any,
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
         """The layer on x (batch, n, hidden) after ``past`` (None: nothing before) at ``position``
-        (None: a full forward, no state kept) with its :meth:`context`; returns the output and the
-        state after x."""
+        (None: a full forward, no state kept) with its :meth:`context` and the padding ``mask`` (batch, n)
+        (None: every token real); returns the output and the state after x."""
         raise NotImplementedError
 
     def take(self, layer: nn.Module, *names: str) -> None:
@@ -104,12 +116,14 @@ class FlaLayer(Stepping, nn.Module):
         return None if self.conv is None else conv_state(self.conv.channels, self.conv.kernel)
 
     def convolve(
-        self, xs: list[torch.Tensor], past: tuple[torch.Tensor, ...] | None
+        self, xs: list[torch.Tensor], past: tuple[torch.Tensor, ...] | None, mask: torch.Tensor | None
     ) -> tuple[list[torch.Tensor], tuple[torch.Tensor, ...]]:
-        """The short convolutions (if any) of the projections ``xs``; their state as a tuple (or ())."""
+        """The short convolutions (if any) of the projections ``xs``, zero at padded tokens (the library's
+        convolution of each row's real tokens alone sees zeros before the first); their state as a tuple
+        (or ())."""
         if self.conv is None:
             return xs, ()
-        ys, state = self.conv(xs, split_state(past, True)[0])
+        ys, state = self.conv([mask_padding(x, mask) for x in xs], split_state(past, True)[0])
         return ys, (state,)
 
     def rule(
@@ -123,9 +137,13 @@ class FlaLayer(Stepping, nn.Module):
         position: torch.Tensor | None,
         delta: bool,
         scale: float,
+        mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
         """The op on (batch, n, heads, dim) tensors (beta (batch, n, heads)): the output in that layout
-        and (the state after the tokens,) when stepping, () otherwise."""
+        and (the state after the tokens,) when stepping, () otherwise. A padded token (``mask`` 0) keeps
+        the state: its key and log-decay are zeroed (exp(0) = 1, k u^T = 0; the delta rule's correction
+        S^T k too)."""
+        k, g = mask_padding(k, mask), mask_padding(g, mask)
         args = [t.transpose(1, 2) for t in (q, k, v, g, beta)]
         step = position is not None
         recurrent = split_state(past, False)[1]
@@ -135,10 +153,10 @@ class FlaLayer(Stepping, nn.Module):
 
 def refuse_call(kind: str, attention_mask: Any, past_key_values: Any, use_cache: Any, kwargs: dict) -> None:
     """The library's runtime arguments an exported layer does not take, refused in one line each."""
-    if attention_mask is not None:
+    if attention_mask is not None and attention_mask.dim() != 2:
         raise AttnxError(
-            f"an exported flash-linear-attention {kind} takes no attention_mask (the library unpads by it); "
-            "export unpadded token ids"
+            f"an exported flash-linear-attention {kind} takes a 2D attention_mask (batch, seq; 1 = a real "
+            f"token), as the library does, not a {attention_mask.dim()}D one"
         )
     if past_key_values is not None or use_cache:
         raise AttnxError(
@@ -245,7 +263,7 @@ class LinearAttention(FlaLayer):
         self.heads, self.d_key = self.n_heads, probe.shape[-1]
         self.d_value = self.head_v + int(self.normalize)
 
-    def run(self, x, past, position):
+    def run(self, x, past, position, mask=None):
         q = self.feature_q(heads(self.q_proj(x), self.head_k))
         k = self.feature_k(heads(self.k_proj(x), self.head_k, self.groups))
         v = heads(self.v_proj(x), self.head_v, self.groups)
@@ -257,7 +275,7 @@ class LinearAttention(FlaLayer):
             v = torch.cat([v, v.new_ones(*v.shape[:-1], 1)], dim=-1)
         scale = k.shape[-1] ** -0.5
         g, beta = zeros_g(x, self.n_heads), ones(x, self.n_heads)
-        o, state = self.rule(q, k, v, g, beta, past, position, False, scale)
+        o, state = self.rule(q, k, v, g, beta, past, position, False, scale, mask=mask)
         if self.normalize:
             o = o[..., : self.head_v] / (o[..., self.head_v :] + 1e-10)
         if self.out_norm:
@@ -291,8 +309,8 @@ class GatedLinearAttention(FlaLayer):
         self.output = OutputGate(layer, where)
         self.heads, self.d_key, self.d_value = self.n_heads, self.head_k, self.head_v
 
-    def run(self, x, past, position):
-        (q, k, v), conv = self.convolve([self.q_proj(x), self.k_proj(x), self.v_proj(x)], past)
+    def run(self, x, past, position, mask=None):
+        (q, k, v), conv = self.convolve([self.q_proj(x), self.k_proj(x), self.v_proj(x)], past, mask)
         q = heads(q, self.head_k)
         k, gk = (heads(t, self.head_k, self.groups) for t in (k, self.gk_proj(x)))
         v = heads(v, self.head_v, self.groups)
@@ -300,7 +318,8 @@ class GatedLinearAttention(FlaLayer):
         if self.clamp_min is not None:
             gk = torch.clamp_min(gk, self.clamp_min)
         q, k = self.feature(q), self.feature(k)
-        o, state = self.rule(q, k, v, gk, ones(x, self.n_heads), past, position, False, self.head_k**-0.5)
+        beta = ones(x, self.n_heads)
+        o, state = self.rule(q, k, v, gk, beta, past, position, False, self.head_k**-0.5, mask=mask)
         return self.o_proj(self.output(o, x)), conv + state
 
 
@@ -331,10 +350,10 @@ class DeltaNet(FlaLayer):
         self.output = NormGate(layer, layer.use_gate)
         self.heads, self.d_key, self.d_value = self.n_heads, self.head_k, self.head_v
 
-    def run(self, x, past, position):
+    def run(self, x, past, position, mask=None):
         q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         if self.conv is not None:
-            (q, k, v), conv = self.convolve([q, k, v], past)
+            (q, k, v), conv = self.convolve([q, k, v], past, mask)
         else:
             conv = ()
             q, k = (F.silu(q), F.silu(k)) if self.activation == "silu" else (q, k)
@@ -351,7 +370,8 @@ class DeltaNet(FlaLayer):
         beta = self.b_proj(x).sigmoid() if self.use_beta else ones(x, self.n_heads)
         if self.neg:
             beta = beta * 2.0
-        o, state = self.rule(q, k, v, zeros_g(x, self.n_heads), beta, past, position, True, self.head_k**-0.5)
+        g = zeros_g(x, self.n_heads)
+        o, state = self.rule(q, k, v, g, beta, past, position, True, self.head_k**-0.5, mask=mask)
         return self.o_proj(self.output(o, x)), conv + state
 
 
@@ -383,12 +403,12 @@ class GatedDeltaNet(FlaLayer):
         self.heads, self.d_key, self.d_value = self.v_heads, self.head_k, self.head_v
 
     def projected(
-        self, x: torch.Tensor, past: tuple[torch.Tensor, ...] | None
+        self, x: torch.Tensor, past: tuple[torch.Tensor, ...] | None, mask: torch.Tensor | None
     ) -> tuple[list[torch.Tensor], tuple[torch.Tensor, ...]]:
         """q, k, v projections after the short convolutions (SiLU inside them), or SiLU alone without
         them; and the convolutions' state."""
         qkv = [self.q_proj(x), self.k_proj(x), self.v_proj(x)]
-        return self.convolve(qkv, past) if self.conv is not None else ([F.silu(t) for t in qkv], ())
+        return self.convolve(qkv, past, mask) if self.conv is not None else ([F.silu(t) for t in qkv], ())
 
     def gates(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """beta = sigmoid(b_proj(x)) (x2 with ``allow_neg_eigval``) and the log-decay g (batch, n, value
@@ -398,11 +418,11 @@ class GatedDeltaNet(FlaLayer):
             return beta, x.new_zeros(x.shape[0], x.shape[1], self.v_heads, dtype=torch.float32)
         return beta, -self.A_log.float().exp() * F.softplus(self.a_proj(x).float() + self.dt_bias.float())
 
-    def run(self, x, past, position):
-        (q, k, v), conv = self.projected(x, past)
+    def run(self, x, past, position, mask=None):
+        (q, k, v), conv = self.projected(x, past, mask)
         q, k, v = l2norm(heads(q, self.head_k)), l2norm(heads(k, self.head_k)), heads(v, self.head_v)
         beta, g = self.gates(x)
-        o, state = self.rule(q, k, v, g[..., None], beta, past, position, True, self.head_k**-0.5)
+        o, state = self.rule(q, k, v, g[..., None], beta, past, position, True, self.head_k**-0.5, mask=mask)
         return self.o_proj(self.output(o, x)), conv + state
 
 
@@ -425,15 +445,16 @@ class GatedDeltaProduct(GatedDeltaNet):
         super().__init__(layer)
         self.householder = layer.num_householder
 
-    def run(self, x, past, position):
+    def run(self, x, past, position, mask=None):
         m = self.householder
-        (q, k, v), conv = self.projected(x, past)
+        (q, k, v), conv = self.projected(x, past, mask)
         expanded = [t.unflatten(-1, (m, -1)).flatten(1, 2) for t in (k, v)]  # (b, n * m, h * d)
         k, v = l2norm(heads(expanded[0], self.head_k)), heads(expanded[1], self.head_v)
         beta, g = self.gates(x)
         beta = beta.unflatten(-1, (m, -1)).flatten(1, 2)
         q, g = sub_steps(l2norm(heads(q, self.head_k)), g, m)
-        o, state = self.rule(q, k, v, g[..., None], beta, past, position, True, self.head_k**-0.5)
+        mask = None if mask is None else mask.repeat_interleave(m, dim=1)  # each of a token's sub-steps
+        o, state = self.rule(q, k, v, g[..., None], beta, past, position, True, self.head_k**-0.5, mask=mask)
         return self.o_proj(self.output(o.unflatten(1, (-1, m))[:, :, -1], x)), conv + state
 
 
@@ -472,15 +493,16 @@ class HGRN2Attention(FlaLayer):
     def context(self, kwargs: dict[str, Any]) -> dict[str, Any]:
         return {"lower_bound": kwargs.get("lower_bound")}
 
-    def run(self, x, past, position, lower_bound=None):
-        (q, f, i), conv = self.convolve([self.q_proj(x), self.f_proj(x), self.i_proj(x)], past)
+    def run(self, x, past, position, lower_bound=None, mask=None):
+        (q, f, i), conv = self.convolve([self.q_proj(x), self.f_proj(x), self.i_proj(x)], past, mask)
         g = F.logsigmoid(f)
         if lower_bound is not None and self.layer_idx > 0:
             g = torch.logaddexp(lower_bound.log(), torch.log1p(-lower_bound) + g)
         k = (1 - g.exp()).to(i.dtype)
         q, k, g = (heads(t, self.head_k) for t in (F.silu(q), k, g))
         v = heads(i, self.head_v)
-        o, state = self.rule(q, k, v, g, ones(x, self.n_heads), past, position, False, self.head_k**-0.5)
+        beta = ones(x, self.n_heads)
+        o, state = self.rule(q, k, v, g, beta, past, position, False, self.head_k**-0.5, mask=mask)
         o = parts.norm(o.flatten(-2), self.norm_w, self.norm_b, self.NORM_EPS, rms=True)
         return self.o_proj(o), conv + state
 
@@ -508,17 +530,31 @@ class MultiScaleRetention(FlaLayer):
         self.output = OutputGate(layer, where)
         self.heads, self.d_key, self.d_value = self.n_heads, self.head_k, self.head_v
 
-    def run(self, x, past, position):
-        (q, k, v), conv = self.convolve([self.q_proj(x), self.k_proj(x), self.v_proj(x)], past)
+    def run(self, x, past, position, mask=None):
+        (q, k, v), conv = self.convolve([self.q_proj(x), self.k_proj(x), self.v_proj(x)], past, mask)
         q, k = heads(q, self.head_k), heads(k, self.head_k)
         q, k = self.feature(q), self.feature(k)
-        start = 0 if position is None else position.to(torch.float32)
-        q, k = parts.rotate(q, self.inv_freq, start), parts.rotate(k, self.inv_freq, start)
+        positions = token_positions(x, position, mask)
+        q, k = parts.rotate(q, self.inv_freq, positions), parts.rotate(k, self.inv_freq, positions)
         k = k.repeat_interleave(self.groups, dim=2) if self.groups > 1 else k
         v = heads(v, self.head_v, self.groups)
         g = self.decay[:, None].expand(x.shape[0], x.shape[1], self.n_heads, 1)
-        o, state = self.rule(q, k, v, g, ones(x, self.n_heads), past, position, False, self.head_k**-0.5)
+        beta = ones(x, self.n_heads)
+        o, state = self.rule(q, k, v, g, beta, past, position, False, self.head_k**-0.5, mask=mask)
         return self.o_proj(self.output(o, x)), conv + state
+
+
+def token_positions(
+    x: torch.Tensor, position: torch.Tensor | None, mask: torch.Tensor | None
+) -> torch.Tensor:
+    """The positions of x's tokens (float32) from ``position`` (None: 0): (n,) without a padding ``mask``;
+    with one (batch, n), counting each row's real tokens only, as the library's rotary of each row's real
+    tokens alone does."""
+    if mask is None:
+        positions = torch.arange(x.shape[1], device=x.device, dtype=torch.float32)
+    else:
+        positions = mask.long().cumsum(1).to(torch.float32) - 1
+    return positions if position is None else positions + position.to(torch.float32)
 
 
 class RWKV6Attention(FlaLayer):
@@ -530,7 +566,12 @@ class RWKV6Attention(FlaLayer):
     extra step at the end), which gives r_t^T S_{t-1} exactly and ends on S_n; the bonus
     (r_t * u · k_t) v_t is added outside the op. State: ``conv``, the token shift's last input
     (batch, hidden, 1), then ``recurrent`` S.
+
+    Padding, as the library's layer: x and v zeroed at padded tokens, which run otherwise (their decay
+    applies); before a row's first real token the state is zero and stays exactly zero.
     """
+
+    unpads = False
 
     def __init__(self, layer: nn.Module) -> None:
         super().__init__(layer)
@@ -548,15 +589,16 @@ class RWKV6Attention(FlaLayer):
     def carry(self) -> StateTensor:
         return token_shift_state(self.hidden)
 
-    def run(self, x, past, position):
+    def run(self, x, past, position, mask=None):
         b, n, d = x.shape
+        x = mask_padding(x, mask)
         delta = shift(x, split_state(past, True)[0]) - x
         xx = self.x_proj[0](x, delta).view(b, n, -1, self.rank)
         xx = torch.einsum("btnr,hnr->btnh", self.x_proj[1](xx), self.x_proj[2].weight.view(d, 5, -1))
         r, w, k, v, g = (xx + self.x_bias).unbind(-2)
         pairs = ((self.r_proj, r), (self.w_proj, w), (self.k_proj, k))
         r, w, k = (heads(proj(x, mix, delta), self.head_k) for proj, mix in pairs)
-        v = heads(self.v_proj(x, v, delta), self.head_v)
+        v = heads(mask_padding(self.v_proj(x, v, delta), mask), self.head_v)
         g = self.g_proj(x, g, delta)
         w = -torch.exp(w)
         edge = x.new_zeros(b, 1, self.n_heads, self.head_k)
@@ -588,7 +630,13 @@ class RWKV7Attention(FlaLayer):
 
     The forward returns the library's four values (o, None, cache, v_first). State: ``conv``, the token
     shift's last input (batch, hidden, 1), then ``recurrent`` S (batch, heads, head_dim, head_v_dim).
+
+    Padding, as the library's layer: x zeroed at padded tokens and v after the value mix (``v_first`` is
+    the unmasked v), the padded tokens run otherwise (their decay and DPLR term apply); before a row's
+    first real token the state is zero and stays exactly zero.
     """
+
+    unpads = False
 
     LOG_DECAY_BOUND = -0.6065306597126334  # -exp(-0.5): the library's w = this * sigmoid(w_lora(x))
     MIXES = ("x_r", "x_w", "x_k", "x_v", "x_a", "x_g")
@@ -625,7 +673,8 @@ class RWKV7Attention(FlaLayer):
     def carry(self) -> StateTensor:
         return token_shift_state(self.hidden)
 
-    def run(self, x, past, position, v_first=None):
+    def run(self, x, past, position, v_first=None, mask=None):
+        x = mask_padding(x, mask)
         delta = shift(x, split_state(past, True)[0]) - x
         xr, xw, xk, xv, xa, xg = (torch.addcmul(x, delta, getattr(self, name)) for name in self.MIXES)
         r, k, v = self.r_proj(xr), self.k_proj(xk), self.v_proj(xv)
@@ -639,6 +688,7 @@ class RWKV7Attention(FlaLayer):
             )
         else:
             v = torch.lerp(v, v_first, self.v_lora(xv).sigmoid())
+        v = mask_padding(v, mask)
         a, g = self.a_lora(xa).sigmoid(), self.g_lora(xg)
         kk = heads(k * self.k_k, self.head_k)
         kk = l2norm(kk) if self.fused else F.normalize(kk, dim=-1, p=2.0)
@@ -682,7 +732,12 @@ class Mamba2(FlaLayer):
     clamped to ``dt_limit``, the conv and its activation over [x, B, C], then the library's
     ``RMSNormGated`` (per group of intermediate_size / n_groups, the gate silu(z) before the norm or,
     with ``norm_before_gate``, after) or, without ``rmsnorm``, y * act(z). ``conv`` carries the conv's
-    inputs (batch, intermediate_size + 2 n_groups d_state, kernel - 1)."""
+    inputs (batch, intermediate_size + 2 n_groups d_state, kernel - 1).
+
+    Padding, as the library's torch path (HF's): x, the conv's inputs and its outputs zeroed at padded
+    tokens, dt not (a padded token's decay applies: before a row's first real token, to a zero state)."""
+
+    unpads = False
 
     def __init__(self, layer: nn.Module) -> None:
         super().__init__(layer)
@@ -699,11 +754,14 @@ class Mamba2(FlaLayer):
     def carry(self) -> StateTensor:
         return conv_state(self.conv_dim, self.conv1d.weight.shape[-1])
 
-    def run(self, x, past, position):
-        gate, channels, dt = self.in_proj(x).split([self.inner, self.conv_dim, self.heads], -1)
+    def run(self, x, past, position, mask=None):
+        gate, channels, dt = self.in_proj(mask_padding(x, mask)).split(
+            [self.inner, self.conv_dim, self.heads], -1
+        )
         carried, recurrent = split_state(past, True)
-        mixed, conv = carried_conv(channels.transpose(1, 2), self.conv1d.weight, self.conv1d.bias, carried)
-        mixed = self.act(mixed.transpose(1, 2))
+        channels = mask_padding(channels, mask).transpose(1, 2)
+        mixed, conv = carried_conv(channels, self.conv1d.weight, self.conv1d.bias, carried)
+        mixed = mask_padding(self.act(mixed.transpose(1, 2)), mask)
         width = self.groups * self.d_key
         xs, b, c = torch.split(mixed, [self.inner, width, width], dim=-1)
         dt = F.softplus(dt + self.dt_bias).clamp(*self.dt_limit)
@@ -758,6 +816,7 @@ class TokenShiftFeedForward(Stepping, nn.Module):
         **kw: Any,
     ) -> tuple[torch.Tensor, Any]:
         refuse_call(self.kind, attention_mask, state, False, {"cu_seqlens": cu_seqlens})
+        x = mask_padding(x, attention_mask)  # the library's: padded tokens' inputs zeroed, then shifted
         return (self.run(x, None) if self.stepping is None else self.stepped(x)), state
 
     def run(self, x: torch.Tensor, last: torch.Tensor | None) -> torch.Tensor:

@@ -2,8 +2,12 @@
 
 ``import fla`` registers the library's configs and models with transformers' Auto classes; the
 model is ``AutoModelForCausalLM`` of the directory's ``model_type`` (no hub access), in eval mode,
-with ``use_cache`` off (attnx's decode graphs carry the state). Its example input is token ids
-(2, 2 * 64 + 3): across the library's chunk size of 64.
+with ``use_cache`` off (attnx's decode graphs carry the state). Its example inputs are those of the
+``hf:`` exports (what generate passes), at (2, 2 * 64 + 3), across the library's chunk size of 64:
+token ids, a bool padding mask (True: a real token; the library unpads by it, or zeroes the padded
+tokens' inputs: docs/importing.md) and position ids. The library's models take no positions (RetNet's
+rotary counts each row's real tokens): ``position_ids`` reaches their layers among the keyword arguments
+they pass on and is not read, so a graph fed as an ``hf:`` export is fed runs.
 """
 
 from __future__ import annotations
@@ -79,7 +83,12 @@ def load(path: Path) -> tuple[Any, dict[str, Any], None, list[str]]:
         raise AttnxError(f"--from fla:{path}: cannot load its weights: {why}") from None
     check_loading_info(path, info, scheme="fla")
     model.config.use_cache = False
-    example = {"input_ids": torch.randint(0, raw["vocab_size"], (2, EXAMPLE_LENGTH)), "use_cache": False}
+    example = {
+        "input_ids": torch.randint(0, raw["vocab_size"], (2, EXAMPLE_LENGTH)),
+        "attention_mask": torch.ones(2, EXAMPLE_LENGTH, dtype=torch.bool),
+        "position_ids": torch.arange(EXAMPLE_LENGTH).expand(2, -1).contiguous(),
+        "use_cache": False,
+    }
     return model.eval(), example, None, recurrent_reference(model)
 
 

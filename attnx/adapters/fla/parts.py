@@ -11,7 +11,7 @@ models use in place of the library's kernels), each checked against the kernel's
   returned (the models' fused add-and-norm).
 * :class:`ShortConv`: ``ShortConvolution`` (a depthwise causal conv1d, kernel W, optional SiLU)
   over several projections at once, carrying the last W - 1 inputs as its state.
-* ``rotate``: ``RotaryEmbedding`` (non-interleaved halves, base 10000, no XPos) from a position.
+* ``rotate``: ``RotaryEmbedding`` (non-interleaved halves, base 10000, no XPos) at given positions.
 * :class:`SwiGLU`: ``GatedMLP`` with ``hidden_act`` swish: down(silu(gate(x)) * up(x)).
 """
 
@@ -148,13 +148,11 @@ class ShortConv(nn.Module):
         return outs, carry
 
 
-def rotate(x: torch.Tensor, inv_freq: torch.Tensor, start: torch.Tensor | int) -> torch.Tensor:
-    """Non-interleaved rotary embedding of (batch, n, heads, d) at positions start, start + 1, ...
-    (cos/sin computed in float32 like the library's tables, then cast to x's dtype)."""
-    n = x.shape[1]
-    positions = torch.arange(n, device=x.device, dtype=torch.float32) + start
-    freqs = positions[:, None] * inv_freq.float()[None, :]
-    cos, sin = (t.to(x.dtype)[None, :, None, :] for t in (freqs.cos(), freqs.sin()))
+def rotate(x: torch.Tensor, inv_freq: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """Non-interleaved rotary embedding of (batch, n, heads, d) at float32 ``positions``, (n,) or
+    (batch, n) (cos/sin computed in float32 like the library's tables, then cast to x's dtype)."""
+    freqs = positions[..., None] * inv_freq.float()
+    cos, sin = (t.to(x.dtype).unsqueeze(-2) for t in (freqs.cos(), freqs.sin()))
     half = inv_freq.shape[0]
     x1, x2 = x[..., :half], x[..., half : 2 * half]
     rotated = torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)

@@ -14,9 +14,10 @@ from attnx.attention import Stepping
 
 
 def mask_padding(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    """(batch, n, C) ``x`` with padded tokens (2D ``mask`` False or 0) zeroed, in ``x``'s dtype: HF's
-    ``apply_mask_to_padding_states``, which the linear, Mamba2 and short-conv layers apply to their input."""
-    return x if mask is None else (x * mask[:, :, None]).to(x.dtype)
+    """(batch, n, ...) ``x`` with padded tokens (2D ``mask`` False or 0) zeroed, in ``x``'s dtype: HF's
+    ``apply_mask_to_padding_states``, which the linear, Mamba2 and short-conv layers apply to their input
+    (and flash-linear-attention's layers to their inputs, keys, values and gates)."""
+    return x if mask is None else (x * mask[(..., *(None,) * (x.dim() - 2))]).to(x.dtype)
 
 
 def leading_padding(mask: torch.Tensor | None) -> torch.Tensor | None:

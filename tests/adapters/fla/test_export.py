@@ -5,12 +5,14 @@ The library's forward runs its own Triton kernels: in Triton's interpreter witho
 picks its ``fused_recurrent_*`` kernel up to 64 tokens and the layer's ``mode`` above, so the lengths
 here sit on both sides of its chunk of 64 (odd ones included).
 
-* the default run: a user's module holding a GLA layer (``attnx export --module``);
+* the default run: a user's module holding a GLA layer (``attnx export --module``), unpadded and with
+  the library's padding mask (left-padded rows against the library's forward of each row alone);
 * the slow set: a user's module of two RWKV-7 layers passing ``v_first``, decode plus greedy generation
   of an RWKV-6 model as the library initialises it (``--from fla:DIR``) at short lengths, and every
   model type of the library's causal LMs, trained
   here (tests/adapters/fla/models.py, cached in pytest's cache), exported with ``--decode``: ONNX
-  Runtime at several lengths, a 2000-step decode against the full forward, ``attnx generate``
+  Runtime at several lengths, on left-padded batches against the library's forward of each row alone,
+  a 2000-step decode against the full forward, ``attnx generate``
   against the library's greedy decoding, 200 greedy tokens of onnxruntime-genai and ``attnx generate``
   against the library's (genai's logits against its full forward at every step), and a real tritonserver
   serving two of them token by token.
@@ -26,6 +28,7 @@ the test itself checks ONNX Runtime at 7, 64, 129 and 200; training is :data:`fl
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -58,8 +61,8 @@ class Block(torch.nn.Module):
         self.attn = GatedLinearAttention(hidden_size=32, num_heads=2, use_short_conv=True)
         self.head = torch.nn.Linear(32, 32)
 
-    def forward(self, x):
-        return self.head(x + self.attn(x)[0])
+    def forward(self, x, attention_mask=None):
+        return self.head(x + self.attn(x, attention_mask=attention_mask)[0])
 
 
 def factory():
@@ -69,6 +72,12 @@ def factory():
         for parameter in block.parameters():
             parameter.add_(0.2 * torch.randn_like(parameter))
     return block, (torch.randn(2, 9, 32),)
+
+
+def padded():
+    """The block with the library's padding mask as a second input (True: a real token)."""
+    block, (x,) = factory()
+    return block, {"x": x, "attention_mask": torch.ones(2, 9, dtype=torch.bool)}
 '''
 
 RWKV7_MODULE = '''
@@ -124,6 +133,14 @@ def ort_run(out: Path, **inputs: torch.Tensor) -> np.ndarray:
     return session.run(None, {name: t.numpy() for name, t in inputs.items()})[0]
 
 
+def ort_logits(out: Path, ids: torch.Tensor, mask: torch.Tensor | None = None) -> np.ndarray:
+    """model.onnx of an ``--from fla:`` export on token ids with their padding mask (None: every token
+    real) and generate's positions cumsum(mask) - 1."""
+    mask = torch.ones(ids.shape, dtype=torch.bool) if mask is None else mask
+    positions = (mask.long().cumsum(-1) - 1).clamp_min(0)
+    return ort_run(out, input_ids=ids, attention_mask=mask, position_ids=positions)
+
+
 def close(actual: np.ndarray, expected: torch.Tensor, what: str) -> float:
     """Asserted within the gated variants' tolerance; the max abs difference (printed by the slow tests)."""
     actual = torch.from_numpy(np.asarray(actual))
@@ -138,6 +155,27 @@ def library_logits(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
 
 def ids_of(length: int, seed: int, batch: int = 2) -> torch.Tensor:
     return torch.randint(0, fla_models.VOCAB, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+def left_padded(length: int) -> torch.Tensor:
+    """A (3, length) bool mask as generate pads: row 0 all real, rows 1 and 2 with length // 4 + 1 and
+    length // 2 + 1 padded tokens first."""
+    pads = torch.tensor([0, length // 4 + 1, length // 2 + 1])
+    return torch.arange(length)[None, :] >= pads[:, None]
+
+
+def check_rows_alone(
+    padded: np.ndarray, mask: torch.Tensor, inputs: torch.Tensor, forward, what: str
+) -> float:
+    """Each row of ``padded`` (batch, n, ...), the export's outputs on ``inputs`` (batch, n, ...) with the
+    padding ``mask``, equals at its real tokens ``forward`` (the library's) of that row's real tokens alone;
+    the max abs difference."""
+    worst = 0.0
+    for row, real in enumerate(mask):
+        with torch.no_grad():
+            expected = forward(inputs[row : row + 1, real])
+        worst = max(worst, close(padded[row : row + 1, real.numpy()], expected, f"{what}, row {row}"))
+    return worst
 
 
 # --- default run ----------------------------------------------------------------------------------
@@ -165,6 +203,27 @@ def check_module_export(
 @pytest.mark.parametrize("route", [f"gla-fused_recurrent-{ROUTE}"])
 def test_a_users_module_exports_with_the_librarys_numbers(route, tmp_path):
     check_module_export(tmp_path, "9", (5, 13))
+
+
+@pytest.mark.parametrize("route", [f"gla-fused_recurrent-{ROUTE}"])
+def test_a_users_module_takes_left_padded_batches(route, tmp_path):
+    """``--module`` whose forward passes the library's padding mask on: its own parity check (right-padded
+    masks, every position against the library's forward with the mask) passes, and ONNX Runtime on
+    left-padded batches equals the library's block on each row alone; the unpadded row equals the same
+    row run alone."""
+    source = tmp_path / "users_block.py"
+    source.write_text(GLA_MODULE)
+    out = tmp_path / "out"
+    export(["--module", f"{source}:padded"], out, "--seq-lens", "9")
+    namespace: dict = {}
+    exec(compile(GLA_MODULE, str(source), "exec"), namespace)
+    block, _ = namespace["padded"]()
+    for length in (5, 13):
+        x = torch.randn(3, length, 32, generator=torch.Generator().manual_seed(length))
+        mask = left_padded(length)
+        padded = ort_run(out, x=x, attention_mask=mask)
+        check_rows_alone(padded, mask, x, block, f"{length} tokens")
+        close(padded[:1], torch.from_numpy(ort_run(out, x=x[:1], attention_mask=mask[:1])), "unpadded row")
 
 
 @pytest.mark.slow
@@ -280,8 +339,32 @@ def test_trained_model_exports_with_the_librarys_numbers(model_type, trained_exp
     for length in (7, 64, 129, 200):
         ids = ids_of(length, seed=length)
         expected = library_logits(model, ids)
-        worst = close(ort_run(out, input_ids=ids), expected, f"{model_type} at {length} tokens")
+        worst = close(ort_logits(out, ids), expected, f"{model_type} at {length} tokens")
         print(f"{model_type}: {length} tokens, max abs logit difference {worst:.2e}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model_type", list(fla_models.MODELS), ids=MODEL_IDS)
+def test_trained_model_left_padded_rows_equal_the_rows_alone(model_type, trained_export):
+    """model.onnx takes the hf: exports' inputs (token ids, a bool padding mask, position ids), and on
+    left-padded batches (3 rows: 0, n // 4 + 1 and n // 2 + 1 padded tokens, so real lengths on both sides
+    of the library's chunk of 64) at 7, 65 and 130 tokens each row equals the library's forward of that row
+    alone; the unpadded row equals the same row run alone."""
+    saved, out = trained_export(model_type)
+    assert [s.name for s in ExportDir.open(out).manifest.inputs] == [
+        "input_ids",
+        "attention_mask",
+        "position_ids",
+    ]
+    model = load(saved)[0]
+    for length in (7, 65, 130):
+        ids, mask = ids_of(length, seed=length, batch=3), left_padded(length)
+        padded = ort_logits(out, ids, mask)
+        worst = check_rows_alone(
+            padded, mask, ids, functools.partial(library_logits, model), f"{length} tokens"
+        )
+        close(padded[:1], torch.from_numpy(ort_logits(out, ids[:1])), "unpadded row")
+        print(f"{model_type}: {length} tokens left-padded, max abs logit difference {worst:.2e}")
 
 
 @pytest.mark.slow

@@ -2,9 +2,10 @@
 
 The same layers as tests/adapters/fla/test_layers.py, on a GPU: the library's real kernels, its chunked
 training kernels included (``mode="chunk"``, and the forward under autograd, which the library always
-runs in chunk mode), against the converted layer, and the whole exported model in ONNX Runtime's CUDA
-provider against the library's model. Skipped without CUDA, with that reason; on a CPU the interpreter
-route of test_layers.py carries the proof. Run: ``pytest -m gpu tests/adapters/fla/test_gpu.py``.
+runs in chunk mode) and, with the padding mask, its varlen kernels, against the converted layer, and the
+whole exported model in ONNX Runtime's CUDA provider against the library's model. Skipped without CUDA,
+with that reason; on a CPU the interpreter route of test_layers.py carries the proof. Run:
+``pytest -m gpu tests/adapters/fla/test_gpu.py``.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ fla_layers = pytest.importorskip(
 )
 
 from attnx.adapters.fla.convert import convert  # noqa: E402
-from tests.adapters.fla.test_layers import HIDDEN, LAYERS, library_layer, model_kwargs  # noqa: E402
+from tests.adapters.fla.test_layers import HIDDEN, LAYERS, library_layer, model_kwargs, padded  # noqa: E402
 
 # GPU kernels use approximate exp2/softplus (the library's inline PTX) and TF32 dots: looser than CPU.
 GPU_RTOL = 2e-3
@@ -42,6 +43,22 @@ def test_layer_matches_the_librarys_cuda_kernels(name, length):
     with torch.no_grad():
         expected = layer(x, **kwargs)[0]
         actual = replacement(x, **kwargs)[0]
+    torch.testing.assert_close(actual, expected, atol=1e-4, rtol=GPU_RTOL)
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+@pytest.mark.parametrize("length", [65, 130])
+@pytest.mark.parametrize("name", list(LAYERS))
+def test_padded_layer_matches_the_librarys_cuda_kernels(name, length, side):
+    """With the padding mask: the library's compiled varlen kernels (the layers that unpad) or its masked
+    inputs (RWKV, Mamba2), every position."""
+    layer = library_layer(name).cuda()
+    replacement = convert(layer)
+    x = torch.randn(3, length, HIDDEN, device="cuda", generator=torch.Generator("cuda").manual_seed(length))
+    kwargs, mask = model_kwargs(name, x), padded(length, side).cuda()
+    with torch.no_grad():
+        expected = layer(x, attention_mask=mask, **kwargs)[0]
+        actual = replacement(x, attention_mask=mask, **kwargs)[0]
     torch.testing.assert_close(actual, expected, atol=1e-4, rtol=GPU_RTOL)
 
 

@@ -560,13 +560,104 @@ def test_what_attnx_does_not_reproduce_is_refused_by_name(make, fragments):
         assert fragment in message
 
 
+# --- padding: the library's 2D attention_mask ----------------------------------------------------
+
+# The default run: one layer per way the library treats padding (it unpads: the gated rule, here a layer
+# without short convolutions, whose keys at the padding are not zero by themselves; it runs the padded
+# tokens with some inputs zeroed: RWKV-7's generalised rule, Mamba2's SSD); the rest in the slow set.
+PADDED_CASES = [("gated-deltanet-gva-sigmoid", 9), ("rwkv7", 9), ("mamba2-groups", 9)]
+SLOW_PADDED_CASES = [(name, n) for name in LAYERS for n in (9, 65, 130) if (name, n) not in PADDED_CASES]
+
+
+def padded(length: int, side: str) -> torch.Tensor:
+    """A (3, length) int mask: row 0 all real, rows 1 and 2 with length // 4 + 1 and length // 2 + 1
+    padded tokens on ``side`` (left: as generate pads; right: as the export's own parity draws masks)."""
+    mask = torch.ones(3, length, dtype=torch.long)
+    for row, pads in ((1, length // 4 + 1), (2, length // 2 + 1)):
+        if side == "left":
+            mask[row, :pads] = 0
+        else:
+            mask[row, length - pads :] = 0
+    return mask
+
+
+def _check_padded_layer(name: str, length: int, sides: tuple[str, ...] = ("left", "right")) -> None:
+    """The conversion equals the library's layer given the same mask at every position (padded ones too:
+    the export's own parity compares them), and a left-padded row the library's layer on that row alone."""
+    layer = library_layer(name)
+    replacement = convert(layer)
+    rtol = CHUNK_RTOL.get(name) if route(name, length).endswith(".chunk") else None
+    x = torch.randn(3, length, HIDDEN, generator=torch.Generator().manual_seed(length))
+    kwargs = model_kwargs(name, x)
+    for side in sides:
+        mask = padded(length, side)
+        with torch.no_grad():
+            expected = layer(x, attention_mask=mask, **kwargs)[0]
+            actual = replacement(x, attention_mask=mask, **kwargs)[0]
+        close(actual, expected, name, rtol)
+        if side == "left":
+            for row in (1, 2):
+                real = mask[row].bool()
+                alone = {key: value[row : row + 1, real] for key, value in kwargs.items()}
+                with torch.no_grad():
+                    expected = layer(x[row : row + 1, real], **alone)[0]
+                close(actual[row : row + 1, real], expected, name, rtol)
+
+
+@pytest.mark.parametrize("name,length", PADDED_CASES, ids=_ids(PADDED_CASES))
+def test_padded_layer_matches_the_librarys_forward(name, length):
+    _check_padded_layer(name, length)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,length", SLOW_PADDED_CASES, ids=_ids(SLOW_PADDED_CASES))
+def test_padded_layer_matches_the_librarys_forward_more_lengths(name, length):
+    _check_padded_layer(name, length)
+
+
+def _no_mask_in(method: str):
+    """A seeded defect: ``FlaLayer.<method>`` called without the padding mask."""
+    from attnx.adapters.fla import layers
+
+    original = getattr(layers.FlaLayer, method)
+    if method == "rule":
+        return lambda self, *args, mask=None: original(self, *args)
+    return lambda self, xs, past, mask: original(self, xs, past, None)
+
+
+@pytest.mark.parametrize(
+    "method,name,side",
+    [
+        ("rule", "gated-deltanet-gva-sigmoid", "left"),
+        ("convolve", "gla-conv", "left"),
+        ("unpads", "gla-conv", "right"),
+    ],
+    ids=["keys-and-decays", "short-convolutions", "outputs"],
+)
+def test_each_padding_rule_is_needed(method, name, side, monkeypatch):
+    """Each seeded defect fails the padded parity: a padded token's key and log-decay kept (its step then
+    changes the state), the short convolutions reading the padding, the output at padded tokens kept
+    (the library's is zero)."""
+    from attnx.adapters.fla import layers
+
+    _check_padded_layer(name, 9, (side,))
+    if method == "unpads":
+        monkeypatch.setattr(layers.FlaLayer, "unpads", False)
+    else:
+        monkeypatch.setattr(layers.FlaLayer, method, _no_mask_in(method))
+    with pytest.raises(AssertionError):
+        _check_padded_layer(name, 9, (side,))
+
+
 def test_runtime_arguments_the_export_does_not_take_are_refused():
     replacement = convert(library_layer("gla-conv"))
     x = torch.randn(1, 4, HIDDEN)
-    with pytest.raises(AttnxError, match="attention_mask"):
-        replacement(x, attention_mask=torch.ones(1, 4))
+    with pytest.raises(AttnxError, match="takes a 2D attention_mask"):
+        replacement(x, attention_mask=torch.ones(1, 4, 4))
     with pytest.raises(AttnxError, match="use_cache=False"):
         replacement(x, use_cache=True)
+    with pytest.raises(AttnxError, match="cu_seqlens"):
+        replacement(x, cu_seqlens=torch.tensor([0, 4]))
 
 
 # --- attnx export --from fla:DIR refusals ---------------------------------------------------------
