@@ -1,7 +1,7 @@
 """Real size, side by side: attnx against mobius-onnx and onnxruntime-genai's model builder on the same
-Qwen3.5 text directories (the released 0.8B and 2B shapes with seeded random weights,
-``attnx.testing.real_size``; ``toy``: the hybrid tests' 4-layer width-64 ``qwen3_5`` recipe, random weights,
-to try the script in minutes). Each directory is made under ``--work`` once (reused when present).
+directories (``attnx.testing.real_size``, seeded random weights: the released Qwen3.5 0.8B and 2B text
+shapes and LFM2-1.2B; ``toy``: the hybrid tests' 4-layer width-64 ``qwen3_5`` recipe, random weights, to
+try the script in minutes). Each directory is made under ``--work`` once (reused when present).
 
 Tools (``--tools``), each in its own child process, one at a time, so its wall time and peak RSS
 (``wait4``: the largest resident set of the child and its descendants) are its own:
@@ -10,10 +10,11 @@ Tools (``--tools``), each in its own child process, one at a time, so its wall t
   same with ``--no-verify``;
 * ``mobius``: Microsoft's mobius-onnx 0.1.0, ``mobius.build(DIR, dtype="f32").save(OUT)`` (in
   ``--mobius-python``, this interpreter if it imports mobius, else a venv made under ``--work`` with
-  ``pip install mobius-onnx==0.1.0``);
-* ``builder``: onnxruntime-genai's model builder (``-p fp32 -e cpu``, ``hf_hybrid.build_with_genai``) on a
-  ``Qwen3_5ForConditionalGeneration`` checkpoint of the same weights (``hf_hybrid.conditional_checkpoint``,
-  made once in a child of its own, not counted in the builder's time or memory).
+  ``pip install mobius-onnx==0.1.0``); mobius 0.1.0 does not build LFM2, so its row is skipped there;
+* ``builder``: onnxruntime-genai's model builder (``-p fp32 -e cpu``, ``hf_hybrid.build_with_genai``) on
+  the directory as saved (LFM2), or for Qwen3.5 on a ``Qwen3_5ForConditionalGeneration`` checkpoint of the
+  same weights (``hf_hybrid.conditional_checkpoint``, made once in a child of its own, not counted in the
+  builder's time or memory).
 
 Then per tool, each step in a child process again (one copy of the weights in memory at a time):
 
@@ -27,7 +28,8 @@ Then per tool, each step in a child process again (one copy of the weights in me
   ``--prefill``-token prompt) over attnx's export (its genai.onnx + genai_config.json), the builder's
   output and mobius's (with the genai_config.json mobius's own ``write_ort_genai_config`` writes, after the
   build was measured); where genai cannot run a graph, the same in plain ONNX Runtime with the states fed
-  back (the ``decode_runtime`` column says which).
+  back (the ``decode_runtime`` column says which);
+* each tool's wall time as a multiple of mobius's and of the builder's, where they ran.
 
 ``--decode-only NAME=DIR,...``: only the decode timing, side by side on directories made before (e.g. attnx's
 export before and after a change, the builder's and mobius's outputs of the same weights): ``--rounds``
@@ -41,6 +43,7 @@ per tool as it finishes and a table at the end; ``--json PATH`` writes the rows.
     python benchmarks/scale.py --shapes toy --work /tmp/scale --json scale-toy.json
     python benchmarks/scale.py --shapes 0.8b,2b --work /work/scale-bench --json scale.json
     python benchmarks/scale.py --shapes 0.8b --tools mobius,builder --mobius-python /path/to/venv/bin/python
+    python benchmarks/scale.py --shapes lfm2-1.2b --tools builder,attnx-no-verify,attnx --work /work/scale
     python benchmarks/scale.py --decode-only attnx=OUT,builder=B,mobius=M --contexts 256,4096 --rounds 2
 """
 
@@ -69,7 +72,11 @@ from hf_hybrid import build_with_genai, conditional_checkpoint, genai_speed, spe
 from attnx.testing import hf_hybrid, real_size  # noqa: E402
 
 TOOLS = ("attnx", "attnx-no-verify", "mobius", "builder")
-SHAPES = ("0.8b", "2b", "toy")
+SHAPES = tuple(real_size.SHAPES)
+# model types mobius-onnx 0.1.0 builds, and those the builder takes only inside a conditional-generation
+# checkpoint (hf_hybrid.BUILDER_CHECKPOINTS: it takes LFM2 as saved)
+MOBIUS_BUILDS = ("qwen3_5_text",)
+BUILDER_WRAPS = ("qwen3_5_text",)
 MOBIUS = "mobius-onnx==0.1.0"
 MOBIUS_BUILD = "import sys, mobius; mobius.build(sys.argv[1], dtype='f32').save(sys.argv[2])"
 MOBIUS_GENAI_CONFIG = (
@@ -133,11 +140,14 @@ def one_line(exc: BaseException) -> str:
 
 
 def make_model(shape: str, path: str) -> dict[str, Any]:
-    """Save the Qwen3.5 text model of ``shape`` (seeded random weights, float32) to ``path``."""
+    """Save the model of ``shape`` (seeded random weights, float32) to ``path``, with the hybrid tests'
+    tokenizer: the builder saves the input's tokenizer beside its graph and fails without one (no run
+    here tokenizes: the prompts are ids below its 512 tokens)."""
     if shape == "toy":
         hf_hybrid.build("qwen3_5").save_pretrained(path)
     else:
         real_size.save(shape, Path(path))
+    hf_hybrid.train_tokenizer().save_pretrained(path)
     return {}
 
 
@@ -161,7 +171,7 @@ def reference(source: str, path: str, lengths: str) -> dict[str, Any]:
     import torch
     import transformers
 
-    model = transformers.Qwen3_5ForCausalLM.from_pretrained(source, dtype=torch.float32).eval()
+    model = transformers.AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32).eval()
     found = {}
     for n in map(int, lengths.split(",")):
         ids = np.random.default_rng(n).integers(0, model.config.vocab_size, (1, n), dtype=np.int64)
@@ -219,9 +229,16 @@ def session_of(out: Path) -> Any:
     return ort.InferenceSession(str(out / "model.onnx"), providers=["CPUExecutionProvider"])
 
 
+def config_of(source: str | Path) -> dict[str, Any]:
+    """The ``config.json`` of the model in ``source``."""
+    return json.loads((Path(source) / "config.json").read_text())
+
+
 def head_dim_of(source: str) -> int:
-    """The attention head width of the model in ``source`` (the builder's ``kv_cache_dim``)."""
-    return json.loads((Path(source) / "config.json").read_text())["head_dim"]
+    """The attention head width of the model in ``source`` (the builder's ``kv_cache_dim``; LFM2's config
+    leaves it to width / heads)."""
+    config = config_of(source)
+    return config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
 
 
 def evaluate(out: str, source: str, path: str, prefill: str) -> dict[str, Any]:
@@ -354,10 +371,12 @@ def build(tool: str, source: Path, out: Path, work: Path, args: argparse.Namespa
         run = timed([python, "-c", MOBIUS_BUILD, str(source), str(out)], args.timeout)
         run.pop("stdout")
         return {**run, "version": version(python, "mobius")}
-    checkpoint = work / f"{source.name}-conditional"
-    error = made_once(checkpoint, lambda p: child("make_conditional", source, p, timeout=args.timeout))
-    if error:
-        return {"error": f"conditional checkpoint: {error}"}
+    checkpoint = source
+    if config_of(source)["model_type"] in BUILDER_WRAPS:
+        checkpoint = work / f"{source.name}-conditional"
+        error = made_once(checkpoint, lambda p: child("make_conditional", source, p, timeout=args.timeout))
+        if error:
+            return {"error": f"conditional checkpoint: {error}"}
     run = child("run_builder", checkpoint, out, timeout=args.timeout)
     if "builder_s" in run:  # the builder's own time, not this child's start-up
         run["wall_s"] = run.pop("builder_s")
@@ -398,6 +417,9 @@ def measure(shape: str, args: argparse.Namespace) -> list[dict[str, Any]]:
     known = child("reference", source, expected, args.lengths, timeout=args.timeout)
     rows = []
     for tool in args.tools:
+        if tool == "mobius" and (kind := config_of(source)["model_type"]) not in MOBIUS_BUILDS:
+            print(f"{shape}: mobius-onnx 0.1.0 does not build {kind}; skipped", flush=True)
+            continue
         out = work / f"{shape}-{tool}"
         row: dict[str, Any] = {"shape": shape, "tool": tool, "weights_gb": round(weights / 1e9, 3)}
         row |= build(tool, source, out, work, args)
@@ -415,10 +437,11 @@ def measure(shape: str, args: argparse.Namespace) -> list[dict[str, Any]]:
             row |= decode(tool, source, out, args)
         rows.append(row)
         print(json.dumps(row), flush=True)
-    mobius = next((r for r in rows if r["tool"] == "mobius" and "error" not in r), None)
-    for row in rows:
-        if mobius and "error" not in row:
-            row["wall_x_mobius"] = round(row["wall_s"] / mobius["wall_s"], 2)
+    for peer in ("mobius", "builder"):
+        ran = next((r for r in rows if r["tool"] == peer and "error" not in r), None)
+        for row in rows:
+            if ran and "error" not in row:
+                row[f"wall_x_{peer}"] = round(row["wall_s"] / ran["wall_s"], 2)
     return rows
 
 
@@ -434,9 +457,11 @@ def cell(key: str, value: Any) -> str:
 
 def table(rows: list[dict[str, Any]], lengths: list[str], prefill: str) -> str:
     """The rows as a Markdown table, then each row's errors in full."""
-    head = ["shape", "tool", "wall s", "x mobius", "peak RSS GB", "x weights", "disk GB", "x weights"]
+    head = ["shape", "tool", "wall s", "x mobius", "x builder", "peak RSS GB", "x weights", "disk GB"]
+    head += ["x weights"]
     head += [f"err @{n}" for n in lengths] + [f"prefill {prefill} s", "decode ms/tok", "decode in"]
-    keys = ["shape", "tool", "wall_s", "wall_x_mobius", "peak_rss_gb", "peak_rss_x_weights", "disk_gb"]
+    keys = ["shape", "tool", "wall_s", "wall_x_mobius", "wall_x_builder", "peak_rss_gb", "peak_rss_x_weights"]
+    keys += ["disk_gb"]
     keys += ["disk_x_weights"] + [f"logits_err_{n}" for n in lengths]
     keys += [f"prefill_{prefill}_s", "decode_ms_per_token", "decode_runtime"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
