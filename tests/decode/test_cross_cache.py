@@ -124,7 +124,7 @@ def test_prefill_returns_the_cross_projections_of_the_encoder_output(decode_expo
             flat = memory @ projection.weight.detach().T + projection.bias.detach()  # (b, src, d_model)
             expected = flat.reshape(2, 9, heads, d_model // heads).permute(0, 2, 1, 3).numpy()
             name = f"cross.{i}.{kv}"
-            cached = ort_outputs[name].numpy()  # decode context: an OrtValue the stepper keeps in ORT
+            cached = ort_outputs[name]  # decode context: the prefill's, a NumPy array
             assert cached.shape == (2, heads, 9, d_model // heads)
             np.testing.assert_allclose(cached, expected, atol=1e-5, rtol=1e-5)
             np.testing.assert_allclose(torch_outputs[name].numpy(), expected, atol=1e-6, rtol=1e-6)

@@ -1,7 +1,8 @@
-"""The stepper on ONNX Runtime binds its buffers (IO binding): the state stays ``OrtValue``s between calls,
-only the logits come back as NumPy arrays, and greedy decoding picks what a plain ``session.run`` loop with
-every state through NumPy (the path before the binding) picks, and what the full forward recomputed over
-the whole sequence (no state at all) picks, in a batch of 2."""
+"""The stepper on ONNX Runtime binds a decode step's buffers (IO binding): the state stays ``OrtValue``s
+between steps, only the logits come back as NumPy arrays (a prefill's state is NumPy, owning its memory),
+and greedy decoding picks what a plain ``session.run`` loop with every state through NumPy (the path before
+the binding) picks, and what the full forward recomputed over the whole sequence (no state at all) picks,
+in a batch of 2."""
 
 from __future__ import annotations
 
@@ -59,8 +60,10 @@ def check_bound_decoding(out: Path, forward: Callable[[np.ndarray], np.ndarray],
     with open_stepper(ExportDir.open(out)) as stepper:
         logits, state = stepper.prefill(prompt)
         assert isinstance(logits, np.ndarray) and state
-        assert all(isinstance(value, ort.OrtValue) for value in state.values())
-        assert state_bytes(state) == sum(v.numpy().nbytes for v in state.values())
+        assert all(isinstance(value, np.ndarray) for value in state.values())  # owning its memory
+        _, stepped = stepper.decode(prompt[:, -1:], state)
+        assert all(isinstance(value, ort.OrtValue) for value in stepped.values())
+        assert state_bytes(stepped) == sum(v.numpy().nbytes for v in stepped.values())
         tokens, chosen = greedy(stepper.prefill, stepper.decode, prompt, new)
         stale = [stepper.decode(tokens[:, t : t + 1], state)[0][:, -1] for t in range(new - 1)]
     numpy_tokens, numpy_chosen = numpy_greedy(out, prompt, new)
@@ -83,7 +86,7 @@ def test_bound_greedy_decoding_equals_the_numpy_loop_and_the_full_forward(decode
 
 def test_state_outlives_the_session_that_made_it(decode_export):
     """``attnx generate`` lets the prefill session go before it makes the decode session: the prefill's
-    ``OrtValue``s stay valid (they hold their memory, not the session)."""
+    state stays valid (NumPy arrays holding their own memory, not the session's)."""
     out, _ = decode_export("softmax")
     ids = np.random.default_rng(3).integers(0, 50, size=(2, 9))
     with open_stepper(ExportDir.open(out), one_at_a_time=True) as stepper:
