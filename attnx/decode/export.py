@@ -15,6 +15,8 @@ output, and a step op has three.
 from __future__ import annotations
 
 import dataclasses
+import re
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +26,7 @@ from onnx import numpy_helper
 from torch import nn
 
 from attnx.decode.model import DecodeLayout, StepModel, check_decodable
-from attnx.decode.module import ModuleStepModel, module_layout
+from attnx.decode.module import ModuleStepModel, module_layout, stepping_layers
 from attnx.errors import AttnxError
 from attnx.exporter.assemble import Assembly, every_op
 from attnx.exporter.export import ExportJob, ExtraGraphs
@@ -33,6 +35,7 @@ from attnx.exporter.layout import PREFIX, Layout, value, without_output_copies
 from attnx.exporter.lowering import check, lower
 from attnx.exporter.manifest import DecodeSection
 from attnx.exporter.module import ModuleAssembly
+from attnx.exporter.repeat import LayerStack, NotStampable, Rename, Stamping, find_stack
 from attnx.exporter.store import WeightStore
 from attnx.exporter.trace import attnx_ops, save_onnx, to_onnx
 from attnx.models.spec import TensorSpec
@@ -123,13 +126,15 @@ class DecodeGraphs:
             traced.insert(0, ("prefill", PREFILL_FILE, False))
         graphs, used = {}, []
         for key, name, with_past in traced:
-            graph = _Graph(
-                step_model(assembly, layout, with_past),
-                layout.inputs(with_past),
-                layout.outputs(with_past),
-                ops,
-            )
-            proto = to_onnx(graph, settings.opset, graph.inputs, graph.outputs, store=store)
+            proto = stamped_step_graph(assembly, layout, with_past, ops, settings.opset, store)
+            if proto is None:
+                graph = _Graph(
+                    step_model(assembly, layout, with_past),
+                    layout.inputs(with_past),
+                    layout.outputs(with_past),
+                    ops,
+                )
+                proto = to_onnx(graph, settings.opset, graph.inputs, graph.outputs, store=store)
             used += [op for op in attnx_ops(proto) if op not in used]
             proto = without_output_copies(lower(proto, ops, settings.lowering, settings.target))
             check(proto)
@@ -139,6 +144,73 @@ class DecodeGraphs:
         for name, proto in graphs.values():
             save_onnx(proto, directory / name)
         return ExtraGraphs({key: name for key, (name, _) in graphs.items()}, used, section)
+
+
+def stamped_step_graph(
+    assembly: Assembly | ModuleAssembly,
+    layout: DecodeLayout,
+    with_past: bool,
+    ops: list[AttentionOp],
+    opset: int,
+    store: WeightStore | None,
+) -> onnx.ModelProto | None:
+    """A module's prefill or decode graph converted with its layer stack's prefix, the later layers
+    stamped (:mod:`attnx.exporter.repeat`) with their own state; None for a module without a stack worth
+    it, or whose graph does not stamp."""
+    adapted = assembly.adapted if isinstance(assembly, ModuleAssembly) else None
+    stack = None if adapted is None else find_stack(adapted)
+    if stack is None:
+        return None
+    whole = stepping_layers(adapted)
+    try:
+        with stack.traced_prefix():
+            prefix = module_layout(assembly)
+            graph = _Graph(
+                step_model(assembly, prefix, with_past),
+                prefix.inputs(with_past),
+                prefix.outputs(with_past),
+                ops,
+            )
+            rename = state_names(stack, whole, stepping_layers(adapted))
+            stamping = Stamping(
+                stack, graph.module, layout.inputs(with_past), layout.outputs(with_past), rename
+            )
+            return to_onnx(graph, opset, graph.inputs, graph.outputs, store=store, stamping=stamping)
+    except NotStampable:
+        return None
+
+
+_STATE = re.compile(r"(past|present)\.(\d+)\.(.+)")
+
+
+def state_names(stack: LayerStack, whole: Sequence[nn.Module], prefix: Sequence[nn.Module]) -> Rename:
+    """The state inputs' and outputs' renaming of a stamped decode graph: a stamped layer's stepping
+    layers take the numbers they have in the whole module (``whole``), in the order its prototype's have
+    them in the prefix (``prefix``); the position and every other name is shared.
+
+    Raises:
+        NotStampable: a stepping layer outside the stack.
+    """
+    owner = {id(m): i for i, layer in enumerate(stack.layers) for m in layer.modules()}
+
+    def numbers(layers: Sequence[nn.Module]) -> dict[int, list[int]]:
+        found: dict[int, list[int]] = {}
+        for number, layer in enumerate(layers):
+            if id(layer) not in owner:
+                raise NotStampable(f"stepping layer {number} is outside the layer stack")
+            found.setdefault(owner[id(layer)], []).append(number)
+        return found
+
+    in_whole, in_prefix = numbers(whole), numbers(prefix)
+
+    def rename(layer: int, prototype: int, name: str) -> str | None:
+        state = _STATE.fullmatch(name)
+        if state is None:
+            return None
+        side, number, tensor = state.groups()
+        return f"{side}.{in_whole[layer][in_prefix[prototype].index(int(number))]}.{tensor}"
+
+    return rename
 
 
 def prefill_is_decode(section: DecodeSection) -> bool:

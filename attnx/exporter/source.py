@@ -32,7 +32,9 @@ from attnx.exporter.budget import (
     weights_within,
 )
 from attnx.exporter.manifest import MODULE_MODEL
-from attnx.exporter.module import ModuleAssembly, ModuleSource, build_module, save_reference
+from attnx.exporter.module import ModuleAssembly, ModuleSource, build_module, save_reference, trace_module
+from attnx.exporter.repeat import NotStampable, Stamping, find_stack
+from attnx.exporter.signature import FlatModule
 from attnx.exporter.store import WeightStore, shares_weights
 from attnx.exporter.targets import check_target
 from attnx.exporter.trace import export_onnx, export_shapes, to_onnx
@@ -281,9 +283,36 @@ class UserModule:
         against the target."""
         inputs, outputs, _ = shapes
         ops = every_op(assembly)  # a module may call any op of its variants, a step op included
-        proto = export_onnx(assembly.program, (), ops, self.settings.opset, inputs, outputs, store=store)
+        proto = self._stamped(assembly, inputs, outputs, ops, store)
+        if proto is None:
+            proto = export_onnx(assembly.program, (), ops, self.settings.opset, inputs, outputs, store=store)
         check_target(self.settings.target, self.settings.lowering, every_op(assembly))
         return proto
+
+    def _stamped(
+        self,
+        assembly: ModuleAssembly,
+        inputs: list[TensorSpec],
+        outputs: list[TensorSpec],
+        ops: list[AttentionOp],
+        store: WeightStore | None,
+    ) -> onnx.ModelProto | None:
+        """model.onnx converted from the module with its layer stack's prefix, the later layers stamped
+        (:mod:`attnx.exporter.repeat`); None for a module without a stack worth it or that does not stamp."""
+        stack = find_stack(assembly.adapted) if assembly.adapted is not None else None
+        if stack is None:
+            return None
+        names = [s.name for s in inputs]
+        flat = FlatModule(assembly.adapted, names, assembly.keywords, assembly.constants)
+        try:
+            with stack.traced_prefix():
+                program = trace_module(flat, assembly.example, inputs, assembly.section.module_class)
+                stamping = Stamping(stack, flat, inputs, outputs)
+                return export_onnx(
+                    program, (), ops, self.settings.opset, inputs, outputs, store=store, stamping=stamping
+                )
+        except NotStampable:
+            return None
 
     def accepted_lengths(self, assembly: ModuleAssembly) -> Lengths | None:
         return assembly.section.lengths

@@ -26,6 +26,7 @@ from attnx.exporter.assemble import Assembly
 from attnx.exporter.inputs import random_feed
 from attnx.exporter.lowering import attnx_nodes
 from attnx.exporter.module import quiet_torch, unwrap_interrupt
+from attnx.exporter.repeat import Stamping, stamp
 from attnx.exporter.signature import dynamic_shapes
 from attnx.exporter.store import WeightStore
 from attnx.models.spec import TensorSpec
@@ -91,18 +92,28 @@ def to_onnx(
     outputs: Sequence[TensorSpec] | None = None,
     sizes: Mapping[str, int] | None = None,
     store: WeightStore | None = None,
+    stamping: Stamping | None = None,
 ) -> onnx.ModelProto:
     """torch.onnx dynamo export; named axes are dynamic, attnx ops become bare ``attnx::`` nodes.
 
     ``inputs``/``outputs`` default to the model's specs (every symbolic axis dynamic) and
-    ``sizes`` (example length per axis) to :func:`example_sizes`; ``store``: see :func:`export_onnx`.
+    ``sizes`` (example length per axis) to :func:`example_sizes`; ``store`` and ``stamping``: see
+    :func:`export_onnx`.
     """
     specs = list(inputs or assembly.inputs)
     outputs = list(outputs or assembly.outputs)
     feed = random_feed(specs, sizes or example_sizes(specs), np.random.default_rng(0))
     args = tuple(torch.from_numpy(feed[s.name]) for s in specs)
     return export_onnx(
-        assembly.module, args, assembly.ops, opset, specs, outputs, dynamic_shapes(specs), store=store
+        assembly.module,
+        args,
+        assembly.ops,
+        opset,
+        specs,
+        outputs,
+        dynamic_shapes(specs),
+        store=store,
+        stamping=stamping,
     )
 
 
@@ -115,6 +126,7 @@ def export_onnx(
     outputs: Sequence[TensorSpec],
     dynamic_shapes: Any = None,
     store: WeightStore | None = None,
+    stamping: Stamping | None = None,
 ) -> onnx.ModelProto:
     """torch.onnx (dynamo) of a module called with ``args``, or of an ``ExportedProgram`` (``args`` and
     ``dynamic_shapes`` unused), with ``ops`` as bare ``attnx::`` nodes; checks the graph's dtypes
@@ -122,7 +134,15 @@ def export_onnx(
 
     With a ``store`` (shared weights, :mod:`attnx.exporter.store`) every initializer that is one of the
     store's tensors is external data in the store's file, so the returned proto holds no weight: a
-    real-size model's graph stays far below protobuf's 2 GiB, and no step copies its weights."""
+    real-size model's graph stays far below protobuf's 2 GiB, and no step copies its weights.
+
+    With a ``stamping`` the module holds only its stack's prefix layers (``inputs``/``outputs`` are
+    that graph's) and the later layers are stamped in before the optimizer runs
+    (:mod:`attnx.exporter.repeat`); the whole graph's specs are the stamping's.
+
+    Raises:
+        NotStampable: a ``stamping`` the traced graph does not fit (the caller converts the whole module).
+    """
     table = {op.overload: op.translation() for op in ops}
     with quiet_torch(), unwrap_interrupt(), untranslated_ops(), torchlib_registry_built_once():
         program = torch.onnx.export(
@@ -137,6 +157,9 @@ def export_onnx(
             optimize=False,
             verbose=False,
         )
+        if stamping is not None:
+            stamp(program.model, stamping)
+            inputs, outputs = stamping.inputs, stamping.outputs
         optimize(program.model, store)
     if store is not None:
         store.externalize(program.model)

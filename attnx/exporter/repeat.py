@@ -1,0 +1,293 @@
+"""Repeated layers: convert a model's first layers once and stamp the rest in the ONNX graph.
+
+A deployed LLM repeats a few kinds of decoder layer (the 0.8B Qwen3.5: 18 Gated DeltaNet and 6
+attention layers), and torch.onnx's conversion costs the same for every layer: at real size it was
+most of an export. So where the module names its layer stack (:func:`find_stack`), the exporter traces
+and converts the module with only the stack's first layers (:attr:`LayerStack.prefix`: up to where
+every later layer's kind has appeared once past the first layer) and stamps each later layer in the
+converted graph from the prefix layer of its kind (:func:`stamp`): the same nodes, reading that layer's
+own weights, its own state inputs and outputs (decode graphs), and the layer before it.
+
+Layers are of one kind when their modules are alike: the same classes, parameter and buffer shapes
+and dtypes, and the same plain attributes (an index of the layer itself, ``layer_idx``, aside). A
+module names its stack through a ``repeated_layers()`` method (the Hugging Face hybrid adapter's
+model does); anything else exports as before. The ONNX graph says which node belongs to which layer
+(torch.onnx's name scopes); a graph whose layers do not pass one activation from each to the next
+(:class:`NotStampable`) is converted whole, as before. The default verify checks the result like any
+export (parity against the whole module's forward).
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import dataclasses
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from attnx.models.spec import TensorSpec
+
+SCOPES = "pkg.torch.onnx.name_scopes"  # torch.onnx's record of the modules a node was made in
+OWN_INDEX = frozenset({"layer_idx", "layer_index", "training"})  # attributes that may differ within a kind
+_PLAIN = (bool, int, float, str)
+
+Rename = Callable[[int, int, str], str | None]
+
+
+class NotStampable(Exception):
+    """The converted prefix is not a chain of layers the stamping can repeat (the reason)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerStack:
+    """A module's decoder layers: ``owner.<attribute>``, an ``nn.ModuleList``."""
+
+    owner: nn.Module
+    attribute: str
+    layers: tuple[nn.Module, ...]
+    prototypes: tuple[int, ...]  # per layer: the prefix layer it is stamped from (itself in the prefix)
+
+    @property
+    def prefix(self) -> int:
+        """How many leading layers are traced and converted."""
+        return max(self.prototypes) + 1
+
+    @contextlib.contextmanager
+    def traced_prefix(self) -> Iterator[None]:
+        """The owner holds only the prefix layers for this context."""
+        whole = getattr(self.owner, self.attribute)
+        setattr(self.owner, self.attribute, nn.ModuleList(self.layers[: self.prefix]))
+        try:
+            yield
+        finally:
+            setattr(self.owner, self.attribute, whole)
+
+    def scope(self, root: nn.Module) -> str:
+        """The stack's qualified name under ``root`` (the traced module): its layers' name scopes and
+        weight names start with it."""
+        for name, module in root.named_modules():
+            if module is self.owner:
+                return f"{name}.{self.attribute}" if name else self.attribute
+        raise NotStampable("the layer stack is not part of the traced module")
+
+    def weights(self, layer: int) -> dict[str, torch.Tensor]:
+        """Layer ``layer``'s parameters and buffers by their name inside the layer."""
+        module = self.layers[layer]
+        return {**dict(module.named_parameters()), **dict(module.named_buffers())}
+
+
+def find_stack(module: nn.Module) -> LayerStack | None:
+    """The layer stack of ``module`` worth stamping: named by a submodule's ``repeated_layers()``, and
+    with more layers than its prefix; None otherwise."""
+    for candidate in module.modules():
+        named = getattr(candidate, "repeated_layers", None)
+        if not callable(named):
+            continue
+        found = named()
+        if found is None:
+            return None
+        owner, attribute = found
+        layers = tuple(getattr(owner, attribute))
+        prototypes = _prototypes([kind(layer) for layer in layers])
+        stack = LayerStack(owner, attribute, layers, prototypes)
+        return stack if stack.prefix < len(layers) else None
+    return None
+
+
+def kind(layer: nn.Module) -> tuple[Any, ...]:
+    """What makes two layers alike: each submodule's class, tensor shapes and dtypes and plain attributes."""
+    return tuple(
+        (
+            name,
+            f"{type(module).__module__}.{type(module).__qualname__}",
+            tuple((n, t.dtype, tuple(t.shape)) for n, t in module.named_parameters(recurse=False)),
+            tuple((n, t.dtype, tuple(t.shape)) for n, t in module.named_buffers(recurse=False)),
+            tuple(sorted((k, repr(v)) for k, v in vars(module).items() if _plain(k, v))),
+        )
+        for name, module in layer.named_modules()
+    )
+
+
+def _plain(key: str, value: Any) -> bool:
+    """Whether attribute ``key`` counts for a layer's kind: a plain value, not private, not the layer's
+    index, not None (a slot a trace sets and clears, as decoding's ``stepping``, reads as unset)."""
+    if key.startswith("_") or key in OWN_INDEX or value is None:
+        return False
+    return isinstance(value, _PLAIN) or (
+        isinstance(value, tuple) and all(isinstance(v, _PLAIN) for v in value)
+    )
+
+
+def _prototypes(kinds: Sequence[Any]) -> tuple[int, ...]:
+    """Each layer's prototype: the last layer of its kind within the prefix, never the first layer for a
+    later one (the first layer's input is the embedding, not a layer's output, so its copies could not be
+    wired). The prefix ends where every kind of the later layers has appeared past the first layer."""
+    firsts: dict[Any, int] = {}
+    for i, k in enumerate(kinds[1:], start=1):
+        firsts.setdefault(k, i)
+    prefix = max(firsts.values(), default=0) + 1
+    last = {k: i for i, k in enumerate(kinds[:prefix]) if i > 0}
+    return tuple(i if i < prefix else last[k] for i, k in enumerate(kinds))
+
+
+@dataclasses.dataclass(frozen=True)
+class Stamping:
+    """How a graph traced with the prefix becomes the whole model's: the stack, the traced module, the
+    whole graph's inputs and outputs in order and ``rename(layer, prototype, name)``, the name of layer
+    ``layer``'s graph input or output that is ``name`` for its prototype (None: the same value, shared by
+    every layer)."""
+
+    stack: LayerStack
+    root: nn.Module
+    inputs: Sequence[TensorSpec]
+    outputs: Sequence[TensorSpec]
+    rename: Rename = lambda layer, prototype, name: None
+
+
+def stamp(model: Any, stamping: Stamping) -> None:
+    """Stamp the later layers of ``stamping.stack`` into the ONNX IR ``model`` (torch.onnx's graph of
+    the module with its prefix, before any optimization) in place.
+
+    Raises:
+        NotStampable: a graph whose prefix layers do not each pass one activation to the next.
+    """
+    import onnx_ir as ir
+    from torch.onnx._internal.exporter._core import TorchTensor
+
+    stack, graph = stamping.stack, model.graph
+    scope = stamping.stack.scope(stamping.root)
+    layers = _layer_nodes(graph, scope, stack.prefix)
+    made = [{v for n in nodes for v in n.outputs} for nodes in layers]
+    streams = [_stream(layers[i + 1], made[i], f"layer {i + 1}") for i in range(stack.prefix - 1)]
+    inside = {id(n) for nodes in layers for n in nodes}
+    after = [
+        (user, index)
+        for value in made[-1]
+        for user, index in value.uses()
+        if id(user) not in inside and _is_activation(value)
+    ]
+    if len({id(user.inputs[index]) for user, index in after}) != 1:
+        raise NotStampable("the last prefix layer does not hand one activation to what follows it")
+    last = after[0][0].inputs[after[0][1]]
+    outputs = {id(v): i for i, v in enumerate(graph.outputs)}
+    inputs = {v.name: v for v in graph.inputs}
+    initializers = graph.initializers
+    stream = last
+    for layer in range(stack.prefix, len(stack.layers)):
+        prototype = stack.prototypes[layer]
+        entry = streams[prototype - 1]
+        mapped: dict[int, Any] = {id(entry): stream}
+        weights = stack.weights(layer)
+        own = f"{scope}.{prototype}."
+        for node in layers[prototype]:
+            for value in node.inputs:
+                if value is None or id(value) in mapped or value in made[prototype]:
+                    continue
+                if value.is_graph_input():
+                    name = stamping.rename(layer, prototype, value.name)
+                    if name is not None:
+                        if name not in inputs:
+                            inputs[name] = ir.Value(name=name, type=value.type, shape=value.shape)
+                            graph.inputs.append(inputs[name])
+                        mapped[id(value)] = inputs[name]
+                elif value.is_initializer() and value.name.startswith(own):
+                    name = f"{scope}.{layer}.{value.name[len(own) :]}"
+                    tensor = weights.get(value.name[len(own) :])
+                    if tensor is None:
+                        raise NotStampable(f"layer {layer} has no tensor for {value.name}")
+                    if name not in initializers:
+                        copy = ir.Value(name=name, type=value.type, shape=value.shape)
+                        copy.const_value = TorchTensor(tensor.detach(), name=name)
+                        graph.register_initializer(copy)
+                    mapped[id(value)] = initializers[name]
+            copy = _clone(node, mapped, layer, (f"'{scope}.{prototype}", f"'{scope}.{layer}"))
+            graph.append(copy)
+            for old, new in zip(node.outputs, copy.outputs, strict=True):
+                mapped[id(old)] = new
+                if id(old) in outputs:
+                    name = stamping.rename(layer, prototype, old.name)
+                    if name is None:
+                        raise NotStampable(
+                            f"graph output {old.name} of layer {prototype} has no name in layer {layer}"
+                        )
+                    new.name = name
+                    graph.outputs.append(new)
+        stream = mapped[id(streams[prototype] if prototype < stack.prefix - 1 else last)]
+    for user, index in after:
+        user.replace_input_with(index, stream)
+    _order(graph.inputs, [s.name for s in stamping.inputs], "input")
+    _order(graph.outputs, [s.name for s in stamping.outputs], "output")
+    graph.sort()
+
+
+def _layer_nodes(graph: Any, scope: str, prefix: int) -> list[list[Any]]:
+    """The nodes of each prefix layer, in graph order, by their name scopes."""
+    layers: list[list[Any]] = [[] for _ in range(prefix)]
+    names = {f"{scope}.{i}": i for i in range(prefix)}
+    for node in graph:
+        recorded = node.metadata_props.get(SCOPES)
+        if not recorded:
+            continue
+        found = [names[s] for s in ast.literal_eval(recorded) if s in names]
+        if found:
+            if any(a.type.name in ("GRAPH", "GRAPHS") for a in node.attributes.values()):
+                raise NotStampable(f"layer {found[0]} holds a subgraph")
+            layers[found[0]].append(node)
+    if not all(layers):
+        raise NotStampable("a prefix layer has no nodes of its own")
+    return layers
+
+
+def _is_activation(value: Any) -> bool:
+    return value.dtype is not None and value.dtype.is_floating_point()
+
+
+def _stream(nodes: Sequence[Any], before: set[Any], where: str) -> Any:
+    """The one activation ``nodes`` (a layer) read from the layer before (``before``: its values); the
+    others it reads from there must be integers (torch.export computes a shape once and reuses it)."""
+    read = {id(v): v for n in nodes for v in n.inputs if v is not None and v in before}
+    activations = [v for v in read.values() if _is_activation(v)]
+    if len(activations) != 1:
+        raise NotStampable(f"{where} reads {len(activations)} activations of the layer before it, not one")
+    return activations[0]
+
+
+def _clone(node: Any, mapped: dict[int, Any], layer: int, scopes: tuple[str, str]) -> Any:
+    """A copy of ``node`` for layer ``layer``: its inputs through ``mapped``, its outputs typed and named
+    as the prototype's with the layer's number, its name scopes the layer's (``scopes``: the prototype's
+    scope and the layer's, as torch.onnx quotes them)."""
+    import onnx_ir as ir
+
+    metadata = dict(node.metadata_props)
+    if SCOPES in metadata:
+        metadata[SCOPES] = metadata[SCOPES].replace(*scopes)
+
+    copy = ir.Node(
+        node.domain,
+        node.op_type,
+        [None if v is None else mapped.get(id(v), v) for v in node.inputs],
+        [ir.Attr(a.name, a.type, a.value) for a in node.attributes.values()],
+        overload=node.overload,
+        num_outputs=len(node.outputs),
+        version=node.version,
+        name=f"{node.name}.{layer}" if node.name else None,
+        metadata_props=metadata,
+    )
+    for old, new in zip(node.outputs, copy.outputs, strict=True):
+        new.type, new.shape = old.type, old.shape
+        new.name = f"{old.name}.{layer}" if old.name else None
+    return copy
+
+
+def _order(values: Any, names: Sequence[str], side: str) -> None:
+    """Put the graph's ``values`` (its inputs or outputs) in the order of ``names``, which they must be."""
+    by_name = {v.name: v for v in values}
+    if sorted(by_name) != sorted(names):
+        missing = sorted(set(names) - set(by_name)) or sorted(set(by_name) - set(names))
+        raise NotStampable(f"the stamped graph's {side}s differ from the model's at {missing[:3]}")
+    ordered = [by_name[n] for n in names]
+    values.clear()
+    values.extend(ordered)
