@@ -35,7 +35,7 @@ from attnx.exporter.layout import PREFIX, Layout, value, without_output_copies
 from attnx.exporter.lowering import check, lower
 from attnx.exporter.manifest import DecodeSection
 from attnx.exporter.module import ModuleAssembly
-from attnx.exporter.repeat import LayerStack, NotStampable, Rename, Stamping, find_stack
+from attnx.exporter.repeat import LayerStack, NotStampable, Rename, Stamping
 from attnx.exporter.store import WeightStore
 from attnx.exporter.trace import attnx_ops, save_onnx, to_onnx
 from attnx.models.spec import TensorSpec
@@ -157,10 +157,10 @@ def stamped_step_graph(
     """A module's prefill or decode graph converted with its layer stack's prefix, the later layers
     stamped (:mod:`attnx.exporter.repeat`) with their own state; None for a module without a stack worth
     it, or whose graph does not stamp."""
-    adapted = assembly.adapted if isinstance(assembly, ModuleAssembly) else None
-    stack = None if adapted is None else find_stack(adapted)
+    stack = assembly.layer_stack() if isinstance(assembly, ModuleAssembly) else None
     if stack is None:
         return None
+    adapted = assembly.adapted
     whole = stepping_layers(adapted)
     try:
         with stack.traced_prefix():

@@ -47,6 +47,7 @@ from attnx.errors import AttnxError, first_line
 from attnx.exporter.assemble import distinct_ops, loosest_tolerance
 from attnx.exporter.manifest import Manifest, ModuleSection
 from attnx.exporter.reference import load_program, save_program
+from attnx.exporter.repeat import LayerStack, find_stack
 from attnx.exporter.signature import FlatModule, dynamic_shapes, input_specs, output_specs
 from attnx.exporter.store import WeightStore
 from attnx.models.spec import TensorSpec
@@ -205,6 +206,12 @@ class ModuleAssembly:
     @property
     def ops(self) -> list[AttentionOp]:
         return distinct_ops(self.impls.values())
+
+    def layer_stack(self) -> LayerStack | None:
+        """The adapted module's layer stack worth stamping (:mod:`attnx.exporter.repeat`), its kinds read
+        from the program (traced from ``FlatModule(adapted)``, whose attribute ``module`` it is); None
+        when loaded from an export."""
+        return None if self.adapted is None else find_stack(self.adapted, self.program, "module")
 
     def tensors(self) -> dict[str, Any]:
         """The program's tensors by name (its state and constants), for the weight check."""

@@ -8,18 +8,19 @@ every later layer's kind has appeared once past the first layer) and stamps each
 converted graph from the prefix layer of its kind (:func:`stamp`): the same nodes, reading that layer's
 own weights, its own state inputs and outputs (decode graphs), and the layer before it.
 
-Layers are of one kind when their modules are alike: the same classes, parameter and buffer shapes
-and dtypes, and the same plain attributes (an index of the layer itself, ``layer_idx``, aside). A
-module names its stack through a ``repeated_layers()`` method (the Hugging Face hybrid adapter's
-model does); anything else exports as before. The ONNX graph says which node belongs to which layer
-(torch.onnx's name scopes); a graph whose layers do not pass one activation from each to the next
-(:class:`NotStampable`) is converted whole, as before. The default verify checks the result like any
-export (parity against the whole module's forward).
+Layers are of one kind when ``torch.export`` traced them alike (:func:`traced_kinds`: the same ops on
+the same arguments up to names, each reading its own weights), so a layer whose caller passes it a
+constant (its index, choosing an adapter) is of its own kind. A module names its stack through a
+``repeated_layers()`` method (the Hugging Face hybrid adapter's model does); anything else exports as
+before. The ONNX graph says which node belongs to which layer (torch.onnx's name scopes); a graph whose
+layers do not pass one activation from each to the next (:class:`NotStampable`) is converted whole, as
+before. The default verify checks the result like any export (parity against the whole module's forward).
 """
 
 from __future__ import annotations
 
 import ast
+import collections
 import contextlib
 import dataclasses
 from collections.abc import Callable, Iterator, Sequence
@@ -31,8 +32,6 @@ from torch import nn
 from attnx.models.spec import TensorSpec
 
 SCOPES = "pkg.torch.onnx.name_scopes"  # torch.onnx's record of the modules a node was made in
-OWN_INDEX = frozenset({"layer_idx", "layer_index", "training"})  # attributes that may differ within a kind
-_PLAIN = (bool, int, float, str)
 
 Rename = Callable[[int, int, str], str | None]
 
@@ -79,9 +78,11 @@ class LayerStack:
         return {**dict(module.named_parameters()), **dict(module.named_buffers())}
 
 
-def find_stack(module: nn.Module) -> LayerStack | None:
-    """The layer stack of ``module`` worth stamping: named by a submodule's ``repeated_layers()``, and
-    with more layers than its prefix; None otherwise."""
+def find_stack(module: nn.Module, program: Any, under: str) -> LayerStack | None:
+    """The layer stack of ``module`` worth stamping: named by a submodule's ``repeated_layers()``, with
+    more layers than its prefix; None otherwise. ``program`` is the ``torch.export`` program of the whole
+    module, traced as the attribute ``under`` of its root; it decides which layers are alike
+    (:func:`traced_kinds`)."""
     for candidate in module.modules():
         named = getattr(candidate, "repeated_layers", None)
         if not callable(named):
@@ -91,34 +92,95 @@ def find_stack(module: nn.Module) -> LayerStack | None:
             return None
         owner, attribute = found
         layers = tuple(getattr(owner, attribute))
-        prototypes = _prototypes([kind(layer) for layer in layers])
-        stack = LayerStack(owner, attribute, layers, prototypes)
+        stack = LayerStack(owner, attribute, layers, ())
+        kinds = traced_kinds(program, f"{under}.{stack.scope(module)}", layers)
+        stack = dataclasses.replace(stack, prototypes=_prototypes(kinds))
         return stack if stack.prefix < len(layers) else None
     return None
 
 
-def kind(layer: nn.Module) -> tuple[Any, ...]:
-    """What makes two layers alike: each submodule's class, tensor shapes and dtypes and plain attributes."""
-    return tuple(
-        (
-            name,
-            f"{type(module).__module__}.{type(module).__qualname__}",
-            tuple((n, t.dtype, tuple(t.shape)) for n, t in module.named_parameters(recurse=False)),
-            tuple((n, t.dtype, tuple(t.shape)) for n, t in module.named_buffers(recurse=False)),
-            tuple(sorted((k, repr(v)) for k, v in vars(module).items() if _plain(k, v))),
-        )
-        for name, module in layer.named_modules()
+def traced_kinds(program: Any, scope: str, layers: Sequence[nn.Module]) -> list[tuple[Any, ...]]:
+    """Each of ``layers`` (the stack under ``scope``) as ``program`` (a ``torch.export`` program) traced
+    it, up to names: its nodes' ops and arguments in order, where an argument is a value of the layer (by
+    position), a weight (its own by its name inside the layer; one it shares with other modules by its
+    full name), the activation of the layer before, a shape (by its symbolic expression) or a constant.
+    Two layers of one kind compute the same function of their input and their own weights: a layer that
+    reads a constant its caller passed (its index), or another shared weight, is of another kind.
+    """
+    signature = program.graph_signature
+    weights = {
+        **signature.inputs_to_parameters,
+        **signature.inputs_to_buffers,
+        **signature.inputs_to_lifted_tensor_constants,
+    }
+    count = len(layers)
+    tensors = [{id(t) for t in (*layer.parameters(), *layer.buffers())} for layer in layers]
+    held = collections.Counter(i for own in tensors for i in own)
+    paths = {f"{scope}.{i}": i for i in range(count)}
+    nodes: list[list[Any]] = [[] for _ in range(count)]
+    owner: dict[Any, int] = {}
+    for node in program.graph.nodes:
+        stack = node.meta.get("nn_module_stack") or {}
+        found = [paths[path] for path, _ in stack.values() if path in paths]
+        if node.op == "call_function" and found and not _symbolic(node):
+            owner[node] = found[0]
+            nodes[found[0]].append(node)
+
+    def kind_of(layer: int) -> tuple[Any, ...]:
+        position = {node: i for i, node in enumerate(nodes[layer])}
+        own = f"{scope}.{layer}."
+
+        def argument(value: Any) -> Any:
+            if isinstance(value, torch.fx.Node):
+                if _symbolic(value):
+                    return ("shape", str(value.meta["val"]))
+                if value in position:
+                    return ("value", position[value])
+                value = _unconverted(value)
+                name = weights.get(value.name)
+                if name is not None:
+                    tensor = id(program.state_dict.get(name, program.constants.get(name)))
+                    alone = tensor in tensors[layer] and held[tensor] == 1
+                    return ("weight", name.removeprefix(own)) if alone else ("shared", name)
+                if owner.get(value) == layer - 1 and value.op == "call_function":
+                    return ("input",)
+                return ("outside", value.name)
+            if isinstance(value, list | tuple):
+                return (type(value).__name__, *map(argument, value))
+            if isinstance(value, dict):
+                return ("dict", *sorted((k, argument(v)) for k, v in value.items()))
+            return ("constant", repr(value))
+
+        return tuple((str(n.target), argument(n.args), argument(n.kwargs)) for n in nodes[layer])
+
+    return [kind_of(layer) for layer in range(count)]
+
+
+def _unconverted(node: Any) -> Any:
+    """``node`` before any conversion to its own dtype: ``x.to(x.dtype)`` returns ``x`` itself, and the
+    trace then hands later readers of ``x`` that conversion's node (a mask one attention layer converted
+    reaches the later layers as that layer's node), the same values."""
+    while (
+        node.op == "call_function"
+        and str(node.target).startswith("aten.to.")
+        and isinstance(node.args[0], torch.fx.Node)
+        and _same_tensor(node.meta.get("val"), node.args[0].meta.get("val"))
+    ):
+        node = node.args[0]
+    return node
+
+
+def _same_tensor(a: Any, b: Any) -> bool:
+    return (
+        isinstance(a, torch.Tensor)
+        and isinstance(b, torch.Tensor)
+        and (a.dtype, a.device, str(a.shape)) == (b.dtype, b.device, str(b.shape))
     )
 
 
-def _plain(key: str, value: Any) -> bool:
-    """Whether attribute ``key`` counts for a layer's kind: a plain value, not private, not the layer's
-    index, not None (a slot a trace sets and clears, as decoding's ``stepping``, reads as unset)."""
-    if key.startswith("_") or key in OWN_INDEX or value is None:
-        return False
-    return isinstance(value, _PLAIN) or (
-        isinstance(value, tuple) and all(isinstance(v, _PLAIN) for v in value)
-    )
+def _symbolic(node: Any) -> bool:
+    """A node whose value is a symbolic shape (a SymInt torch.export computes once and reuses)."""
+    return isinstance(node.meta.get("val"), torch.SymInt | torch.SymFloat | torch.SymBool)
 
 
 def _prototypes(kinds: Sequence[Any]) -> tuple[int, ...]:

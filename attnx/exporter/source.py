@@ -33,7 +33,7 @@ from attnx.exporter.budget import (
 )
 from attnx.exporter.manifest import MODULE_MODEL
 from attnx.exporter.module import ModuleAssembly, ModuleSource, build_module, save_reference, trace_module
-from attnx.exporter.repeat import NotStampable, Stamping, find_stack
+from attnx.exporter.repeat import NotStampable, Stamping
 from attnx.exporter.signature import FlatModule
 from attnx.exporter.store import WeightStore, shares_weights
 from attnx.exporter.targets import check_target
@@ -299,7 +299,7 @@ class UserModule:
     ) -> onnx.ModelProto | None:
         """model.onnx converted from the module with its layer stack's prefix, the later layers stamped
         (:mod:`attnx.exporter.repeat`); None for a module without a stack worth it or that does not stamp."""
-        stack = find_stack(assembly.adapted) if assembly.adapted is not None else None
+        stack = assembly.layer_stack()
         if stack is None:
             return None
         names = [s.name for s in inputs]

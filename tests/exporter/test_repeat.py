@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 from attnx.exporter import repeat
-from attnx.exporter.repeat import _prototypes, find_stack, kind
+from attnx.exporter.repeat import _prototypes, find_stack
 
 pytest.importorskip("transformers")
 
@@ -27,19 +27,60 @@ def test_every_layer_is_stamped_from_a_converted_layer_of_its_kind(kinds):
         assert prototype == layer if layer < prefix else 1 <= prototype < prefix
 
 
-class _Layer(nn.Module):
-    def __init__(self, width: int, layer_idx: int, window: int = 4) -> None:
+class _Block(nn.Module):
+    def __init__(self, adapters: nn.ModuleList) -> None:
         super().__init__()
-        self.proj, self.layer_idx, self.window = nn.Linear(width, width), layer_idx, window
+        self.proj, self.adapters = nn.Linear(8, 8), adapters
+
+    def forward(self, x: torch.Tensor, adapter: int | None) -> torch.Tensor:
+        y = x + torch.relu(self.proj(x))
+        return y if adapter is None else y + self.adapters[adapter](y)
 
 
-def test_layers_are_alike_by_classes_shapes_and_attributes_not_by_their_index():
-    assert kind(_Layer(8, 0)) == kind(_Layer(8, 5))
-    assert kind(_Layer(8, 0)) != kind(_Layer(16, 0))
-    assert kind(_Layer(8, 0)) != kind(_Layer(8, 0, window=8))
-    cleared = _Layer(8, 1)
-    cleared.stepping = None  # a slot decoding set and cleared: as unset
-    assert kind(cleared) == kind(_Layer(8, 2))
+class _Stack(nn.Module):
+    """Six blocks; ``choose(i)``: the shared adapter block ``i`` is called with (Zamba2's way), or None."""
+
+    def __init__(self, choose) -> None:
+        super().__init__()
+        adapters = nn.ModuleList(nn.Linear(8, 8) for _ in range(6))
+        self.embed, self.layers, self.choose = (
+            nn.Linear(4, 8),
+            nn.ModuleList(_Block(adapters) for _ in range(6)),
+            choose,
+        )
+
+    def repeated_layers(self):
+        return self, "layers"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.embed(x)
+        for i, layer in enumerate(self.layers):
+            h = layer(h, self.choose(i))
+        return h
+
+
+class _Root(nn.Module):
+    def __init__(self, module: nn.Module) -> None:
+        super().__init__()
+        self.module = module
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.module(x)
+
+
+def _stack_of(choose):
+    module = _Stack(choose).eval()
+    program = torch.export.export(_Root(module), (torch.randn(2, 3, 4),), strict=False)
+    return find_stack(module, program, "module")
+
+
+def test_layers_are_alike_when_their_traced_nodes_are():
+    assert _stack_of(lambda i: None).prototypes == (0, 1, 1, 1, 1, 1)
+
+
+def test_a_constant_the_caller_passes_a_layer_makes_it_another_kind():
+    assert _stack_of(lambda i: i % 2).prototypes == (0, 1, 2, 1, 2, 1)  # adapters 0, 1, 0, 1, ...
+    assert _stack_of(lambda i: i) is None  # each layer its own adapter: nothing repeats
 
 
 # Qwen3.5's pattern twice: layers 4-7 are stamped from layers 2 (linear attention) and 3 (attention)
@@ -79,7 +120,7 @@ def _hf_logits(model, ids: np.ndarray, mask: np.ndarray | None = None) -> np.nda
 
 def test_the_prefix_is_the_first_four_layers(eight_layers):
     _, assembly = eight_layers
-    stack = find_stack(assembly.adapted)
+    stack = assembly.layer_stack()
     assert stack is not None and stack.prefix == 4
     assert stack.prototypes == (0, 1, 2, 3, 2, 2, 2, 3)
 
@@ -159,4 +200,4 @@ def test_a_graph_that_does_not_stamp_is_converted_whole(eight_layers, monkeypatc
     _, assembly = eight_layers
     proto = _model_graph(assembly)
     assert sum(n.op_type == "GatedDeltaRule" for n in proto.graph.node) == 6
-    assert len(find_stack(assembly.adapted).owner.layers) == 8  # the whole stack is back
+    assert len(assembly.layer_stack().owner.layers) == 8  # the whole stack is back
