@@ -156,7 +156,7 @@ def stamped_step_graph(
 ) -> onnx.ModelProto | None:
     """A module's prefill or decode graph converted with its layer stack's prefix, the later layers
     stamped (:mod:`attnx.exporter.repeat`) with their own state; None for a module without a stack worth
-    it, or whose graph does not stamp."""
+    it, or whose prefix does not trace or stamp."""
     stack = assembly.layer_stack() if isinstance(assembly, ModuleAssembly) else None
     if stack is None:
         return None
@@ -176,7 +176,7 @@ def stamped_step_graph(
                 stack, graph.module, layout.inputs(with_past), layout.outputs(with_past), rename
             )
             return to_onnx(graph, opset, graph.inputs, graph.outputs, store=store, stamping=stamping)
-    except NotStampable:
+    except (NotStampable, AttnxError):  # the whole module converts, or says why, as before
         return None
 
 

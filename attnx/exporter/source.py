@@ -298,7 +298,8 @@ class UserModule:
         store: WeightStore | None,
     ) -> onnx.ModelProto | None:
         """model.onnx converted from the module with its layer stack's prefix, the later layers stamped
-        (:mod:`attnx.exporter.repeat`); None for a module without a stack worth it or that does not stamp."""
+        (:mod:`attnx.exporter.repeat`); None for a module without a stack worth it, or whose prefix does not
+        trace or stamp."""
         stack = assembly.layer_stack()
         if stack is None:
             return None
@@ -311,7 +312,7 @@ class UserModule:
                 return export_onnx(
                     program, (), ops, self.settings.opset, inputs, outputs, store=store, stamping=stamping
                 )
-        except NotStampable:
+        except (NotStampable, AttnxError):  # the whole module converts, or says why, as before
             return None
 
     def accepted_lengths(self, assembly: ModuleAssembly) -> Lengths | None:

@@ -10,6 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from torch import nn
 
+from attnx.errors import AttnxError
 from attnx.exporter import repeat
 from attnx.exporter.repeat import _prototypes, find_stack
 
@@ -192,9 +193,10 @@ def test_a_stamped_decode_graph_carries_each_layers_own_state(eight_layers, stam
         }
 
 
-def test_a_graph_that_does_not_stamp_is_converted_whole(eight_layers, monkeypatch):
+@pytest.mark.parametrize("refusal", [repeat.NotStampable, pytest.param(AttnxError, marks=pytest.mark.slow)])
+def test_a_graph_that_does_not_stamp_is_converted_whole(eight_layers, monkeypatch, refusal):
     def refuse(model, stamping):
-        raise repeat.NotStampable("for the test")
+        raise refusal("for the test")
 
     monkeypatch.setattr("attnx.exporter.trace.stamp", refuse)
     _, assembly = eight_layers
