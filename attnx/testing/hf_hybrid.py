@@ -581,6 +581,23 @@ def build(arch: str, **config_changes: Any) -> Any:
     return getattr(transformers, recipe["class"])(config)
 
 
+def doubled(arch: str) -> dict[str, Any]:
+    """Config changes giving ``arch``'s recipe twice its layers, its pattern repeated: per-layer lists and
+    patterns twice over, layer index lists with the second copy's indices added."""
+    import transformers
+
+    recipe = RECIPES[arch]
+    options = recipe["options"]
+    count = getattr(transformers, recipe["config"])(**options).num_hidden_layers
+    changes: dict[str, Any] = {"num_hidden_layers": 2 * count}
+    for key, value in options.items():
+        if isinstance(value, list | str) and len(value) == count and key != "num_hidden_layers":
+            changes[key] = value * 2
+        elif isinstance(value, list) and value and all(isinstance(v, int) and 0 <= v < count for v in value):
+            changes[key] = [*value, *(v + count for v in value)]
+    return changes
+
+
 def train(model: Any, ids: Any, steps: int, log: Any = None) -> list[float]:
     """``steps`` of next-token training of ``model`` on random windows of ``ids`` (AdamW); returns the
     losses.

@@ -98,6 +98,25 @@ def test_qwen3_next_attention_and_moe_export_and_match_hf(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("arch", list(hf_hybrid.RECIPES))
+def test_each_architecture_with_its_layers_doubled_is_stamped_and_verifies(tmp_path, arch):
+    """The recipe's layer pattern twice (random weights): the export converts a prefix of its layers and
+    stamps the rest (attnx.exporter.repeat), and its own parity against HF's forward passes, decode
+    graphs included."""
+    from attnx.exporter.module import build_module, from_source
+
+    hf_hybrid.build(arch, **hf_hybrid.doubled(arch)).eval().save_pretrained(tmp_path / "saved")
+    stack = build_module(from_source(f"hf:{tmp_path / 'saved'}")).layer_stack()
+    assert stack is not None and stack.prefix < len(stack.layers), "nothing would be stamped"
+    out = tmp_path / "out"
+    code, stdout, stderr = run_cli(
+        ["export", "--from", f"hf:{tmp_path / 'saved'}", "--decode", "-o", str(out)]
+    )
+    assert code == 0, stderr
+    assert "parity: PASSED" in stdout
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("target", ["portable", "ort"])
 @pytest.mark.parametrize("arch", ARCHS)
 def test_trained_hybrid_exports_and_matches_hf(trained, saved_dir, tmp_path, arch, target):
