@@ -217,7 +217,11 @@ def stamp(model: Any, stamping: Stamping) -> None:
         NotStampable: a graph whose prefix layers do not each pass one activation to the next.
     """
     import onnx_ir as ir
-    from torch.onnx._internal.exporter._core import TorchTensor
+
+    try:  # torch.onnx's own initializer type (torch 2.13, pinned), which the weight store recognises
+        from torch.onnx._internal.exporter._core import TorchTensor
+    except ImportError:
+        raise NotStampable("this torch.onnx has no TorchTensor to hold a stamped layer's weights") from None
 
     stack, graph = stamping.stack, model.graph
     scope = stamping.stack.scope(stamping.root)
