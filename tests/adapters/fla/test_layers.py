@@ -320,11 +320,18 @@ CASES = [
 SLOW_CASES = [(name, n) for name in LAYERS for n in (1, 9, 64, 65, 130) if (name, n) not in CASES]
 
 
-def _ids(cases):
-    return [f"{name}-n{n}-{route(name, n)}" for name, n in cases]
+def _cases(quick, slow):
+    """The default run's ``quick`` (name, length) cases, then the ``slow`` ones marked slow, each named by
+    its layer, length and the library kernel it routes to."""
+    return [
+        pytest.param(name, n, id=f"{name}-n{n}-{route(name, n)}", marks=marks)
+        for cases, marks in ((quick, ()), (slow, pytest.mark.slow))
+        for name, n in cases
+    ]
 
 
-def _check_layer(name: str, length: int) -> None:
+@pytest.mark.parametrize("name,length", _cases(CASES, SLOW_CASES))
+def test_layer_matches_the_librarys_forward(name, length):
     layer = library_layer(name)
     replacement = convert(layer)
     x = torch.randn(2, length, HIDDEN, generator=torch.Generator().manual_seed(length))
@@ -333,17 +340,6 @@ def _check_layer(name: str, length: int) -> None:
         expected = layer(x, **kwargs)[0]
         actual = replacement(x, **kwargs)[0]
     close(actual, expected, name, CHUNK_RTOL.get(name) if route(name, length).endswith(".chunk") else None)
-
-
-@pytest.mark.parametrize("name,length", CASES, ids=_ids(CASES))
-def test_layer_matches_the_librarys_forward(name, length):
-    _check_layer(name, length)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("name,length", SLOW_CASES, ids=_ids(SLOW_CASES))
-def test_layer_matches_the_librarys_forward_more_lengths(name, length):
-    _check_layer(name, length)
 
 
 # RWKV-7's in the slow set (the default run keeps one RWKV-7 layer test: its parity case above)
@@ -604,14 +600,8 @@ def _check_padded_layer(name: str, length: int, sides: tuple[str, ...] = ("left"
                 close(actual[row : row + 1, real], expected, name, rtol)
 
 
-@pytest.mark.parametrize("name,length", PADDED_CASES, ids=_ids(PADDED_CASES))
+@pytest.mark.parametrize("name,length", _cases(PADDED_CASES, SLOW_PADDED_CASES))
 def test_padded_layer_matches_the_librarys_forward(name, length):
-    _check_padded_layer(name, length)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("name,length", SLOW_PADDED_CASES, ids=_ids(SLOW_PADDED_CASES))
-def test_padded_layer_matches_the_librarys_forward_more_lengths(name, length):
     _check_padded_layer(name, length)
 
 
