@@ -238,7 +238,7 @@ def stamp(model: Any, stamping: Stamping) -> None:
     if len({id(user.inputs[index]) for user, index in after}) != 1:
         raise NotStampable("the last prefix layer does not hand one activation to what follows it")
     last = after[0][0].inputs[after[0][1]]
-    outputs = {id(v): i for i, v in enumerate(graph.outputs)}
+    outputs = {id(v) for v in graph.outputs}
     inputs = {v.name: v for v in graph.inputs}
     initializers = graph.initializers
     stream = last
