@@ -9,6 +9,8 @@ chunk axis carries the state (a ``Scan`` rather than a ``Loop``: it slices its i
 outputs along the chunk axis itself, so the loop body is the two products of the recurrence and
 nothing else). Choices in the graph:
 
+* one token (a decode step): an ``If`` on the length runs the recurrence's own step
+  (:func:`GatedOneToken`, three products on the state) instead of the chunk machinery for C = 1.
 * delta or additive rule: an ``If`` on the constant ``delta`` attribute (ONNX Runtime folds it).
 * scalar or per-key decay, known from g's width only when the graph runs: an ``If`` on it; a scalar
   decay pays nothing per key dimension. The scores of P and A share their decays.
@@ -367,6 +369,33 @@ def GatedTokens(
 
 
 @onnxscript.script(LIBRARY, default_opset=op)
+def GatedOneToken(
+    q: FLOAT, k: FLOAT, v: FLOAT, g: FLOAT, beta: FLOAT, state: FLOAT, delta: int, scale: float
+) -> tuple[FLOAT, FLOAT]:
+    """One token after ``state`` (b, hk, r, dk, dv): the recurrence's own step (module docstring of
+    :mod:`attnx.plugins.gated._chunks`), three products and no chunk machinery, what a decode step runs.
+    Returns (out (b, hv, 1, dv), state' (b, hv, dk, dv))."""
+    heads = op.Shape(q, start=1, end=2)
+    key = op.Unsqueeze(k, [2])  # (b, hk, 1, 1, dk)
+    decay = op.Exp(op.Transpose(GatedGroup(g, heads), perm=[0, 1, 2, 4, 3]))  # (b, hk, r, 1 | dk, 1)
+    decayed = op.Mul(decay, state)
+    rate = GatedGroup(op.Unsqueeze(beta, [-1]), heads)  # (b, hk, r, 1, 1)
+    values = GatedGroup(v, heads)  # (b, hk, r, 1, dv)
+    use_delta = op.Cast(op.Constant(value_int=delta), to=BOOL.dtype)
+    if use_delta:  # noqa: SIM108 (u = beta (v - (D S)^T k); onnxscript makes an If of an if statement only)
+        update = op.Mul(rate, op.Sub(values, op.MatMul(key, decayed)))
+    else:
+        update = op.Mul(rate, values)
+    grown = op.Add(decayed, op.MatMul(op.Transpose(key, perm=[0, 1, 2, 4, 3]), update))
+    out = op.MatMul(op.Unsqueeze(q, [2]), grown)  # (b, hk, r, 1, dv)
+    out = op.Mul(out, op.CastLike(op.Constant(value_float=scale), out))
+    flat = op.Concat(op.Shape(v, start=0, end=2), op.Constant(value_ints=[-1]), op.Shape(v, start=3), axis=0)
+    return op.Reshape(out, flat), op.Reshape(
+        grown, op.Concat(op.Shape(v, start=0, end=2), op.Shape(grown, start=3), axis=0)
+    )
+
+
+@onnxscript.script(LIBRARY, default_opset=op)
 def GatedCore(
     q: FLOAT,
     k: FLOAT,
@@ -379,9 +408,9 @@ def GatedCore(
     chunk_size: int,
 ) -> tuple[FLOAT, FLOAT]:
     """The recurrence after ``state`` (b, hk, r, dk, dv), all inputs widened: (out (b, hv, n, dv), state'),
-    token by token or in chunks as ``attnx.plugins.gated.config.by_token`` says. The chunked form's
-    CumSum stays out of the ``If`` (module docstring): it runs on one token when the rule goes by token
-    (none would leave Reshape's -1 undefined)."""
+    one token in one step, else token by token or in chunks as ``attnx.plugins.gated.config.by_token``
+    says. The chunked form's CumSum stays out of the ``If`` (module docstring): it runs on one token when
+    the rule goes by token (none would leave Reshape's -1 undefined)."""
     heads = op.Shape(q, start=1, end=2)
     use_delta = op.Cast(op.Constant(value_int=delta), to=BOOL.dtype)
     narrow = op.LessOrEqual(op.Shape(v, start=3), op.Constant(value_ints=[TOKEN_MAX_VALUE_WIDTH]))
@@ -392,7 +421,10 @@ def GatedCore(
     pad = op.Sub(op.Mul(op.Div(op.Sub(op.Add(n, chunk), op.Constant(value_ints=[1])), chunk), chunk), n)
     chunked_g = op.Slice(g, op.Constant(value_ints=[0]), n, op.Constant(value_ints=[2]))
     cumulated = op.CumSum(GatedChunks(GatedGroup(chunked_g, heads), pad, chunk), op.Constant(value_int=4))
-    if by_token:
+    one_token = op.Squeeze(op.Equal(op.Shape(v, start=2, end=3), op.Constant(value_ints=[1])), [0])
+    if one_token:
+        out, final = GatedOneToken(q, k, v, g, beta, state, delta=delta, scale=scale)
+    elif by_token:
         out, final = GatedTokens(q, k, v, g, beta, state, scale=scale)
     else:
         per_key = op.Squeeze(wide_decay, [0])
