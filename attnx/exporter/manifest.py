@@ -341,6 +341,11 @@ class OptimizedSection:
     tools: dict[str, str | None]
     quantization: QuantizationSection | None = None  # with "int4" or "int8"
 
+    @property
+    def quantized(self) -> bool:
+        """Whether the graphs hold quantised weights ("int4", "int8" or "dynamic-int8")."""
+        return not {"int4", "int8", "dynamic-int8"}.isdisjoint(self.steps)
+
 
 @dataclasses.dataclass
 class TargetSection:

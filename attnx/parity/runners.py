@@ -44,7 +44,8 @@ class Graph:
 
     ``many_runs``: the graph runs many times (``attnx bench``, ``attnx generate``, the accuracy gate's text),
     so ONNX Runtime's preparation of the weights at load (folded, packed for its MatMul kernels) pays off.
-    Otherwise (parity) its CPU session skips that preparation (:data:`CHECK_SKIPS`)."""
+    Otherwise (parity) its CPU session skips that preparation (:data:`CHECK_SKIPS`), but for the packing of
+    quantised weights (:attr:`packs_weights`)."""
 
     export: ExportDir
     key: str
@@ -73,6 +74,15 @@ class Graph:
     @property
     def lowering(self) -> str:
         return self.export.manifest.lowering
+
+    @property
+    def packs_weights(self) -> bool:
+        """Whether even a check's session packs the weights at load: quantised ones (``attnx optimize
+        --int4``, ``--int8``, ``--dynamic-int8``), whose kernels are slow without it, and packed take less
+        memory than stored. Measured on the 0.8B shape's int4 decode graph: a step took 3.2 s unpacked
+        against 75 ms packed, in 1.76 against 0.94 GB (docs/benchmarks.md)."""
+        optimized = self.export.manifest.optimized
+        return optimized is not None and optimized.quantized
 
 
 class TorchRunner(BaseRunner):
@@ -287,7 +297,7 @@ def ort_runner(provider: str) -> Callable[[Graph, int | None], BaseRunner]:
             threads,
             plugin_kernels=graph.lowering == "plugin" and provider == CPU,
             spin=graph.key != "decode",
-            prepack=not check,
+            prepack=not check or graph.packs_weights,
         )
         skipped = CHECK_SKIPS if check else None
 
