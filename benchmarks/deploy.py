@@ -13,10 +13,12 @@ checkpoint of the same weights (``hf_hybrid.conditional_checkpoint``). Per conte
   rows of 256), against Hugging Face's own float32 forward: mean KL of the next-token distributions, top-1
   agreement, perplexity (attnx: ``model.onnx``; the builder: its stateful ``model.onnx`` from an empty
   state);
-* decode ms/token in onnxruntime-genai after a ``--context``-token prompt (``hf_hybrid.genai_speed``).
+* decode ms/token in onnxruntime-genai after a ``--context``-token prompt (``hf_hybrid.genai_speed``;
+  the lowest of ``--rounds`` timings, interleaved over the contenders).
 
     python benchmarks/deploy.py --work /tmp/deploy --json deploy.json
     python benchmarks/deploy.py --model /path/to/qwen3_5-text --work /tmp/deploy-08b --context 256
+    python benchmarks/deploy.py --model DIR --work W --target ort --fuse --speed-only --rounds 3
 """
 
 from __future__ import annotations
@@ -63,8 +65,9 @@ def hf_logits(model_dir: Path, rows: np.ndarray) -> list[np.ndarray]:
         ]
 
 
-def build(contender: str, model_dir: Path, work: Path) -> tuple[Path, float]:
-    """Make ``contender``'s output under ``work`` (reused when present); its directory and build seconds."""
+def build(contender: str, model_dir: Path, work: Path, args: argparse.Namespace) -> tuple[Path, float]:
+    """Make ``contender``'s output under ``work`` (reused when present); its directory and build seconds.
+    attnx's exports take ``args.target`` (``--target``), its optimised copies ``args.fuse`` (``--fuse``)."""
     out = work / contender
     tool, precision = contender.split("-")
     if (out / "genai_config.json").is_file():
@@ -78,10 +81,13 @@ def build(contender: str, model_dir: Path, work: Path) -> tuple[Path, float]:
     source = work / "attnx-fp32"
     if precision == "fp32":
         command = ["export", "--from", f"hf:{model_dir}", "--decode", "-o", str(out)]
+        command += ["--target", args.target] if args.target else []
     else:
-        build("attnx-fp32", model_dir, work)
+        build("attnx-fp32", model_dir, work, args)
         start = time.perf_counter()
-        command = ["optimize", str(source), "-o", str(out), f"--{precision}"]
+        command = ["optimize", str(source), "-o", str(out), f"--{precision}"] + (
+            ["--fuse"] if args.fuse else []
+        )
     done = subprocess.run(
         [sys.executable, "-m", "attnx", *command, "--quiet"], capture_output=True, text=True
     )
@@ -136,23 +142,35 @@ def main() -> None:
     parser.add_argument("--contenders", default=",".join(CONTENDERS))
     parser.add_argument("--context", type=int, default=256, help="prompt tokens before the decode timing")
     parser.add_argument("--steps", type=int, default=32, help="decoded tokens timed")
+    parser.add_argument("--target", help="attnx export's --target (e.g. ort; default: attnx's own default)")
+    parser.add_argument("--fuse", action="store_true", help="attnx optimize with --fuse beside its precision")
+    parser.add_argument("--speed-only", action="store_true", help="no quality columns (no HF forward)")
+    parser.add_argument("--rounds", type=int, default=1, help="decode timings, interleaved over contenders")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     model_dir = (args.model or hf_hybrid.make("qwen3_5")).resolve()
     args.work.mkdir(parents=True, exist_ok=True)
-    rows, how = text_rows(model_dir)
-    reference = hf_logits(model_dir, rows)
-    results = []
+    if not args.speed_only:
+        rows, how = text_rows(model_dir)
+        reference = hf_logits(model_dir, rows)
+    results, outs = [], []
     for contender in args.contenders.split(","):
-        out, seconds = build(contender, model_dir.resolve(), args.work.resolve())
+        out, seconds = build(contender, model_dir.resolve(), args.work.resolve(), args)
         row: dict[str, Any] = {"contender": contender, "build_s": round(seconds, 1)}
         row["deploy_mb"] = round(deploy_bytes(out) / 1e6, 2)
         row["dir_mb"] = round(sum(f.stat().st_size for f in out.iterdir() if f.is_file()) / 1e6, 2)
-        row.update(quality(out, model_dir, rows, reference, how))
-        speed = genai_speed(out, args.context, args.steps)
-        row["decode_ms_per_token"] = round(speed["decode_ms_per_token"], 2)
+        if not args.speed_only:
+            row.update(quality(out, model_dir, rows, reference, how))
         print(json.dumps(row), flush=True)
         results.append(row)
+        outs.append(out)
+    for _ in range(args.rounds):  # interleaved: every contender once per round
+        for row, out in zip(results, outs, strict=True):
+            speed = genai_speed(out, args.context, args.steps)
+            row.setdefault("decode_ms_rounds", []).append(round(speed["decode_ms_per_token"], 2))
+    for row in results:
+        row["decode_ms_per_token"] = min(row["decode_ms_rounds"])
+        print(json.dumps(row), flush=True)
     keys = list(results[0])
     print("| " + " | ".join(keys) + " |\n|" + "---|" * len(keys))
     for row in results:
