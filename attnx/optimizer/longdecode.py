@@ -54,7 +54,12 @@ def long_decode(
     ids = np.asarray([list(prompt)], dtype=np.int64)
     kl, agree = [], []
     first = gap = None
-    with open_stepper(source) as reference, open_stepper(optimised) as candidate:
+    # one session per export at a time: the prompt's closes before the steps' opens (with all four open,
+    # `attnx optimize --fuse` of the 0.8B shape peaked at 23.4 GB here)
+    with (
+        open_stepper(source, one_at_a_time=True) as reference,
+        open_stepper(optimised, one_at_a_time=True) as candidate,
+    ):
         want, want_state = reference.prefill(ids)
         got, got_state = candidate.prefill(ids)
         for step in range(tokens):

@@ -18,7 +18,7 @@ from attnx.errors import AttnxError
 from attnx.exporter.directory import ExportDir
 from attnx.optimizer.accuracy import AccuracyReport, OutputError
 from attnx.optimizer.layers import LAYER_KINDS, classify, mixer_kinds
-from attnx.optimizer.longdecode import LongDecode
+from attnx.optimizer.longdecode import LongDecode, long_decode
 from attnx.optimizer.optimize import ERROR_BOUNDS, optimize
 from attnx.optimizer.settings import TEXT_BOUNDS
 from attnx.optimizer.tensors import DATA_FILE, DATA_KEY
@@ -294,6 +294,28 @@ def test_text_gate():
     assert report.failures() == ["relative output error 0.1 exceeds --max-rel-error 0.05"]
     report.text = None  # not a language model: the step's bound gates
     assert "relative output error 0.1 exceeds the transformation's bound 0.05" in report.failures()
+
+
+def test_the_long_decode_holds_one_session_per_export_at_a_time(source, monkeypatch):
+    """The prompt runs once, the steps many times: each export's prefill session is closed before its
+    decode session opens (with all four open, ``attnx optimize --fuse`` of the 0.8B shape peaked at 23.4 GB
+    in its long decode)."""
+    live, most = [0], [0]
+
+    class Counted(ort.InferenceSession):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            live[0] += 1
+            most[0] = max(most[0], live[0])
+
+        def __del__(self):
+            live[0] -= 1
+
+    monkeypatch.setattr(ort, "InferenceSession", Counted)
+    export = ExportDir.open(source("softmax"))
+    report = long_decode(export, export, [1, 2, 3], 5, tie_below=0.0)
+    assert (report.tokens, report.agreement, report.first_difference) == (5, 1.0, None)
+    assert most[0] == 2
 
 
 def test_a_long_decode_that_leaves_the_float32_tokens_fails_an_exact_step_unless_at_a_tie():
