@@ -24,8 +24,10 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 from typing import Any
 
+import torch
 from torch import nn
 
 from attnx.adapter import AdapterImpl
@@ -86,7 +88,8 @@ def supported() -> str:
 
 
 def convert(module: nn.Module) -> nn.Module | None:
-    """The attnx replacement of one of the library's modules; None for anything else.
+    """The attnx replacement of one of the library's modules, on the module's device; None for
+    anything else.
 
     Raises:
         AttnxError: a library layer attnx does not map, or an option it does not reproduce.
@@ -95,6 +98,18 @@ def convert(module: nn.Module) -> nn.Module | None:
         return None
     cpu.enable()  # the library's forward (the parity reference) runs in Triton's interpreter without CUDA
     refuse_model_options(module)
+    replacement = _replacement(module)
+    return None if replacement is None else replacement.to(_device(module))
+
+
+def _device(module: nn.Module) -> torch.device:
+    """Where the module's weights are (its first parameter or buffer); the CPU for a module without."""
+    tensor = next(itertools.chain(module.parameters(), module.buffers()), None)
+    return torch.device("cpu") if tensor is None else tensor.device
+
+
+def _replacement(module: nn.Module) -> nn.Module | None:
+    """The replacement of a library module, its own tensors (rotary frequencies, decays) made on the CPU."""
     lib, kind = library(), type(module)
     if isinstance(module, lib.layers):
         if kind.__name__ not in layers.LAYERS:

@@ -259,7 +259,7 @@ class LinearAttention(FlaLayer):
         self.out_norm = isinstance(layer.norm, nn.Module) and not isinstance(layer.norm, nn.Identity)
         if self.out_norm:
             self.norm_w, self.norm_eps = norm_weight(layer.norm), layer.norm.eps
-        probe = self.feature_k(torch.zeros(1, 1, 1, self.head_k))
+        probe = self.feature_k(self.k_proj.weight.new_zeros(1, 1, 1, self.head_k))  # on the weights' device
         self.heads, self.d_key = self.n_heads, probe.shape[-1]
         self.d_value = self.head_v + int(self.normalize)
 

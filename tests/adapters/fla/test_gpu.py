@@ -2,8 +2,8 @@
 
 The same layers as tests/adapters/fla/test_layers.py, on a GPU: the library's real kernels, its chunked
 training kernels included (``mode="chunk"``, and the forward under autograd, which the library always
-runs in chunk mode) and, with the padding mask, its varlen kernels, against the converted layer, and the
-whole exported model in ONNX Runtime's CUDA provider against the library's model. Skipped without CUDA,
+runs in chunk mode) and, with the padding mask, its varlen kernels, against the converted layer (converted
+on the GPU, where the layer lives). Skipped without CUDA,
 with that reason; on a CPU the interpreter route of test_layers.py carries the proof. Run:
 ``pytest -m gpu tests/adapters/fla/test_gpu.py``.
 """

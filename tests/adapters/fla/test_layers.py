@@ -515,6 +515,16 @@ def test_a_later_rwkv7_layer_needs_v_first():
         replacement(torch.randn(1, 3, HIDDEN))
 
 
+@pytest.mark.parametrize("name", list(LAYERS))
+def test_a_layer_converts_on_its_own_device(name):
+    """A layer on another device (a GPU; here the meta device, which computes nothing) converts to a
+    replacement whose every parameter and buffer is there too: its probes and its own tensors (rotary
+    frequencies, decays) included."""
+    replacement = convert(library_layer(name).to("meta"))
+    tensors = [*replacement.parameters(), *replacement.buffers()]
+    assert tensors and {t.device.type for t in tensors} == {"meta"}
+
+
 def test_library_layers_need_the_adapter():
     layer = fla_layers.GatedLinearAttention(hidden_size=HIDDEN, num_heads=2)
     assert needs_adapter(layer) and needs_adapter(layer.g_norm_swish_gate)
