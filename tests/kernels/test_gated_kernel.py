@@ -16,6 +16,7 @@ pytest.importorskip("triton", reason="triton is not installed: pip install 'attn
 from attnx import kernels  # noqa: E402
 from attnx.errors import AttnxError  # noqa: E402
 from attnx.plugins.gated.op import GATED_DELTA_RULE_OP, naive_gated_delta_rule  # noqa: E402
+from tests.kernels.conftest import DEVICE  # noqa: E402
 from tests.kernels.test_contract import Dim  # noqa: E402
 from tests.kernels.test_kernels import cases, check  # noqa: E402
 from tests.plugins.gated.cases import Shape, draw  # noqa: E402
@@ -49,7 +50,10 @@ def test_the_kernel_is_told_apart_from_a_wrong_decay_sign_and_a_dropped_beta():
     """The cases above can fail: the reference with g of the wrong sign, or with beta = 1, is far off."""
     shape = Shape(batch=1, hk=1, hv=2, n=7, dk=8, dv=8)
     q, k, v, g, beta, _ = draw(shape, seed=3, dtype=torch.float64)
-    result = kernels.run(GATED_DELTA_RULE_OP, *(t.float() for t in (q, k, v, g, beta)), True, SCALE, 4)
+    result = kernels.run(
+        GATED_DELTA_RULE_OP, *(t.float().to(DEVICE) for t in (q, k, v, g, beta)), True, SCALE, 4
+    )
+    result = result.cpu()
     right, _ = naive_gated_delta_rule(q, k, v, g, beta, None, True, SCALE)
     torch.testing.assert_close(result.double(), right, atol=1e-5, rtol=1e-4)
     for wrong_g, wrong_beta in ((-g, beta), (g, torch.ones_like(beta))):

@@ -54,9 +54,14 @@ def _add_keys(
     FEATURES: tl.constexpr, FEATURE_ARG: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
-    """kv_sum + sum_j kf_j v_j^T and k_sum + sum_j kf_j over the keys j in [start, end)."""
-    for first in range(start, end, BLOCK_N):
-        cols = first + tl.arange(0, BLOCK_N)
+    """kv_sum + sum_j kf_j v_j^T and k_sum + sum_j kf_j over the keys j in [start, end).
+
+    The loop counts from 0 and offsets by ``start``: compiled on an H200 (triton 3.6), a loop whose
+    lower bound was a runtime value carried by the caller's loop dropped or repeated key blocks (the
+    interpreter ran it right); see docs/tensorrt.md.
+    """
+    for step in range(0, tl.cdiv(tl.maximum(end - start, 0), BLOCK_N)):
+        cols = start + step * BLOCK_N + tl.arange(0, BLOCK_N)
         cols = tl.where(cols < end, cols, -1)  # -1: no key
         kf, values = _keys(k, v, key_padding_mask, bh, batch, cols, N_Q, N_K,
                            FEATURES, FEATURE_ARG, D, DV, BLOCK_D, BLOCK_DV)  # fmt: skip
@@ -81,12 +86,11 @@ def linear_core_kernel(
     kv_sum = tl.zeros([PARTS * BLOCK_D, BLOCK_DV], tl.float32)
     k_sum = tl.zeros([PARTS * BLOCK_D], tl.float32)
     offset = 0
-    done = N_K  # keys [0, done) are in kv_sum and k_sum; causal: a scan from 0
     if CAUSAL:
         offset = N_K - N_Q
-        done = N_K * 0
-    kv_sum, k_sum = _add_keys(kv_sum, k_sum, k, v, key_padding_mask, bh, batch, 0, done, N_Q, N_K,
-                              FEATURES, FEATURE_ARG, D, DV, BLOCK_D, BLOCK_DV, BLOCK_N)  # fmt: skip
+    else:  # every key, once, before the queries
+        kv_sum, k_sum = _add_keys(kv_sum, k_sum, k, v, key_padding_mask, bh, batch, 0, N_K, N_Q, N_K,
+                                  FEATURES, FEATURE_ARG, D, DV, BLOCK_D, BLOCK_DV, BLOCK_N)  # fmt: skip
     for query_block in range(tl.program_id(0), tl.cdiv(N_Q, BLOCK_M), PROGRAMS):
         rows = query_block * BLOCK_M + tl.arange(0, BLOCK_M)
         x = load_rows(q, bh * N_Q * D, rows, N_Q, D, BLOCK_D).to(tl.float32)
@@ -95,11 +99,13 @@ def linear_core_kernel(
         den = tl.zeros([BLOCK_M], tl.float32)
         if CAUSAL:
             diagonal = query_block * BLOCK_M + offset  # keys before it are seen by every row of the block
+            # the sums hold the keys before this program's previous block's diagonal (none before its first)
+            previous = (query_block - PROGRAMS) * BLOCK_M + offset
+            start = tl.where(query_block >= PROGRAMS, tl.maximum(previous, 0), 0)
             kv_sum, k_sum = _add_keys(
-                kv_sum, k_sum, k, v, key_padding_mask, bh, batch, done, diagonal,
+                kv_sum, k_sum, k, v, key_padding_mask, bh, batch, start, diagonal,
                 N_Q, N_K, FEATURES, FEATURE_ARG, D, DV, BLOCK_D, BLOCK_DV, BLOCK_N,
             )  # fmt: skip
-            done = tl.maximum(done, diagonal)
             cols = diagonal + tl.arange(0, BLOCK_M)
             kf, values = _keys(k, v, key_padding_mask, bh, batch, cols, N_Q, N_K,
                                FEATURES, FEATURE_ARG, D, DV, BLOCK_D, BLOCK_DV)  # fmt: skip
