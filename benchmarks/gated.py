@@ -13,7 +13,14 @@ ort       the body on ONNX Runtime's ``LinearAttention`` kernel (attnx.plugins.g
 ort-gdn   the body on ONNX Runtime's ``GatedDeltaNet`` kernel
 hf        Hugging Face transformers' reference: ``torch_chunk_gated_delta_rule`` (Qwen3-Next; scalar decay)
           or ``chunk_kimi_delta_attention`` (Kimi; per-key decay), delta rules only
-torch     the torch op, eager
+torch     the torch op, eager (on ``--device``)
+triton    attnx's Triton kernel of the op (attnx.kernels.run; TensorRT's plugin launches the same kernel),
+          with ``--device cuda``
+fla       flash-linear-attention's compiled chunk kernel of the rule, with ``--device cuda``
+
+With ``--device cuda`` (``python benchmarks/gated.py --device cuda --candidates torch,triton,fla``) every
+timing is synchronised, and each row also prints the largest difference of ``triton`` and ``fla`` from
+the torch op's output on the same inputs.
 
 ONNX Runtime and torch get ``--threads`` intra-op threads. Each (rule, N) times its candidates in turn,
 round after round, so all of them see the same load on a shared machine; the minimum over rounds is
@@ -34,8 +41,9 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from references import hf_kimi, hf_qwen3_next
+from references import fla_kernel, hf_kimi, hf_qwen3_next
 
+from attnx import kernels
 from attnx.exporter.lowering import lower
 from attnx.ops import AttentionOp
 from attnx.parity.runners import ort_session_options
@@ -80,6 +88,10 @@ class Inputs:
 
     def args(self, chunk_size: int) -> tuple:
         return (self.q, self.k, self.v, self.g, self.beta, self.delta, self.scale, chunk_size)
+
+    def to(self, device: str) -> Inputs:
+        moved = {name: getattr(self, name).to(device) for name in ("q", "k", "v", "g", "beta")}
+        return Inputs(**moved, delta=self.delta)
 
 
 def inputs(rule: str, n: int, seed: int, heads: Heads = DEFAULT_HEADS) -> Inputs:
@@ -146,6 +158,43 @@ def best_of(
     return {name: min(values) * 1e3 for name, values in times.items()}
 
 
+def synchronised(run: Callable[[], object]) -> Callable[[], object]:
+    """``run`` that returns only once the GPU has finished its work."""
+
+    def call() -> object:
+        result = run()
+        torch.cuda.synchronize()
+        return result
+
+    return call
+
+
+def device_runners(
+    x: Inputs, rule: str, chunk: int, candidates: list[str]
+) -> dict[str, Callable[[], object]]:
+    """The candidates that run on ``x``'s device: the torch op, attnx's Triton kernel, fla's kernel."""
+    runners: dict[str, Callable[[], object]] = {}
+    if "torch" in candidates:
+        runners["torch"] = lambda: gated_delta_rule(*x.args(chunk))
+    if "triton" in candidates:
+        runners["triton"] = lambda: kernels.run(GATED_DELTA_RULE_OP, *x.args(chunk))
+    if "fla" in candidates and rule != "linear":
+        runners["fla"] = fla_kernel(rule, x)
+    return runners
+
+
+def differences(runners: dict[str, Callable[[], object]]) -> dict[str, float]:
+    """Largest |difference| of each non-torch candidate's output from the torch op's."""
+    if "torch" not in runners:
+        return {}
+    expected = runners["torch"]()
+    return {
+        name: float((run() - expected).abs().max())
+        for name, run in runners.items()
+        if name in ("triton", "fla")
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -154,6 +203,7 @@ def main() -> None:
     parser.add_argument("--rules", default=",".join(RULES))
     parser.add_argument("--candidates", default="portable,ort,ort-gdn,hf,torch")
     parser.add_argument("--chunk-sizes", default="", help="portable body chunk sizes (default: the op's)")
+    parser.add_argument("--device", default="cpu", help="cpu, or cuda for torch, triton and fla")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--cpu-time", action="store_true", help="process CPU time instead of wall time")
@@ -168,6 +218,18 @@ def main() -> None:
         for n in (int(s) for s in args.seq_lens.split(",")):
             x = inputs(rule, n, seed=n)
             runners: dict[str, Callable[[], object]] = {}
+            if args.device != "cpu":
+                on_device = device_runners(x.to(args.device), rule, default, candidates)
+                with torch.no_grad():
+                    diffs = differences(on_device)
+                    best = best_of(
+                        {k: synchronised(r) for k, r in on_device.items()}, args.rounds, time.perf_counter
+                    )
+                line = "  ".join(f"{name} {ms:9.3f} ms" for name, ms in best.items())
+                agree = "  ".join(f"|{name}-torch| {d:.1e}" for name, d in diffs.items())
+                print(f"{rule:12s} N={n:6d}  {line}  {agree}", flush=True)
+                results.append({"rule": rule, "n": n, "ms": best, "max_abs_diff": diffs})
+                continue
             for size in sizes if "portable" in candidates else []:
                 runners[f"portable@{size}"] = onnx_runner(x, size, args.threads, None)
             if "ort" in candidates:
@@ -188,7 +250,14 @@ def main() -> None:
             results.append({"rule": rule, "n": n, "ms": best})
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"threads": args.threads, "cpu_time": args.cpu_time, "results": results}, f, indent=1)
+            device = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
+            summary = {
+                "device": device,
+                "threads": args.threads,
+                "cpu_time": args.cpu_time,
+                "results": results,
+            }
+            json.dump(summary, f, indent=1)
 
 
 def default_chunk(rule: str) -> int:

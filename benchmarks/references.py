@@ -118,6 +118,35 @@ def fla_reference(rule: str, x: Inputs) -> Reference:
     raise ValueError(f"no flash-linear-attention reference for rule {rule!r}")
 
 
+def fla_kernel(rule: str, x: Inputs) -> Reference:
+    """flash-linear-attention's compiled chunk kernel for ``rule`` (CUDA, or its interpreter through
+    ``attnx.adapters.fla.cpu``): the additive rules take v
+    scaled by beta, as :func:`fla_reference` does; the kernels without grouped value heads get q, k
+    repeated to them."""
+    scale = x.scale
+    if rule == "gated":
+        from fla.ops.simple_gla import chunk_simple_gla
+
+        q, k, v, g = _token_major(*_grouped(x), x.v * x.beta[..., None], x.g[..., 0])
+        return lambda: _head_major(chunk_simple_gla(q, k, v, g, scale=scale)[0])
+    if rule == "gla":
+        from fla.ops.gla import chunk_gla
+
+        q, k, v, g = _token_major(*_grouped(x), x.v * x.beta[..., None], x.g)
+        return lambda: _head_major(chunk_gla(q, k, v, g, scale=scale)[0])
+    if rule in ("delta", "gated_delta"):  # the delta rule is g = 0 (fla's chunk_delta_rule refuses float32)
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+
+        q, k, v, g, beta = _token_major(x.q, x.k, x.v, x.g[..., 0], x.beta)
+        return lambda: _head_major(chunk_gated_delta_rule(q, k, v, g, beta, scale=scale)[0])
+    if rule == "kda":
+        from fla.ops.kda import chunk_kda
+
+        q, k, v, g, beta = _token_major(x.q, x.k, x.v, x.g, x.beta)
+        return lambda: _head_major(chunk_kda(q, k, v, g, beta, scale=scale)[0])
+    raise ValueError(f"no flash-linear-attention kernel for rule {rule!r}")
+
+
 # rule -> {row name: builder}; HF has references only for the delta rules with a decay (the scalar-decay
 # lightning attention exists only inside MiniMax's layer: see gated_sidebyside.py's layer rows)
 HF = {
