@@ -132,9 +132,15 @@ class AdapterImpl:
             None for a module without limits or not its library's. attnx fits an
             export's default verify lengths (1, 7, 32, 129) to them, so an adapted model verifies with
             no flags (``attnx export --from``, ``attnx verify``); the manifest records them.
+        layers: ``layers(model) -> (owner, attribute) | None``: the decoder layer list of a model
+            this adapter converted something in (``getattr(owner, attribute)``, an ``nn.ModuleList``),
+            asked of the converted model; attnx converts one layer of each kind and stamps the others
+            (:mod:`attnx.exporter.repeat`). None: no list worth it. A module of the user's own names
+            its list with a ``repeated_layers()`` method instead.
     """
 
     convert: Callable[[Any], Any | None]
     needs_adapter: Callable[[Any], bool]
     load: Callable[[Path], tuple[Any, Any, Any, list[str]]] | None = None
     lengths: Callable[[Any], Lengths | None] | None = None
+    layers: Callable[[Any], tuple[Any, str] | None] | None = None

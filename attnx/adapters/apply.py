@@ -27,6 +27,9 @@ class Adapted:
     module: nn.Module
     adapters: list[str]
     lengths: Lengths | None = None  # what the library's modules accept, as adapters read them (None: any)
+    layers: tuple[nn.Module, str] | None = (
+        None  # the decoder layer list an adapter names (AdapterImpl.layers)
+    )
 
 
 def loaded_adapters(registry: Registry) -> tuple[list[tuple[Adapter, AdapterImpl]], dict[str, str]]:
@@ -88,7 +91,17 @@ def apply_adapters(module: nn.Module, registry: Registry | None = None) -> Adapt
         walk(model)
     model = root or model
     _refuse_leftovers(model, usable, registry, unusable)
-    return Adapted(model, used, Lengths.of(limits))
+    return Adapted(model, used, Lengths.of(limits), _layer_list(model, usable, used))
+
+
+def _layer_list(
+    model: nn.Module, usable: list[tuple[Adapter, AdapterImpl]], used: list[str]
+) -> tuple[nn.Module, str] | None:
+    """The decoder layer list the first adapter that converted something in ``model`` names, or None."""
+    for adapter, impl in usable:
+        if adapter.name in used and impl.layers is not None and (found := impl.layers(model)) is not None:
+            return found
+    return None
 
 
 def _refuse_leftovers(

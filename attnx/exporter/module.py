@@ -200,6 +200,7 @@ class ModuleAssembly:
     dtype: str = "fp32"
     keywords: bool = True  # the forward takes the inputs as keywords (example inputs were a dict)
     constants: dict[str, Any] = dataclasses.field(default_factory=dict)  # keyword constants of every call
+    layers: tuple[nn.Module, str] | None = None  # the adapted module's layer list, as an adapter named it
 
     every_tensor_exported = False  # model.onnx need not hold every tensor of the program
 
@@ -211,7 +212,9 @@ class ModuleAssembly:
         """The adapted module's layer stack worth stamping (:mod:`attnx.exporter.repeat`), its kinds read
         from the program (traced from ``FlatModule(adapted)``, whose attribute ``module`` it is); None
         when loaded from an export."""
-        return None if self.adapted is None else find_stack(self.adapted, self.program, "module")
+        if self.adapted is None:
+            return None
+        return find_stack(self.adapted, self.program, "module", named=self.layers)
 
     def tensors(self) -> dict[str, Any]:
         """The program's tensors by name (its state and constants), for the weight check."""
@@ -306,6 +309,7 @@ def build_module(source: ModuleSource, registry: Registry | None = None) -> Modu
         dtype=dtype,
         keywords=keywords,
         constants=constants,
+        layers=adapted.layers,
     )
 
 

@@ -10,11 +10,13 @@ own weights, its own state inputs and outputs (decode graphs), and the layer bef
 
 Layers are of one kind when ``torch.export`` traced them alike (:func:`traced_kinds`: the same ops on
 the same arguments up to names, each reading its own weights), so a layer whose caller passes it a
-constant (its index, choosing an adapter) is of its own kind. A module names its stack through a
-``repeated_layers()`` method (the Hugging Face hybrid adapter's model does); anything else exports as
-before. The ONNX graph says which node belongs to which layer (torch.onnx's name scopes); a graph whose
-layers do not pass one activation from each to the next (:class:`NotStampable`) is converted whole, as
-before. The default verify checks the result like any export (parity against the whole module's forward).
+constant (its index, choosing an adapter) is of its own kind. The adapter that converted a library's
+model names its decoder layers (:attr:`attnx.adapter.AdapterImpl.layers`: the Hugging Face hybrid and
+flash-linear-attention adapters do), a module of the user's own through a ``repeated_layers()`` method;
+anything else exports as before. The ONNX graph says which node belongs to which layer (torch.onnx's
+name scopes); a graph whose layers do not pass one activation from each to the next
+(:class:`NotStampable`) is converted whole, as before. The default verify checks the result like any
+export (parity against the whole module's forward).
 """
 
 from __future__ import annotations
@@ -78,24 +80,31 @@ class LayerStack:
         return {**dict(module.named_parameters()), **dict(module.named_buffers())}
 
 
-def find_stack(module: nn.Module, program: Any, under: str) -> LayerStack | None:
-    """The layer stack of ``module`` worth stamping: named by a submodule's ``repeated_layers()``, with
-    more layers than its prefix; None otherwise. ``program`` is the ``torch.export`` program of the whole
-    module, traced as the attribute ``under`` of its root; it decides which layers are alike
-    (:func:`traced_kinds`)."""
+def find_stack(
+    module: nn.Module, program: Any, under: str, named: tuple[nn.Module, str] | None = None
+) -> LayerStack | None:
+    """The layer stack of ``module`` worth stamping: ``named`` (owner, attribute: what the adapter that
+    converted the model names, :attr:`attnx.adapter.AdapterImpl.layers`), else what a submodule's
+    ``repeated_layers()`` names; with more layers than its prefix; None otherwise. ``program`` is the
+    ``torch.export`` program of the whole module, traced as the attribute ``under`` of its root; it
+    decides which layers are alike (:func:`traced_kinds`)."""
+    found = named or _named_by_module(module)
+    if found is None:
+        return None
+    owner, attribute = found
+    layers = tuple(getattr(owner, attribute))
+    stack = LayerStack(owner, attribute, layers, ())
+    kinds = traced_kinds(program, f"{under}.{stack.scope(module)}", layers)
+    stack = dataclasses.replace(stack, prototypes=_prototypes(kinds))
+    return stack if stack.prefix < len(layers) else None
+
+
+def _named_by_module(module: nn.Module) -> tuple[nn.Module, str] | None:
+    """What the first submodule with a ``repeated_layers()`` method names (None: nothing)."""
     for candidate in module.modules():
         named = getattr(candidate, "repeated_layers", None)
-        if not callable(named):
-            continue
-        found = named()
-        if found is None:
-            return None
-        owner, attribute = found
-        layers = tuple(getattr(owner, attribute))
-        stack = LayerStack(owner, attribute, layers, ())
-        kinds = traced_kinds(program, f"{under}.{stack.scope(module)}", layers)
-        stack = dataclasses.replace(stack, prototypes=_prototypes(kinds))
-        return stack if stack.prefix < len(layers) else None
+        if callable(named):
+            return named()
     return None
 
 

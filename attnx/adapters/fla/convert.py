@@ -33,6 +33,7 @@ from torch import nn
 from attnx.adapter import AdapterImpl
 from attnx.adapters.fla import cpu, layers, parts
 from attnx.adapters.fla.load import load
+from attnx.adapters.hf.layers import decoder_layers
 from attnx.errors import AttnxError
 
 # fla.modules classes whose forward runs a Triton kernel (the ones the library's models hold).
@@ -147,4 +148,4 @@ def needs_adapter(module: nn.Module) -> bool:
     return isinstance(module, (*lib.layers, *lib.native, *lib.feed_forwards))
 
 
-IMPL = AdapterImpl(convert=convert, needs_adapter=needs_adapter, load=load)
+IMPL = AdapterImpl(convert=convert, needs_adapter=needs_adapter, load=load, layers=decoder_layers)

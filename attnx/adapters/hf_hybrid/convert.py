@@ -11,6 +11,7 @@ from collections.abc import Iterator, Mapping
 from torch import nn
 
 from attnx.adapter import AdapterImpl, Lengths
+from attnx.adapters.hf.layers import decoder_layers
 from attnx.adapters.hf_hybrid.architecture import Architecture
 
 FAMILIES: dict[str, tuple[str, str]] = {
@@ -99,4 +100,4 @@ def lengths(module: nn.Module) -> Lengths | None:
     return limit if arch.longest is None else limit & Lengths(maximum=arch.longest(module.config))
 
 
-IMPL = AdapterImpl(convert=convert, needs_adapter=needs_adapter, lengths=lengths)
+IMPL = AdapterImpl(convert=convert, needs_adapter=needs_adapter, lengths=lengths, layers=decoder_layers)

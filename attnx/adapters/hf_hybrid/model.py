@@ -77,18 +77,6 @@ class HybridModel(nn.Module):
         self.model = model
         self.layer_types = None if layer_types is None else sorted(set(layer_types))
 
-    def repeated_layers(self) -> tuple[nn.Module, str] | None:
-        """The decoder's layer list as (owner, attribute), for :mod:`attnx.exporter.repeat`: the
-        ``nn.ModuleList`` of the config's ``num_hidden_layers`` layers (None if there is none)."""
-        config = getattr(self.model, "config", None)
-        text = config.get_text_config() if hasattr(config, "get_text_config") else config
-        count = getattr(text, "num_hidden_layers", None)
-        for owner in self.model.modules():
-            for name, child in owner.named_children():
-                if isinstance(child, nn.ModuleList) and len(child) == count:
-                    return owner, name
-        return None
-
     def forward(
         self,
         input_ids: torch.Tensor,

@@ -97,8 +97,8 @@ def digits() -> torch.Tensor:
     return torch.cat([17 + torch.from_numpy(data.target.astype(np.int64))[:, None], pixels], dim=1)
 
 
-def build(model_type: str) -> torch.nn.Module:
-    """A randomly initialised tiny causal LM of ``model_type`` (seeded)."""
+def build(model_type: str, **overrides: Any) -> torch.nn.Module:
+    """A randomly initialised tiny causal LM of ``model_type`` (seeded), ``overrides`` in its config."""
     import transformers
 
     from attnx.adapters.fla.cpu import import_library
@@ -107,7 +107,7 @@ def build(model_type: str) -> torch.nn.Module:
     import fla.models
 
     name, options = MODELS[model_type]
-    config = getattr(fla.models, name)(**TINY, **options)
+    config = getattr(fla.models, name)(**{**TINY, **options, **overrides})
     torch.manual_seed(0)
     return transformers.AutoModelForCausalLM.from_config(config)
 

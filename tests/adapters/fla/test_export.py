@@ -241,6 +241,33 @@ def test_a_users_rwkv7_block_passes_v_first_through_the_export(route, tmp_path):
     check_module_export(tmp_path, "1,9", (5, 63), module=RWKV7_MODULE)
 
 
+@pytest.mark.parametrize("model_type", ["gated_deltanet", pytest.param("rwkv6", marks=pytest.mark.slow)])
+def test_a_deep_library_model_converts_one_layer_of_each_kind_and_stamps_the_rest(
+    model_type, tmp_path, monkeypatch
+):
+    """Four layers: the adapter names the model's decoder layers, the export converts the first two and
+    stamps the others from the second (attnx.exporter.repeat), its own parity against the library's
+    whole forward passes, and the graph gives the library's logits across its chunk."""
+    from attnx.exporter import repeat
+    from attnx.exporter.module import build_module, from_source
+
+    stampings = []
+
+    def spy(model, stamping):
+        repeat.stamp(model, stamping)
+        stampings.append(stamping)
+
+    monkeypatch.setattr("attnx.exporter.trace.stamp", spy)
+    model = fla_models.build(model_type, num_hidden_layers=4).eval()
+    model.save_pretrained(tmp_path / "saved")
+    stack = build_module(from_source(f"fla:{tmp_path / 'saved'}")).layer_stack()
+    assert stack is not None and stack.prototypes == (0, 1, 1, 1)
+    export(["--from", f"fla:{tmp_path / 'saved'}"], tmp_path / "out")
+    assert len(stampings) == 1, "model.onnx was converted whole"
+    ids = ids_of(70, seed=70)
+    close(ort_logits(tmp_path / "out", ids), library_logits(model, ids), f"{model_type}, 4 layers stamped")
+
+
 @pytest.fixture(scope="module")
 def rwkv6_untrained(tmp_path_factory) -> tuple[Path, Path]:
     """An RWKV-6 model as the library initialises it (no training: the default run stays short), saved
