@@ -4,8 +4,12 @@ ONNX Runtime's own quantizer (``onnxruntime.quantization.matmul_nbits_quantizer`
 replaces each chosen ``MatMul`` by a ``com.microsoft::MatMulNBits`` holding the weight in blocks of
 ``block_size`` values along the input dimension, each block with its scale (and a zero point unless
 symmetric), and ONNX Runtime computes in float32 (``accuracy_level`` 0) or with int8 activations (4).
-The embedding table stays float32: ONNX Runtime's ``GatherBlockQuantized`` takes int4 tensors, which need
-IR version 10, past the IR version of the opsets attnx exports by default.
+A table that is both the embedding and the output head (tied weights, as Qwen3.5's) is stored once: the
+embedding's ``Gather`` becomes ``com.microsoft::GatherBlockQuantized`` reading the head's quantised blocks
+and scales (``uint8`` data with a ``bits`` attribute, so no int4 tensor type and no IR version 10), as the
+genai model builder does, and the float32 table leaves the graph (the 0.8B Qwen3.5: 1 GB of its 1.5).
+That takes the head's symmetric blocks (no zero points: not ``--asymmetric`` or HQQ) over a width that is a
+multiple of the block size; otherwise the table stays float32. An untied embedding stays float32.
 Activations, states, decays and gates stay float32; only weights are quantised.
 
 attnx chooses the precision per layer kind (:mod:`attnx.optimizer.layers`), folds a weight read through a
@@ -19,6 +23,7 @@ import collections
 from collections.abc import Mapping
 from pathlib import Path
 
+import numpy as np
 import onnx
 from onnx import numpy_helper
 from onnx.external_data_helper import load_external_data_for_tensor, uses_external_data
@@ -78,7 +83,8 @@ def quantize_weights(
     """``model`` (read from ``source``, its external data maybe not loaded) with its weight MatMuls
     quantised as ``section`` says; ``op_kinds``: attnx op type -> "attention" or "recurrent". Only the
     weights quantised are read. Returns the model and how many MatMuls went to each precision, by "kind
-    precision" (the gates: "gate fp32").
+    precision" (the gates: "gate fp32"), and the embeddings that now gather the head's blocks ("embedding
+    int4").
 
     Raises:
         AttnxError: no weight MatMul of a kind ``section`` quantises (e.g. a graph without projections).
@@ -96,15 +102,18 @@ def quantize_weights(
             load_external_data_for_tensor(tensor, str(source.parent))
             tensor.data_location = onnx.TensorProto.DEFAULT
             del tensor.external_data[:]
+    read_through = {m.node.output[0]: m.weight for m in chosen if m.transposed}  # product -> its weight
     _untranspose(model, [m for m in chosen if m.transposed], source.parent)
     for precision, bits in BITS.items():
         names = {m.node.name for m in chosen if section.precision[m.kind] == precision}
         if names:
             model = _run_quantizer(model, section, bits, names)
+    gathers = _gather_quantised_tables(model, read_through)
     _drop_unused_initializers(model)
     counts = collections.Counter(
         f"{m.kind} {'fp32' if m.kind == GATE else section.precision[m.kind]}" for m in matmuls
     )
+    counts.update(f"embedding int{bits}" for bits in gathers)
     return model, dict(sorted(counts.items()))
 
 
@@ -137,6 +146,66 @@ def _run_quantizer(
             if node.op_type == "MatMulNBits":
                 _set_int(node, "accuracy_level", section.accuracy_level)
     return quantized
+
+
+def _gather_quantised_tables(model: onnx.ModelProto, read_through: Mapping[str, str]) -> list[int]:
+    """Each row ``Gather`` of a weight that a ``MatMulNBits`` now holds transposed (``read_through``: that
+    MatMul's output -> the weight) reads its symmetric blocks instead (module docstring). Returns the bits
+    of each ``Gather`` replaced."""
+    graph = model.graph
+    heads = {
+        read_through[node.output[0]]: node
+        for node in graph.node
+        if node.op_type == "MatMulNBits"
+        and node.output[0] in read_through
+        and len(node.input) == 3  # no zero points
+        and _attribute(node, "K") % _attribute(node, "block_size") == 0
+    }
+    nodes, replaced = [], []
+    for node in graph.node:
+        head = (
+            heads.get(node.input[0]) if node.op_type == "Gather" and _attribute(node, "axis") == 0 else None
+        )
+        if head is None:
+            nodes.append(node)
+            continue
+        bits = _attribute(head, "bits")
+        replaced.append(bits)
+        nodes += _gather_blocks(graph, node, head, bits)
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return replaced
+
+
+def _gather_blocks(
+    graph: onnx.GraphProto, gather: onnx.NodeProto, head: onnx.NodeProto, bits: int
+) -> list[onnx.NodeProto]:
+    """``gather``'s rows from ``head``'s blocks: its (N, K / block, block * bits / 8) bytes as (N, K * bits
+    / 8) rows, dequantised by its scales."""
+    blocks, shape = f"{gather.output[0]}.blocks", f"{gather.output[0]}.blocks_shape"
+    row_bytes = _attribute(head, "K") * bits // 8
+    graph.initializer.append(
+        numpy_helper.from_array(np.array([_attribute(head, "N"), row_bytes], np.int64), shape)
+    )
+    return [
+        onnx.helper.make_node("Reshape", [head.input[1], shape], [blocks]),
+        onnx.helper.make_node(
+            "GatherBlockQuantized",
+            [blocks, gather.input[1], head.input[2]],
+            list(gather.output),
+            name=gather.name,
+            domain="com.microsoft",
+            bits=bits,
+            block_size=_attribute(head, "block_size"),
+            gather_axis=0,
+            quantize_axis=1,
+        ),
+    ]
+
+
+def _attribute(node: onnx.NodeProto, name: str) -> int:
+    """An int attribute of ``node`` (0 when absent: ``Gather``'s default axis)."""
+    return next((a.i for a in node.attribute if a.name == name), 0)
 
 
 def _untranspose(model: onnx.ModelProto, matmuls: list[LayerWeight], base: Path) -> None:

@@ -170,6 +170,70 @@ def test_layer_kinds_take_their_own_precision_and_gates_stay_float32(tmp_path):
         assert places == {DATA_FILE, "weights.safetensors"}, (key, places)
 
 
+def embedding_rows(graph_path, ids):
+    """The embedding of the lm graph at ``graph_path`` (its ``Gather`` or ``GatherBlockQuantized`` of
+    ``input_ids``, run alone with what it reads) on ``ids``, that node and the graph."""
+    model = onnx.load(str(graph_path))
+    node = next(n for n in model.graph.node if n.op_type.startswith("Gather") and "input_ids" in n.input)
+    producers = {out: n for n in model.graph.node for out in n.output}
+    nodes = [producers[name] for name in node.input if name in producers] + [node]
+    read = {name for n in nodes for name in n.input}
+    alone = onnx.helper.make_model(
+        onnx.helper.make_graph(
+            nodes,
+            "embedding",
+            [onnx.helper.make_tensor_value_info("input_ids", onnx.TensorProto.INT64, None)],
+            [onnx.helper.make_tensor_value_info(node.output[0], onnx.TensorProto.FLOAT, None)],
+            [t for t in model.graph.initializer if t.name in read],
+        ),
+        opset_imports=model.opset_import,
+        ir_version=model.ir_version,
+    )
+    session = ort.InferenceSession(alone.SerializeToString(), providers=["CPUExecutionProvider"])
+    return session.run(None, {"input_ids": ids})[0], node, model
+
+
+@pytest.fixture(scope="module")
+def tied_source(tmp_path_factory):
+    """A tiny lm whose embedding and output head are one table, exported with shared weights (as every
+    export from 1 GiB is), so the head reads the stored table through a Transpose."""
+    out = tmp_path_factory.mktemp("tied") / "out"
+    options = {**TINY, "export.decode": True, "export.shared_weights": True, "verify.seq_lens": [1, 5]}
+    export("gated_delta", out, model="lm", options=options)
+    return out
+
+
+@pytest.mark.parametrize(("flag", "bits"), [("int4", 4), ("int8", 8)])
+def test_a_tied_embedding_reads_the_heads_quantised_blocks(tied_source, tmp_path, flag, bits):
+    """The lm's embedding and output head are one table: quantised, the embedding gathers the head's own
+    blocks and scales (GatherBlockQuantized), so no graph holds the float32 table; its rows are the table's
+    up to the blocks' rounding, row by row. Asymmetric blocks (zero points) keep the float32 table."""
+    src = tied_source
+    ids = np.array([[0, 7, 49, 7, 3]], np.int64)
+    table, _, _ = embedding_rows(src / "model.onnx", ids)
+    out = tmp_path / flag
+    result = optimize(src, out, **{flag: True}, block_size=16, decode_tokens=0)
+    assert result.passed, (result.report.to_dict(), result.parity.to_dict())
+    opened = ExportDir.open(out)
+    for key in opened.manifest.optimized.graphs:
+        rows, node, model = embedding_rows(opened.file(key), ids)
+        assert node.op_type == "GatherBlockQuantized", key
+        head = next(n for n in model.graph.node if n.op_type == "MatMulNBits" and n.input[2] == node.input[2])
+        reshape = next(n for n in model.graph.node if n.output[0] == node.input[0])
+        assert (
+            reshape.input[0] == head.input[1]
+            and next(a.i for a in node.attribute if a.name == "bits") == bits
+        )
+        assert not any(t.name.endswith("embed.weight") for t in model.graph.initializer), key
+        error = np.abs(rows - table).max(axis=-1)  # per token: within the block's rounding, not another row's
+        assert (error <= np.abs(table).max(axis=-1) / (4 if bits == 4 else 64)).all(), (key, error)
+        assert (error > 0).all()
+    kept = optimize(src, tmp_path / "zero-points", int4=True, symmetric=False, block_size=16, decode_tokens=0)
+    assert kept.passed
+    _, node, _ = embedding_rows(tmp_path / "zero-points" / "model.onnx", ids)
+    assert node.op_type == "Gather"
+
+
 def test_an_encoder_is_gated_on_its_relative_error_and_refuses_the_text_gate(tmp_path):
     export("softmax", tmp_path / "enc", model="encoder", options={**TINY, "verify.seq_lens": [3]})
     result = optimize(tmp_path / "enc", tmp_path / "int4", int4=True)
