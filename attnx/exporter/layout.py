@@ -72,6 +72,23 @@ class Layout:
         self.before.append(helper.make_node("Constant", [], [tensor.name], value=tensor))
         return tensor.name
 
+    def computed_from(self, output: str, source_input: str) -> bool:
+        """Whether the source graph computes its output ``output`` from its input ``source_input``
+        (through its nodes, a subgraph's reads of outer values included): then no node can write
+        ``output`` before whatever reads ``source_input`` on the way has run."""
+        graph = self.proto.graph
+        producers = {name: node for node in graph.node for name in node.output}
+        seen, pending = set(), [output]
+        while pending:
+            name = pending.pop()
+            if name == source_input:
+                return True
+            if name in seen or name not in producers:
+                continue
+            seen.add(name)
+            pending += _reads(producers[name])
+        return False
+
     def node(
         self, op: str, inputs: Sequence[str], output: str, *, after: bool = False, **attrs: object
     ) -> str:
@@ -112,6 +129,16 @@ class Layout:
             spec.name = renamed
             typed.append(spec)
         return typed
+
+
+def _reads(node: onnx.NodeProto) -> list[str]:
+    """The values ``node`` reads: its inputs and every name its subgraphs mention (the outer values a
+    subgraph reads are among them; ONNX Runtime runs the node only once those exist)."""
+    names = list(node.input)
+    for attribute in node.attribute:
+        for subgraph in [attribute.g, *attribute.graphs] if attribute.type in (5, 10) else []:
+            names += [name for inner in subgraph.node for name in _reads(inner)]
+    return names
 
 
 def without_output_copies(model: onnx.ModelProto) -> onnx.ModelProto:

@@ -50,7 +50,10 @@ does one whose installed ONNX Runtime lacks a kernel a target body calls.
 
 genai on CPU binds a recurrent or conv state's input and output to one buffer, so the graph reads
 each such input once, by Slice nodes (copies) that every node writing its output depends on: the
-state is read before it is overwritten, whatever order ONNX Runtime runs the nodes in.
+state is read before it is overwritten, whatever order ONNX Runtime runs the nodes in. A state that is
+one tensor computed from that copy is then written by the node that computes it, not copied into the
+output (at the 0.8B Qwen3.5 shape, 36 copies a token: docs/benchmarks.md); one that is not (a token
+shift's carry: the last new token) keeps its copy, placed after the graph.
 """
 
 from __future__ import annotations
@@ -357,7 +360,8 @@ def _rename(layout: Layout, state: GenaiState, pair: StatePair) -> None:
 
 def _pack(layout: Layout, state: GenaiState, section: DecodeSection) -> None:
     """Slice each carried tensor off the one genai input (copies, read before anything writes the
-    shared buffer) and concatenate the next ones into the genai output."""
+    shared buffer) and concatenate the next ones into the genai output. A lone one computed from its copy
+    is that output: the node computing it writes genai's buffer only after the copy was read."""
     pairs = _carried(state, section)
     axes, dtype = _packed(pairs)
     rank = len(axes)
@@ -381,7 +385,10 @@ def _pack(layout: Layout, state: GenaiState, section: DecodeSection) -> None:
             layout.node("Squeeze", [sliced, last], layout.feed(pair.input))
             parts.append(layout.node("Unsqueeze", [output, last], f"{output}/packed", after=True))
         start += width
-    layout.node("Concat", parts, state.present, after=True, axis=rank - 1)
+    if len(parts) == 1 and layout.computed_from(pairs[0].output, pairs[0].input):  # written in place
+        layout.node("Identity", parts, state.present, after=True)
+    else:
+        layout.node("Concat", parts, state.present, after=True, axis=rank - 1)
 
 
 def _split(layout: Layout, parts: Sequence[GenaiState], pair: StatePair) -> None:

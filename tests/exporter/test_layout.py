@@ -7,7 +7,7 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper
 
-from attnx.exporter.layout import without_output_copies
+from attnx.exporter.layout import Layout, without_output_copies
 
 
 def cache_step() -> onnx.ModelProto:
@@ -52,3 +52,40 @@ def test_outputs_come_from_their_nodes_and_the_values_stay():
     assert "grown" not in {v.name for v in model.graph.value_info}
     for got, want in zip(run(model, feed), expected, strict=True):
         np.testing.assert_array_equal(got, want)
+
+
+def test_an_output_is_computed_from_an_input_only_through_the_nodes_between():
+    """``Layout.computed_from``: what genai's in-place states rely on. A token-shift carry (the last new
+    token) is not computed from the carry before it, however the graph is ordered; a value a subgraph
+    reads from outside counts as read."""
+    floats = TensorProto.FLOAT
+    branch = helper.make_graph(
+        [helper.make_node("Identity", ["carry"], ["picked"])],
+        "then",
+        [],
+        [helper.make_tensor_value_info("picked", floats, None)],
+    )
+    other = helper.make_graph(
+        [helper.make_node("Identity", ["new"], ["kept"])],
+        "else",
+        [],
+        [helper.make_tensor_value_info("kept", floats, None)],
+    )
+    nodes = [
+        helper.make_node("Concat", ["carry", "new"], ["window"], axis=0),
+        helper.make_node("ReduceSum", ["window"], ["out"]),
+        helper.make_node("Identity", ["new"], ["next_carry"]),
+        helper.make_node("If", ["flag"], ["chosen"], then_branch=branch, else_branch=other),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "shift",
+        [helper.make_tensor_value_info(n, floats, [1]) for n in ("carry", "new")]
+        + [helper.make_tensor_value_info("flag", TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info(n, floats, None) for n in ("out", "next_carry", "chosen")],
+    )
+    layout = Layout(helper.make_model(graph))
+    assert layout.computed_from("out", "carry")
+    assert not layout.computed_from("next_carry", "carry")
+    assert layout.computed_from("next_carry", "new")
+    assert layout.computed_from("chosen", "carry")

@@ -308,14 +308,21 @@ def test_genai_onnx_runs_onnx_runtimes_kernels_and_records_them(serve_export):
     assert not _kernels(onnx.load(str(plain / "genai.onnx"), load_external_data=False))
 
 
+@pytest.mark.parametrize("variant", ["softmax", "gated_delta"])
 @pytest.mark.parametrize("name", ["decode.onnx", "prefill.onnx", "genai.onnx"])
-def test_no_graph_output_is_a_copy_of_a_value_the_graph_computes(serve_export, name):
-    """A decode step returns its grown KV cache from the node that made it, not through an Identity copy
-    (ONNX Runtime copies the whole cache for one at every step)."""
-    graph = onnx.load(str(serve_export("softmax") / name), load_external_data=False).graph
+def test_no_graph_output_is_a_copy_of_a_value_the_graph_computes(serve_export, name, variant):
+    """A decode step returns its grown KV cache, and genai its recurrent and conv states, from the node that
+    made them, not through a copy (an Identity, or a Concat of one tensor: ONNX Runtime copies the whole
+    state for one at every step)."""
+    graph = onnx.load(str(serve_export(variant) / name), load_external_data=False).graph
     produced = {o for n in graph.node for o in n.output}
     outputs = {v.name for v in graph.output}
-    copies = [n for n in graph.node if n.op_type == "Identity" and n.output[0] in outputs]
+    copies = [
+        n
+        for n in graph.node
+        if (n.op_type == "Identity" or (n.op_type == "Concat" and len(n.input) == 1))
+        and n.output[0] in outputs
+    ]
     assert not [n.output[0] for n in copies if n.input[0] in produced]
 
 
