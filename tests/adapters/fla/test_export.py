@@ -241,13 +241,25 @@ def test_a_users_rwkv7_block_passes_v_first_through_the_export(route, tmp_path):
     check_module_export(tmp_path, "1,9", (5, 63), module=RWKV7_MODULE)
 
 
-@pytest.mark.parametrize("model_type", ["gated_deltanet", pytest.param("rwkv6", marks=pytest.mark.slow)])
+def test_a_deep_library_model_names_its_decoder_layers(tmp_path):
+    """Four layers: the adapter names the model's decoder layers (AdapterImpl.layers), so the export
+    would convert the first two and stamp the others from the second (the export itself: the slow test
+    below)."""
+    from attnx.exporter.module import build_module, from_source
+
+    fla_models.build("gated_deltanet", num_hidden_layers=4).eval().save_pretrained(tmp_path / "saved")
+    stack = build_module(from_source(f"fla:{tmp_path / 'saved'}")).layer_stack()
+    assert stack is not None and stack.prototypes == (0, 1, 1, 1)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model_type", ["gated_deltanet", "rwkv6"])
 def test_a_deep_library_model_converts_one_layer_of_each_kind_and_stamps_the_rest(
     model_type, tmp_path, monkeypatch
 ):
-    """Four layers: the adapter names the model's decoder layers, the export converts the first two and
-    stamps the others from the second (attnx.exporter.repeat), its own parity against the library's
-    whole forward passes, and the graph gives the library's logits across its chunk."""
+    """Four layers: the export converts the first two and stamps the others from the second
+    (attnx.exporter.repeat), its own parity against the library's whole forward passes, and the graph
+    gives the library's logits across its chunk."""
     from attnx.exporter import repeat
     from attnx.exporter.module import build_module, from_source
 
