@@ -27,9 +27,8 @@ class Adapted:
     module: nn.Module
     adapters: list[str]
     lengths: Lengths | None = None  # what the library's modules accept, as adapters read them (None: any)
-    layers: tuple[nn.Module, str] | None = (
-        None  # the decoder layer list an adapter names (AdapterImpl.layers)
-    )
+    # the decoder layer list an adapter names (AdapterImpl.layers)
+    layers: tuple[nn.Module, str] | None = None
 
 
 def loaded_adapters(registry: Registry) -> tuple[list[tuple[Adapter, AdapterImpl]], dict[str, str]]:

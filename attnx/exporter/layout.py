@@ -86,7 +86,7 @@ class Layout:
             if name in seen or name not in producers:
                 continue
             seen.add(name)
-            pending += _reads(producers[name])
+            pending += reads(producers[name])
         return False
 
     def node(
@@ -131,13 +131,15 @@ class Layout:
         return typed
 
 
-def _reads(node: onnx.NodeProto) -> list[str]:
-    """The values ``node`` reads: its inputs and every name its subgraphs mention (the outer values a
-    subgraph reads are among them; ONNX Runtime runs the node only once those exist)."""
+def reads(node: onnx.NodeProto) -> list[str]:
+    """The values ``node`` reads from its graph: its inputs and what its subgraphs read from outside
+    (ONNX Runtime runs the node only once those exist)."""
     names = list(node.input)
     for attribute in node.attribute:
         for subgraph in [attribute.g, *attribute.graphs] if attribute.type in (5, 10) else []:
-            names += [name for inner in subgraph.node for name in _reads(inner)]
+            inner = {v.name for v in subgraph.input} | {t.name for t in subgraph.initializer}
+            inner |= {out for n in subgraph.node for out in n.output}
+            names += [name for n in subgraph.node for name in reads(n) if name not in inner]
     return names
 
 

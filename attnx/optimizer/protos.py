@@ -9,6 +9,8 @@ from collections.abc import Iterator
 
 import onnx
 
+from attnx.exporter.layout import reads
+
 
 def topologically_sorted(model: onnx.ModelProto) -> onnx.ModelProto:
     """``model`` with its graph's nodes in an order where every value is made before it is read (ONNX
@@ -44,17 +46,6 @@ def name_nodes(model: onnx.ModelProto) -> None:
     """Give every unnamed node of ``model``'s graph a name (ONNX Runtime's tools tell nodes apart by it)."""
     for index, node in enumerate(model.graph.node):
         node.name = node.name or f"attnx_node_{index}"
-
-
-def reads(node: onnx.NodeProto) -> list[str]:
-    """The values ``node`` reads from its graph: its inputs and what its subgraphs read from outside."""
-    names = list(node.input)
-    for attribute in node.attribute:
-        for subgraph in [attribute.g, *attribute.graphs] if attribute.type in (5, 10) else []:
-            inner = {v.name for v in subgraph.input} | {t.name for t in subgraph.initializer}
-            inner |= {out for n in subgraph.node for out in n.output}
-            names += [name for n in subgraph.node for name in reads(n) if name not in inner]
-    return names
 
 
 @contextlib.contextmanager

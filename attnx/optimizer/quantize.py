@@ -29,9 +29,10 @@ from onnx import numpy_helper
 from onnx.external_data_helper import load_external_data_for_tensor, uses_external_data
 
 from attnx.errors import AttnxError
+from attnx.exporter.layout import reads
 from attnx.exporter.manifest import QuantizationSection
 from attnx.optimizer.layers import GATE, LAYER_KINDS, LayerWeight, classify
-from attnx.optimizer.protos import name_nodes, quiet_root_logger, reads
+from attnx.optimizer.protos import name_nodes, quiet_root_logger
 from attnx.optimizer.settings import ALGORITHMS, BLOCK_SIZES, DEFAULT_BLOCK_SIZE, PRECISIONS
 
 BITS = {"int4": 4, "int8": 8}
