@@ -82,6 +82,29 @@ def GatedChunks(x: FLOAT, pad: INT64, chunk: INT64) -> FLOAT:
 
 
 @onnxscript.script(LIBRARY, default_opset=op)
+def GatedCumulated(g: FLOAT, heads: INT64, pad: INT64, chunk: INT64) -> FLOAT:
+    """(b, hv, n, dg) log-decays -> their sums within each chunk, (b, hk, r, n_chunks, C, dg), zeros
+    appended to the sequence: the grouping and the chunking in one ``Reshape``. Written apart from
+    :func:`GatedGroup` and :func:`GatedChunks`, which the ``If`` branches of :func:`GatedCore` call: ONNX
+    Runtime names a function's inlined values by the function alone, so one function inlined both
+    outside and inside a branch gives a saved optimized model that ONNX Runtime refuses to load (a name
+    defined twice across scopes)."""
+    padded = op.Pad(
+        g, op.Concat(op.Constant(value_ints=[0, 0, 0, 0, 0, 0]), pad, op.Constant(value_ints=[0]), axis=0)
+    )
+    shape = op.Concat(
+        op.Shape(g, start=0, end=1),
+        heads,
+        op.Div(op.Shape(g, start=1, end=2), heads),
+        op.Constant(value_ints=[-1]),
+        chunk,
+        op.Shape(g, start=3),
+        axis=0,
+    )
+    return op.CumSum(op.Reshape(padded, shape), op.Constant(value_int=4))
+
+
+@onnxscript.script(LIBRARY, default_opset=op)
 def GatedLowerMask(length: INT64, diagonal: int) -> BOOL:
     """(length, length) bool, True on and below the diagonal ``diagonal`` (0: inclusive, -1: strict)."""
     ones = op.Expand(op.Constant(value=onnxscript.ir.tensor([True])), op.Concat(length, length, axis=0))
@@ -420,7 +443,7 @@ def GatedCore(
     chunk, size = GatedChunkLength(n, op.Reshape(op.Constant(value_int=chunk_size), [1]), wide_decay)
     pad = op.Sub(op.Mul(op.Div(op.Sub(op.Add(n, chunk), op.Constant(value_ints=[1])), chunk), chunk), n)
     chunked_g = op.Slice(g, op.Constant(value_ints=[0]), n, op.Constant(value_ints=[2]))
-    cumulated = op.CumSum(GatedChunks(GatedGroup(chunked_g, heads), pad, chunk), op.Constant(value_int=4))
+    cumulated = GatedCumulated(chunked_g, heads, pad, chunk)
     one_token = op.Squeeze(op.Equal(op.Shape(v, start=2, end=3), op.Constant(value_ints=[1])), [0])
     if one_token:
         out, final = GatedOneToken(q, k, v, g, beta, state, delta=delta, scale=scale)

@@ -261,3 +261,24 @@ def test_a_module_exports_through_the_translations(lowering):
         found = session.run(None, {spec.name: t.numpy() for spec, t in zip(inputs, values, strict=True)})
         for result, expected in zip(found, Layer()(*values), strict=True):
             torch.testing.assert_close(torch.from_numpy(result), expected, **TOLERANCE)
+
+
+@pytest.mark.parametrize("delta", [True, False], ids=["delta", "additive"])
+def test_onnx_runtime_reloads_the_graph_it_saves(delta, tmp_path):
+    """ONNX Runtime names a function's inlined values after the function alone: a body that inlines one
+    function both outside its ``If`` and in a branch saves an optimised graph that ONNX Runtime refuses
+    to load (one name defined in two scopes). The saved step graph loads and computes the step."""
+    shape = Shape(hk=2, hv=4, n=3, state=True, delta=delta)
+    inputs = draw(shape, seed=7)
+    call = harness.op_call(GATED_DELTA_RULE_STEP_OP, *inputs, delta, SCALE, shape.chunk)
+    model = lower(node_model(GATED_DELTA_RULE_STEP_OP, call), [GATED_DELTA_RULE_STEP_OP], "function")
+    saved = tmp_path / "optimized.onnx"
+    options = onnxruntime.SessionOptions()
+    options.optimized_model_filepath = str(saved)
+    onnxruntime.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    reloaded = onnxruntime.InferenceSession(str(saved), providers=["CPUExecutionProvider"])
+    feed = {i.name: call.bound()[i.name].numpy() for i in reloaded.get_inputs()}
+    out, grown = reloaded.run(None, feed)
+    expected_out, expected_state = gated_delta_rule_step(*inputs, delta, SCALE, shape.chunk)
+    torch.testing.assert_close(torch.from_numpy(out), expected_out, **TOLERANCE)
+    torch.testing.assert_close(torch.from_numpy(grown), expected_state, **TOLERANCE)
