@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 import onnx
+import onnx.inliner
 from onnx import helper, numpy_helper
 
 from attnx.exporter.lowering import check
@@ -172,6 +173,89 @@ def without_output_copies(model: onnx.ModelProto) -> onnx.ModelProto:
         typed = [v for v in graph.value_info if v.name not in names]
         del graph.value_info[:]
         graph.value_info.extend(typed)
+
+
+# ops whose output ONNX Runtime may hand out as a view of their input's buffer
+_VIEWS = {"Identity", "Reshape", "Squeeze", "Unsqueeze", "Flatten"}
+
+
+def without_input_copies(model: onnx.ModelProto, copies: Mapping[str, str]) -> onnx.ModelProto:
+    """``model`` reading a graph input in place where its copy was only a guard, in place.
+
+    ``copies`` maps the output of a copy of a graph input (the input read once, before a runtime writes the
+    same buffer) to the graph output that the runtime binds to that buffer (onnxruntime-genai's recurrent
+    and conv states). The copy goes where every node that reads it, or a view of it, is an ancestor of the
+    node writing that output, in the graph ONNX Runtime runs (local functions inlined, a subgraph's reads
+    of outer values counted): the buffer is then read to the end before anything writes it. A reader off
+    that path keeps its copy."""
+    graph, flat = model.graph, onnx.inliner.inline_local_functions(model).graph
+    inputs = {v.name for v in graph.input}
+    copying = {
+        node.output[0]: node
+        for node in graph.node
+        if node.output and node.output[0] in copies and node.input and node.input[0] in inputs
+    }
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for node in flat.node:
+        for name in set(reads(node)):
+            readers.setdefault(name, []).append(node)
+    producers = {name: node for node in flat.node for name in node.output}
+    names = {
+        copy: copying[copy].input[0]
+        for copy, output in copies.items()
+        if copy in copying
+        and _read_before([copy, copying[copy].input[0]], producers.get(output), readers, producers, copy)
+    }
+    kept = [_renamed(node, names) for node in graph.node if node.output[0] not in names]
+    del graph.node[:]
+    graph.node.extend(kept)
+    typed = [v for v in graph.value_info if v.name not in names]
+    del graph.value_info[:]
+    graph.value_info.extend(typed)
+    return model
+
+
+def _read_before(
+    names: list[str],
+    writer: onnx.NodeProto | None,
+    readers: Mapping[str, list[onnx.NodeProto]],
+    producers: Mapping[str, onnx.NodeProto],
+    copy: str,
+) -> bool:
+    """Whether every node but the copy (the node writing ``copy``) that reads the data of ``names``
+    (through views, and through the outputs of a node with subgraphs, conservatively) is a strict ancestor
+    of ``writer``."""
+    if writer is None:
+        return False
+    ancestors: set[int] = set()
+    pending = list(reads(writer))
+    while pending:
+        producer = producers.get(pending.pop())
+        if producer is not None and id(producer) not in ancestors:
+            ancestors.add(id(producer))
+            pending += reads(producer)
+    values, seen = list(names), set()
+    while values:
+        name = values.pop()
+        for node in readers.get(name, []):
+            if copy in node.output or id(node) in seen or not _reads_data(node, name):
+                continue
+            if node is writer or id(node) not in ancestors:
+                return False
+            seen.add(id(node))
+            if node.op_type in _VIEWS or any(a.type in (5, 10) for a in node.attribute):
+                values += list(node.output)
+    return True
+
+
+def _reads_data(node: onnx.NodeProto, name: str) -> bool:
+    """Whether ``node`` reads the elements of ``name`` (not only its shape, as ``Shape`` and ``Size`` do,
+    or its type, as ``CastLike`` does of its target)."""
+    if node.domain not in ("", "ai.onnx") or any(a.type in (5, 10) for a in node.attribute):
+        return True
+    if node.op_type in ("Shape", "Size"):
+        return False
+    return node.op_type != "CastLike" or node.input[0] == name
 
 
 def _renamed(node: onnx.NodeProto, names: dict[str, str]) -> onnx.NodeProto:

@@ -71,7 +71,7 @@ from attnx.decode.model import LOGITS, PAST_LENGTH, TOKENS
 from attnx.errors import AttnxError
 from attnx.exporter.assemble import Assembly, every_op
 from attnx.exporter.export import ExportJob, ExtraGraphs
-from attnx.exporter.layout import PREFIX, Layout, value, without_output_copies
+from attnx.exporter.layout import PREFIX, Layout, value, without_input_copies, without_output_copies
 from attnx.exporter.lowering import attnx_nodes, retarget
 from attnx.exporter.manifest import DecodeSection, GenaiSection, GenaiState, StatePair, TargetSection
 from attnx.exporter.module import ModuleAssembly
@@ -296,6 +296,7 @@ def decoder_layout(
         layout.node("Reshape", [first, layout.constant("one", [1])], past_length)
     layout.keep(LOGITS)
     parts: dict[str, list[GenaiState]] = {}
+    copies: dict[str, str] = {}
     for held in (s for s in state if s.part is not None):
         parts.setdefault(held.carries[0], []).append(held)
     for held in state:
@@ -305,7 +306,7 @@ def decoder_layout(
         elif held.role in CACHE_ROLES:
             _rename(layout, held, _carried(held, section)[0])
         elif held.carries:
-            _pack(layout, held, section)
+            copies.update(_pack(layout, held, section))
         else:
             _placeholder(layout, held, *shared_shape(held.role, section))
     built = layout.build("attnx_genai_decoder")
@@ -314,7 +315,7 @@ def decoder_layout(
         for dim in spec.type.tensor_type.shape.dim if spec.name in pasts else ():
             if dim.dim_param == BATCH:
                 dim.dim_param = batch
-    return without_output_copies(built)
+    return without_input_copies(without_output_copies(built), copies)
 
 
 def runtime_bodies(
@@ -358,10 +359,12 @@ def _rename(layout: Layout, state: GenaiState, pair: StatePair) -> None:
     layout.node("Identity", [layout.take(pair.output)], state.present, after=True)
 
 
-def _pack(layout: Layout, state: GenaiState, section: DecodeSection) -> None:
+def _pack(layout: Layout, state: GenaiState, section: DecodeSection) -> dict[str, str]:
     """Slice each carried tensor off the one genai input (copies, read before anything writes the
     shared buffer) and concatenate the next ones into the genai output. A lone one computed from its copy
-    is that output: the node computing it writes genai's buffer only after the copy was read."""
+    is that output: the node computing it writes genai's buffer only after the copy was read. Returns that
+    lone copy and the output (:func:`attnx.exporter.layout.without_input_copies` drops the copy where the
+    graph reads the state before it writes it)."""
     pairs = _carried(state, section)
     axes, dtype = _packed(pairs)
     rank = len(axes)
@@ -387,8 +390,9 @@ def _pack(layout: Layout, state: GenaiState, section: DecodeSection) -> None:
         start += width
     if len(parts) == 1 and layout.computed_from(pairs[0].output, pairs[0].input):  # written in place
         layout.node("Identity", parts, state.present, after=True)
-    else:
-        layout.node("Concat", parts, state.present, after=True, axis=rank - 1)
+        return {layout.renamed[pairs[0].input]: state.present} if len(pairs[0].axes) == rank else {}
+    layout.node("Concat", parts, state.present, after=True, axis=rank - 1)
+    return {}
 
 
 def _split(layout: Layout, parts: Sequence[GenaiState], pair: StatePair) -> None:

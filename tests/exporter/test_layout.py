@@ -1,13 +1,15 @@
-"""Graph layouts: ``without_output_copies`` returns the same values without the Identity copies."""
+"""Graph layouts: ``without_output_copies`` returns the same values without the Identity copies, and
+``without_input_copies`` reads a state in place only where nothing reads it after it is written."""
 
 from __future__ import annotations
 
 import numpy as np
 import onnx
 import onnxruntime as ort
+import pytest
 from onnx import TensorProto, helper
 
-from attnx.exporter.layout import Layout, without_output_copies
+from attnx.exporter.layout import Layout, without_input_copies, without_output_copies
 
 
 def cache_step() -> onnx.ModelProto:
@@ -89,3 +91,62 @@ def test_an_output_is_computed_from_an_input_only_through_the_nodes_between():
     assert not layout.computed_from("next_carry", "carry")
     assert layout.computed_from("next_carry", "new")
     assert layout.computed_from("chosen", "carry")
+
+
+def state_step(late_reader: str | None) -> onnx.ModelProto:
+    """A recurrent step as genai.onnx lays it out: the state read once through a copy, ``present = (copy +
+    x) * 2`` written by the last node; ``late_reader`` adds a reader of the copy that the writer does not
+    wait for: "direct" (an Add), "view" (a Reshape's reader), "branch" (an If branch reading it)."""
+    nodes = [
+        helper.make_node("Slice", ["past", "start", "end", "axis"], ["copy"]),
+        helper.make_node("Add", ["copy", "x"], ["grown"]),
+        helper.make_node("Mul", ["grown", "two"], ["present"]),
+        helper.make_node("Identity", ["x"], ["y"]),
+    ]
+    if late_reader == "direct":
+        nodes[-1] = helper.make_node("Sub", ["copy", "x"], ["y"])
+    elif late_reader == "view":
+        nodes[-1:] = [
+            helper.make_node("Reshape", ["copy", "flat"], ["view"]),
+            helper.make_node("ReduceSum", ["view"], ["y"], keepdims=0),
+        ]
+    elif late_reader == "branch":
+        branch = helper.make_graph(
+            [helper.make_node("Neg", ["copy"], ["read"])],
+            "then",
+            [],
+            [helper.make_tensor_value_info("read", TensorProto.FLOAT, None)],
+        )
+        nodes[-1] = helper.make_node("If", ["flag"], ["y"], then_branch=branch, else_branch=branch)
+    ints = [
+        helper.make_tensor(name, TensorProto.INT64, [len(v)], v)
+        for name, v in (("start", [0]), ("end", [3]), ("axis", [1]), ("flat", [-1]))
+    ]
+    floats = TensorProto.FLOAT
+    graph = helper.make_graph(
+        nodes,
+        "step",
+        [helper.make_tensor_value_info(n, floats, [2, 3]) for n in ("past", "x")],
+        [helper.make_tensor_value_info(n, floats, None) for n in ("present", "y")],
+        initializer=[
+            *ints,
+            helper.make_tensor("two", floats, [], [2.0]),
+            helper.make_tensor("flag", TensorProto.BOOL, [], [True]),
+        ],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+@pytest.mark.parametrize("late_reader", [None, "direct", "view", "branch"])
+def test_a_state_is_read_in_place_only_where_its_writer_waits_for_every_read(late_reader):
+    """genai binds a state's input and output to one buffer: the copy guarding the read goes only where
+    every reader of the state (through views and branches) is an ancestor of the node writing it; the
+    values stay the same either way."""
+    model = state_step(late_reader)
+    feed = {"past": np.arange(6, dtype=np.float32).reshape(2, 3), "x": np.ones((2, 3), np.float32)}
+    expected = run(model, feed)
+    without_input_copies(model, {"copy": "present"})
+    slices = [n for n in model.graph.node if n.op_type == "Slice"]
+    assert (not slices) == (late_reader is None)
+    for got, want in zip(run(model, feed), expected, strict=True):
+        np.testing.assert_array_equal(got, want)

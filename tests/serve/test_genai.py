@@ -348,3 +348,37 @@ def test_an_export_without_a_tokenizer_ends_at_the_models_own_end_token():
     assert model_specials(loaded, 27) == {"bos_token_id": 1, "eos_token_id": [5, 7]}
     assert model_specials(SimpleNamespace(adapted=torch.nn.Linear(2, 2)), 27) == {}
     assert model_specials(SimpleNamespace(), 27) == {}
+
+
+def test_genai_reads_its_states_in_place_from_one_buffer(serve_export):
+    """genai binds each recurrent and conv state's input and output to one buffer. genai.onnx reads those
+    states without a copy where its nodes read them before writing them, and with both names bound to one
+    buffer, as genai binds them, every step's logits are still the full forward's."""
+    out = serve_export("gated_delta")
+    graph = onnx.load(str(out / "genai.onnx"), load_external_data=False).graph
+    states = [v.name for v in graph.input if v.name.startswith("past.")]
+    assert states and not [n for n in graph.node if n.op_type == "Slice" and n.input[0] in states]
+    session = ort.InferenceSession(str(out / "genai.onnx"))
+    feeds = {
+        past: present
+        for present, past in genai_feeds(json.loads((out / "genai_config.json").read_text())).items()
+    }
+    ids = np.random.default_rng(11).integers(0, 50, size=(2, 9))
+    expected = full_logits(out, ids)
+    buffers = {name: np.ascontiguousarray(value) for name, value in zero_state(session, 2).items()}
+    shared = {name: ort.OrtValue.ortvalue_from_numpy(array) for name, array in buffers.items()}
+    start = 0
+    for stop in [5, 6, 7, 8, 9]:
+        binding = session.io_binding()
+        binding.bind_cpu_input("input_ids", np.ascontiguousarray(ids[:, start:stop]))
+        positions = np.broadcast_to(np.arange(start, stop), (2, stop - start))
+        binding.bind_cpu_input("position_ids", np.ascontiguousarray(positions))
+        for name, buffer in shared.items():
+            binding.bind_ortvalue_input(name, buffer)
+            binding.bind_ortvalue_output(feeds[name], buffer)
+        binding.bind_output("logits")
+        session.run_with_iobinding(binding)
+        logits = binding.copy_outputs_to_cpu()[-1]
+        np.testing.assert_allclose(logits, expected[:, start:stop], atol=2e-5, rtol=1e-4)
+        start = stop
+    assert all(np.abs(array).max() > 0 for array in buffers.values())  # written where they were read
