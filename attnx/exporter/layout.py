@@ -207,6 +207,10 @@ def without_input_copies(model: onnx.ModelProto, copies: Mapping[str, str]) -> o
         and _read_before([copy, copying[copy].input[0]], producers.get(output), readers, producers, copy)
     }
     kept = [_renamed(node, names) for node in graph.node if node.output[0] not in names]
+    read = {name for node in kept for name in reads(node)} | {v.name for v in graph.output}
+    kept = [
+        node for node in kept if node.op_type != "Constant" or node.output[0] in read
+    ]  # the copies' bounds
     del graph.node[:]
     graph.node.extend(kept)
     typed = [v for v in graph.value_info if v.name not in names]

@@ -53,7 +53,10 @@ each such input once, by Slice nodes (copies) that every node writing its output
 state is read before it is overwritten, whatever order ONNX Runtime runs the nodes in. A state that is
 one tensor computed from that copy is then written by the node that computes it, not copied into the
 output (at the 0.8B Qwen3.5 shape, 36 copies a token: docs/benchmarks.md); one that is not (a token
-shift's carry: the last new token) keeps its copy, placed after the graph.
+shift's carry: the last new token) keeps its copy, placed after the graph. Where every node reading
+such a lone state is an ancestor of the node writing it (Gated DeltaNet's recurrent state and conv
+carry), the input copy goes too and the state is read in place
+(:func:`attnx.exporter.layout.without_input_copies`): 36 more copies a token at that shape.
 """
 
 from __future__ import annotations

@@ -97,7 +97,12 @@ def state_step(late_reader: str | None) -> onnx.ModelProto:
     """A recurrent step as genai.onnx lays it out: the state read once through a copy, ``present = (copy +
     x) * 2`` written by the last node; ``late_reader`` adds a reader of the copy that the writer does not
     wait for: "direct" (an Add), "view" (a Reshape's reader), "branch" (an If branch reading it)."""
+    bounds = [
+        helper.make_node("Constant", [], [name], value=helper.make_tensor(name, TensorProto.INT64, [1], [v]))
+        for name, v in (("start", 0), ("end", 3), ("axis", 1))
+    ]
     nodes = [
+        *bounds,
         helper.make_node("Slice", ["past", "start", "end", "axis"], ["copy"]),
         helper.make_node("Add", ["copy", "x"], ["grown"]),
         helper.make_node("Mul", ["grown", "two"], ["present"]),
@@ -118,10 +123,6 @@ def state_step(late_reader: str | None) -> onnx.ModelProto:
             [helper.make_tensor_value_info("read", TensorProto.FLOAT, None)],
         )
         nodes[-1] = helper.make_node("If", ["flag"], ["y"], then_branch=branch, else_branch=branch)
-    ints = [
-        helper.make_tensor(name, TensorProto.INT64, [len(v)], v)
-        for name, v in (("start", [0]), ("end", [3]), ("axis", [1]), ("flat", [-1]))
-    ]
     floats = TensorProto.FLOAT
     graph = helper.make_graph(
         nodes,
@@ -129,7 +130,7 @@ def state_step(late_reader: str | None) -> onnx.ModelProto:
         [helper.make_tensor_value_info(n, floats, [2, 3]) for n in ("past", "x")],
         [helper.make_tensor_value_info(n, floats, None) for n in ("present", "y")],
         initializer=[
-            *ints,
+            helper.make_tensor("flat", TensorProto.INT64, [1], [-1]),
             helper.make_tensor("two", floats, [], [2.0]),
             helper.make_tensor("flag", TensorProto.BOOL, [], [True]),
         ],
@@ -148,5 +149,7 @@ def test_a_state_is_read_in_place_only_where_its_writer_waits_for_every_read(lat
     without_input_copies(model, {"copy": "present"})
     slices = [n for n in model.graph.node if n.op_type == "Slice"]
     assert (not slices) == (late_reader is None)
+    read = {name for n in model.graph.node for name in n.input}
+    assert all(o in read for n in model.graph.node if n.op_type == "Constant" for o in n.output)
     for got, want in zip(run(model, feed), expected, strict=True):
         np.testing.assert_array_equal(got, want)
