@@ -1,0 +1,107 @@
+#!/usr/bin/env python
+"""One decode step of onnxruntime-genai model directories in plain ONNX Runtime, states bound as genai does.
+
+    python benchmarks/genai_step.py attnx=OUT builder=BUILDER_DIR --context 256
+    python benchmarks/genai_step.py a=OUT1 b=OUT2 --context 4096 --rounds 8 --json step.json
+
+Each directory's decoder graph (``genai_config.json``'s ``model.decoder.filename``) runs one new token after
+``--context`` tokens of (random) state. Recurrent and conv states have their input and output bound to one
+``OrtValue``, as genai binds them on the CPU; a KV cache is bound the same way where the config shares past
+and present (``search.past_present_share_buffer``, a buffer of ``--context`` plus ``--capacity`` tokens),
+else its present is a new output each step, as genai's growing cache is. The step is timed without genai's
+own work around it (sampling, its cache bookkeeping), so graphs compare on their nodes alone. Prints the
+median of ``--steps`` steps per round, rounds interleaved over the directories, and the least median.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+
+TOKEN_INPUTS = ("input_ids", "position_ids", "attention_mask")
+
+
+def step_binding(directory: Path, context: int, capacity: int) -> tuple[ort.InferenceSession, Any]:
+    """The decoder's session and an IO binding of one token after ``context`` tokens of state."""
+    config = json.loads((directory / "genai_config.json").read_text())
+    decoder = config["model"]["decoder"]
+    shared = bool(config.get("search", {}).get("past_present_share_buffer", False))
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 2
+    options.log_severity_level = 3
+    session = ort.InferenceSession(
+        str(directory / decoder["filename"]), options, providers=["CPUExecutionProvider"]
+    )
+    head_size = decoder.get("head_size")
+    binding, rng = session.io_binding(), np.random.default_rng(0)
+    for spec in session.get_inputs():
+        if spec.name == "input_ids":
+            binding.bind_cpu_input(spec.name, np.array([[5]], dtype=np.int64))
+        elif spec.name == "position_ids":  # (batch, seq), or (3, batch, seq) for multimodal rotary
+            shape = [axis if isinstance(axis, int) else 1 for axis in spec.shape]
+            binding.bind_cpu_input(spec.name, np.full(shape, context, dtype=np.int64))
+        elif spec.name == "attention_mask":
+            binding.bind_cpu_input(spec.name, np.ones((1, context + 1), dtype=np.int64))
+        else:
+            cache = spec.name.startswith("past_key_values")
+            length = context + capacity if cache and shared else context
+            shape = [
+                1
+                if axis in ("batch", "batch_size")
+                else head_size
+                if axis == "kv_cache_dim"
+                else length
+                if isinstance(axis, str)
+                else axis
+                for axis in spec.shape
+            ]
+            state = ort.OrtValue.ortvalue_from_numpy((rng.standard_normal(shape) * 0.01).astype(np.float32))
+            binding.bind_ortvalue_input(spec.name, state)
+            present = spec.name.replace("past_key_values", "present").replace("past.", "present.")
+            if cache and not shared:
+                binding.bind_output(present)
+            else:
+                binding.bind_ortvalue_output(present, state)
+    binding.bind_output("logits")
+    return session, binding
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("models", nargs="+", help="NAME=DIR: an onnxruntime-genai model directory")
+    parser.add_argument("--context", type=int, default=256, help="tokens of state before the step")
+    parser.add_argument("--capacity", type=int, default=256, help="free tokens of a shared KV buffer")
+    parser.add_argument("--steps", type=int, default=15, help="steps per round (their median is kept)")
+    parser.add_argument("--rounds", type=int, default=6, help="rounds, interleaved over the models")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    named = dict(item.split("=", 1) for item in args.models)
+    runs = {name: step_binding(Path(path), args.context, args.capacity) for name, path in named.items()}
+    medians: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(args.rounds):
+        for name, (session, binding) in runs.items():
+            session.run_with_iobinding(binding)  # warm
+            times = []
+            for _ in range(args.steps):
+                start = time.perf_counter()
+                session.run_with_iobinding(binding)
+                times.append(1000 * (time.perf_counter() - start))
+            medians[name].append(round(statistics.median(times), 2))
+    rows = {name: {"medians_ms": values, "least_ms": min(values)} for name, values in medians.items()}
+    for name, row in rows.items():
+        print(f"{name:>16}  least {row['least_ms']:7.2f} ms  rounds {row['medians_ms']}")
+    if args.json:
+        args.json.write_text(json.dumps({"context": args.context, "rows": rows}, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
