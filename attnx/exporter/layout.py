@@ -188,18 +188,14 @@ def without_input_copies(model: onnx.ModelProto, copies: Mapping[str, str]) -> o
     node writing that output, in the graph ONNX Runtime runs (local functions inlined, a subgraph's reads
     of outer values counted): the buffer is then read to the end before anything writes it. A reader off
     that path keeps its copy."""
-    graph, flat = model.graph, onnx.inliner.inline_local_functions(model).graph
+    graph = model.graph
     inputs = {v.name for v in graph.input}
     copying = {
         node.output[0]: node
         for node in graph.node
         if node.output and node.output[0] in copies and node.input and node.input[0] in inputs
     }
-    readers: dict[str, list[onnx.NodeProto]] = {}
-    for node in flat.node:
-        for name in set(reads(node)):
-            readers.setdefault(name, []).append(node)
-    producers = {name: node for node in flat.node for name in node.output}
+    readers, producers = _run_graph_index(model)
     names = {
         copy: copying[copy].input[0]
         for copy, output in copies.items()
@@ -208,9 +204,7 @@ def without_input_copies(model: onnx.ModelProto, copies: Mapping[str, str]) -> o
     }
     kept = [_renamed(node, names) for node in graph.node if node.output[0] not in names]
     read = {name for node in kept for name in reads(node)} | {v.name for v in graph.output}
-    kept = [
-        node for node in kept if node.op_type != "Constant" or node.output[0] in read
-    ]  # the copies' bounds
+    kept = [node for node in kept if node.op_type != "Constant" or node.output[0] in read]  # bounds
     del graph.node[:]
     graph.node.extend(kept)
     typed = [v for v in graph.value_info if v.name not in names]
@@ -219,16 +213,38 @@ def without_input_copies(model: onnx.ModelProto, copies: Mapping[str, str]) -> o
     return model
 
 
+def read_before_written(model: onnx.ModelProto, state: str, output: str) -> bool:
+    """Whether every node of ``model`` that reads the data of graph input ``state`` (through views, ``If``
+    branches and inlined local functions) is a strict ancestor of the node writing graph output
+    ``output``: a runtime that binds both to one buffer reads the state to the end before it writes it,
+    whatever order it runs the nodes in."""
+    readers, producers = _run_graph_index(model)
+    return _read_before([state], producers.get(output), readers, producers)
+
+
+def _run_graph_index(
+    model: onnx.ModelProto,
+) -> tuple[dict[str, list[onnx.NodeProto]], dict[str, onnx.NodeProto]]:
+    """The readers and the producer of each value of the graph ONNX Runtime runs (local functions
+    inlined; a node reads what its subgraphs read from outside)."""
+    flat = onnx.inliner.inline_local_functions(model).graph
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for node in flat.node:
+        for name in set(reads(node)):
+            readers.setdefault(name, []).append(node)
+    return readers, {name: node for node in flat.node for name in node.output}
+
+
 def _read_before(
     names: list[str],
     writer: onnx.NodeProto | None,
     readers: Mapping[str, list[onnx.NodeProto]],
     producers: Mapping[str, onnx.NodeProto],
-    copy: str,
+    copy: str | None = None,
 ) -> bool:
     """Whether every node but the copy (the node writing ``copy``) that reads the data of ``names``
     (through views, and through the outputs of a node with subgraphs, conservatively) is a strict ancestor
-    of ``writer``."""
+    of ``writer``, or ``writer`` itself as an ``Identity`` (the state passed through unchanged)."""
     if writer is None:
         return False
     ancestors: set[int] = set()
@@ -242,10 +258,10 @@ def _read_before(
     while values:
         name = values.pop()
         for node in readers.get(name, []):
-            if copy in node.output or id(node) in seen or not _reads_data(node, name):
+            if (copy is not None and copy in node.output) or id(node) in seen or not _reads_data(node, name):
                 continue
-            if node is writer or id(node) not in ancestors:
-                return False
+            if id(node) not in ancestors and not (node is writer and node.op_type == "Identity"):
+                return False  # an Identity writing what it reads passes the buffer through
             seen.add(id(node))
             if node.op_type in _VIEWS or any(a.type in (5, 10) for a in node.attribute):
                 values += list(node.output)

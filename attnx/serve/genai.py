@@ -53,9 +53,9 @@ each such input once, by Slice nodes (copies) that every node writing its output
 state is read before it is overwritten, whatever order ONNX Runtime runs the nodes in. A state that is
 one tensor computed from that copy is then written by the node that computes it, not copied into the
 output (at the 0.8B Qwen3.5 shape, 36 copies a token: docs/benchmarks.md); one that is not (a token
-shift's carry: the last new token) keeps its copy, placed after the graph. Where every node reading
-such a lone state is an ancestor of the node writing it (Gated DeltaNet's recurrent state and conv
-carry), the input copy goes too and the state is read in place
+shift's carry: the last new token) waits for the copy by a data dependency (:func:`_after_read`), not
+by node order. Where every node reading such a lone state is an ancestor of the node writing it (Gated
+DeltaNet's recurrent state and conv carry), the input copy goes too and the state is read in place
 (:func:`attnx.exporter.layout.without_input_copies`): 36 more copies a token at that shape.
 """
 
@@ -385,17 +385,28 @@ def _pack(layout: Layout, state: GenaiState, section: DecodeSection) -> dict[str
         output = layout.take(pair.output)  # genai's name may be the decode graph's own (past.0.recurrent)
         if len(pair.axes) == rank:
             layout.node("Slice", [state.past, *bounds, last], layout.feed(pair.input))
-            parts.append(output)
         else:
             sliced = layout.node("Slice", [state.past, *bounds, last], f"{PREFIX}{pair.input}/sliced")
             layout.node("Squeeze", [sliced, last], layout.feed(pair.input))
-            parts.append(layout.node("Unsqueeze", [output, last], f"{output}/packed", after=True))
+            output = layout.node("Unsqueeze", [output, last], f"{output}/packed", after=True)
+        if not layout.computed_from(pair.output, pair.input):
+            output = _after_read(layout, output, layout.renamed[pair.input])
+        parts.append(output)
         start += width
     if len(parts) == 1 and layout.computed_from(pairs[0].output, pairs[0].input):  # written in place
         layout.node("Identity", parts, state.present, after=True)
         return {layout.renamed[pairs[0].input]: state.present} if len(pairs[0].axes) == rank else {}
     layout.node("Concat", parts, state.present, after=True, axis=rank - 1)
     return {}
+
+
+def _after_read(layout: Layout, part: str, copy: str) -> str:
+    """``part`` (a next state not computed from its state's copy: a token shift's carry) once ``copy`` exists:
+    an elementwise ``Where`` whose condition is read off the copy's size, so the node writing genai's buffer
+    waits for the copy by its inputs, not by ONNX Runtime's node order."""
+    size = layout.node("Size", [copy], f"{copy}/size", after=True)
+    never = layout.node("Less", [size, layout.constant(f"{copy}/zero", [0])], f"{copy}/read", after=True)
+    return layout.node("Where", [never, part, part], f"{part}/after_read", after=True)
 
 
 def _split(layout: Layout, parts: Sequence[GenaiState], pair: StatePair) -> None:

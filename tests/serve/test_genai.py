@@ -15,6 +15,7 @@ from attnx.decode.model import DecodeLayout
 from attnx.decode.parity import DECODE_PARITY, STEPS, decode_cases
 from attnx.exporter.assemble import assemble
 from attnx.exporter.directory import ExportDir
+from attnx.exporter.layout import read_before_written
 from attnx.exporter.manifest import DecodeSection, GraphIO, StatePair
 from attnx.models.spec import TensorSpec
 from attnx.parity.backends import BACKENDS
@@ -382,3 +383,18 @@ def test_genai_reads_its_states_in_place_from_one_buffer(serve_export):
         np.testing.assert_allclose(logits, expected[:, start:stop], atol=2e-5, rtol=1e-4)
         start = stop
     assert all(np.abs(array).max() > 0 for array in buffers.values())  # written where they were read
+
+
+def assert_states_read_before_written(out) -> None:
+    """Every recurrent and conv state of OUT's genai.onnx is read, by every node that reads it, before the
+    node writing its output runs, by the graph's data dependencies (genai binds the two to one buffer)."""
+    model = onnx.load(str(out / "genai.onnx"), load_external_data=False)
+    states = [v.name for v in model.graph.input if v.name.startswith("past.")]
+    assert states
+    late = [s for s in states if not read_before_written(model, s, s.replace("past.", "present.", 1))]
+    assert not late, f"read after genai's buffer may be written: {late}"
+
+
+@pytest.mark.parametrize("variant", ["cosformer", "gated_delta"])  # two packed tensors; a conv and a state
+def test_every_state_is_read_before_genai_writes_it(serve_export, variant):
+    assert_states_read_before_written(serve_export(variant))

@@ -21,6 +21,7 @@ from attnx.testing import hf_hybrid
 from tests.adapters.hf_hybrid.conftest import ARCHS
 from tests.helpers import run_cli
 from tests.plugins import op_harness as harness
+from tests.serve.test_genai import assert_states_read_before_written
 
 TOLERANCE = get_registry().variant("softmax").tolerance
 NEW_TOKENS = 200
@@ -63,6 +64,7 @@ def test_genai_config_names_each_layers_state(decode_export, trained, arch):
     from attnx.exporter.directory import ExportDir
 
     out = decode_export(arch)
+    assert_states_read_before_written(out)  # genai binds each state's input and output to one buffer
     genai_model = json.loads((out / "genai_config.json").read_text())["model"]
     # the adapter's limit: max_position_embeddings (Mamba2: none), RecurrentGemma's attention window
     limit = lengths(trained(arch)).maximum or DEFAULT_CONTEXT
