@@ -79,8 +79,7 @@ MIXERS = {
         "attention",
     ),
     "conv": ("conv",),
-    "full_attention": ("self_attn", "mixer", "shared_transformer.self_attn"),
-    "sliding_attention": ("temporal_block",),
+    "full_attention": ("self_attn", "mixer", "shared_transformer.self_attn", "temporal_block"),
 }
 # layer types that are another kind for these tests: Qwen4-Exp's indexed attention is full attention within
 # its indexer's budget (which the recipe sets to its positions' reach), RecurrentGemma's local attention
