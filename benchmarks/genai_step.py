@@ -25,8 +25,6 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-TOKEN_INPUTS = ("input_ids", "position_ids", "attention_mask")
-
 
 def step_binding(directory: Path, context: int, capacity: int) -> tuple[ort.InferenceSession, Any]:
     """The decoder's session and an IO binding of one token after ``context`` tokens of state."""
@@ -52,16 +50,8 @@ def step_binding(directory: Path, context: int, capacity: int) -> tuple[ort.Infe
         else:
             cache = spec.name.startswith("past_key_values")
             length = context + capacity if cache and shared else context
-            shape = [
-                1
-                if axis in ("batch", "batch_size")
-                else head_size
-                if axis == "kv_cache_dim"
-                else length
-                if isinstance(axis, str)
-                else axis
-                for axis in spec.shape
-            ]
+            sizes = {"batch": 1, "batch_size": 1, "kv_cache_dim": head_size}
+            shape = [axis if isinstance(axis, int) else sizes.get(axis, length) for axis in spec.shape]
             state = ort.OrtValue.ortvalue_from_numpy((rng.standard_normal(shape) * 0.01).astype(np.float32))
             binding.bind_ortvalue_input(spec.name, state)
             present = spec.name.replace("past_key_values", "present").replace("past.", "present.")

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -77,18 +77,8 @@ class Layout:
         """Whether the source graph computes its output ``output`` from its input ``source_input``
         (through its nodes, a subgraph's reads of outer values included): then no node can write
         ``output`` before whatever reads ``source_input`` on the way has run."""
-        graph = self.proto.graph
-        producers = {name: node for node in graph.node for name in node.output}
-        seen, pending = set(), [output]
-        while pending:
-            name = pending.pop()
-            if name == source_input:
-                return True
-            if name in seen or name not in producers:
-                continue
-            seen.add(name)
-            pending += reads(producers[name])
-        return False
+        producers = {name: node for node in self.proto.graph.node for name in node.output}
+        return source_input in _upstream([output], producers)
 
     def node(
         self, op: str, inputs: Sequence[str], output: str, *, after: bool = False, **attrs: object
@@ -144,6 +134,17 @@ def reads(node: onnx.NodeProto) -> list[str]:
     return names
 
 
+def _upstream(names: Iterable[str], producers: Mapping[str, onnx.NodeProto]) -> set[str]:
+    """``names`` and every value they are computed from (through their producers' :func:`reads`)."""
+    seen, pending = set(), list(names)
+    while pending:
+        name = pending.pop()
+        if name not in seen:
+            seen.add(name)
+            pending += reads(producers[name]) if name in producers else []
+    return seen
+
+
 def without_output_copies(model: onnx.ModelProto) -> onnx.ModelProto:
     """``model`` with every graph output that an ``Identity`` copies from a value its nodes compute written
     by that value's node instead (the value renamed to the output), in place.
@@ -188,6 +189,8 @@ def without_input_copies(model: onnx.ModelProto, copies: Mapping[str, str]) -> o
     node writing that output, in the graph ONNX Runtime runs (local functions inlined, a subgraph's reads
     of outer values counted): the buffer is then read to the end before anything writes it. A reader off
     that path keeps its copy."""
+    if not copies:
+        return model
     graph = model.graph
     inputs = {v.name for v in graph.input}
     copying = {
@@ -247,13 +250,7 @@ def _read_before(
     of ``writer``, or ``writer`` itself as an ``Identity`` (the state passed through unchanged)."""
     if writer is None:
         return False
-    ancestors: set[int] = set()
-    pending = list(reads(writer))
-    while pending:
-        producer = producers.get(pending.pop())
-        if producer is not None and id(producer) not in ancestors:
-            ancestors.add(id(producer))
-            pending += reads(producer)
+    ancestors = {id(producers[name]) for name in _upstream(reads(writer), producers) if name in producers}
     values, seen = list(names), set()
     while values:
         name = values.pop()

@@ -389,11 +389,12 @@ def _pack(layout: Layout, state: GenaiState, section: DecodeSection) -> dict[str
             sliced = layout.node("Slice", [state.past, *bounds, last], f"{PREFIX}{pair.input}/sliced")
             layout.node("Squeeze", [sliced, last], layout.feed(pair.input))
             output = layout.node("Unsqueeze", [output, last], f"{output}/packed", after=True)
-        if not layout.computed_from(pair.output, pair.input):
+        computed = layout.computed_from(pair.output, pair.input)
+        if not computed:
             output = _after_read(layout, output, layout.renamed[pair.input])
         parts.append(output)
         start += width
-    if len(parts) == 1 and layout.computed_from(pairs[0].output, pairs[0].input):  # written in place
+    if len(parts) == 1 and computed:  # written in place
         layout.node("Identity", parts, state.present, after=True)
         return {layout.renamed[pairs[0].input]: state.present} if len(pairs[0].axes) == rank else {}
     layout.node("Concat", parts, state.present, after=True, axis=rank - 1)

@@ -15,6 +15,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 
+from attnx.plugins.gated import attnx_register_variants
 from tests.ecosystem.subjects import Subject, feed, in_default_run, subjects
 from tests.ecosystem.tools import TOOLS, Tool
 
@@ -32,7 +33,7 @@ TRANSFORMERS_OPTIMIZER_SORTS_OUT_BRANCH_READS = (
     "graph_topological_sort), placing a value an If branch reads after the If: use attnx optimize --fuse "
     "(onnxscript's fusions for ONNX Runtime) on gated-family exports"
 )
-GATED_FAMILY = {"gated_delta", "retention"}
+GATED_FAMILY = {variant.name for variant in attnx_register_variants()}
 SUBJECTS = subjects()
 # the default run gives each expensive tool one graph (the first variant's lm prefill, or encoder), the
 # others the graphs of in_default_run
