@@ -1,21 +1,30 @@
 #!/usr/bin/env python
-"""One decode step of onnxruntime-genai model directories in plain ONNX Runtime, states bound as genai does.
+"""One decode step of onnxruntime-genai model directories, in plain ONNX Runtime (states bound as genai
+binds them) or in onnxruntime-genai itself.
 
     python benchmarks/genai_step.py attnx=OUT builder=BUILDER_DIR --context 256
     python benchmarks/genai_step.py a=OUT1 b=OUT2 --context 4096 --rounds 8 --json step.json
+    python benchmarks/genai_step.py attnx=OUT builder=BUILDER_DIR --context 4096 --runtime genai --rounds 1
 
 Each directory's decoder graph (``genai_config.json``'s ``model.decoder.filename``) runs one new token after
 ``--context`` tokens of (random) state. Recurrent and conv states have their input and output bound to one
 ``OrtValue``, as genai binds them on the CPU; a KV cache is bound the same way where the config shares past
 and present (``search.past_present_share_buffer``, a buffer of ``--context`` plus ``--capacity`` tokens),
 else its present is a new output each step, as genai's growing cache is. The step is timed without genai's
-own work around it (sampling, its cache bookkeeping), so graphs compare on their nodes alone. Prints the
-median of ``--steps`` steps per round, rounds interleaved over the directories, and the least median.
+own work around it (sampling, its cache bookkeeping), so graphs compare on their nodes alone.
+
+``--runtime genai`` times what a user gets instead: ``onnxruntime_genai`` generates greedily after a prompt
+of ``--context`` random token ids (its ``max_length`` the prompt, the steps and one more, which sizes a
+shared KV buffer), each ``generate_next_token`` timed; the prompt's time is printed too.
+
+Prints the median of ``--steps`` steps per round, rounds interleaved over the directories, and the least
+median.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import time
@@ -63,6 +72,39 @@ def step_binding(directory: Path, context: int, capacity: int) -> tuple[ort.Infe
     return session, binding
 
 
+def plain_step(run: tuple[ort.InferenceSession, Any], steps: int) -> list[float]:
+    """``steps`` one-token steps of a :func:`step_binding` in plain ONNX Runtime (ms), after a warm-up."""
+    session, binding = run
+    session.run_with_iobinding(binding)
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        session.run_with_iobinding(binding)
+        times.append(1000 * (time.perf_counter() - start))
+    return times
+
+
+def genai_steps(model: Any, directory: Path, context: int, steps: int) -> list[float]:
+    """``steps`` greedy tokens of onnxruntime-genai ``model`` (of ``directory``) after a random prompt of
+    ``context`` ids (ms each; the first, which follows the prompt, left out)."""
+    import onnxruntime_genai as og
+
+    vocab = json.loads((directory / "genai_config.json").read_text())["model"]["vocab_size"]
+    prompt = np.random.default_rng(0).integers(1, min(vocab, 1000), size=(1, context)).astype(np.int32)
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=context + steps + 2, do_sample=False)
+    generator = og.Generator(model, params)
+    start = time.perf_counter()
+    generator.append_tokens(prompt)
+    print(f"{directory}: prompt of {context} tokens {time.perf_counter() - start:.1f} s", flush=True)
+    times = []
+    for _ in range(steps + 1):
+        start = time.perf_counter()
+        generator.generate_next_token()
+        times.append(1000 * (time.perf_counter() - start))
+    return times[1:]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -72,25 +114,31 @@ def main() -> None:
     parser.add_argument("--capacity", type=int, default=256, help="free tokens of a shared KV buffer")
     parser.add_argument("--steps", type=int, default=15, help="steps per round (their median is kept)")
     parser.add_argument("--rounds", type=int, default=6, help="rounds, interleaved over the models")
+    parser.add_argument("--runtime", choices=("ort", "genai"), default="ort", help="what runs the steps")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    named = dict(item.split("=", 1) for item in args.models)
-    runs = {name: step_binding(Path(path), args.context, args.capacity) for name, path in named.items()}
-    medians: dict[str, list[float]] = {name: [] for name in runs}
+    named = {name: Path(path) for name, path in (item.split("=", 1) for item in args.models)}
+    if args.runtime == "genai":
+        import onnxruntime_genai as og
+
+        models = {name: og.Model(str(directory)) for name, directory in named.items()}
+        run = {
+            name: functools.partial(genai_steps, models[name], named[name], args.context, args.steps)
+            for name in named
+        }
+    else:
+        bound = {name: step_binding(named[name], args.context, args.capacity) for name in named}
+        run = {name: functools.partial(plain_step, bound[name], args.steps) for name in named}
+    medians: dict[str, list[float]] = {name: [] for name in named}
     for _ in range(args.rounds):
-        for name, (session, binding) in runs.items():
-            session.run_with_iobinding(binding)  # warm
-            times = []
-            for _ in range(args.steps):
-                start = time.perf_counter()
-                session.run_with_iobinding(binding)
-                times.append(1000 * (time.perf_counter() - start))
-            medians[name].append(round(statistics.median(times), 2))
+        for name in named:
+            medians[name].append(round(statistics.median(run[name]()), 2))
     rows = {name: {"medians_ms": values, "least_ms": min(values)} for name, values in medians.items()}
     for name, row in rows.items():
         print(f"{name:>16}  least {row['least_ms']:7.2f} ms  rounds {row['medians_ms']}")
     if args.json:
-        args.json.write_text(json.dumps({"context": args.context, "rows": rows}, indent=2) + "\n")
+        report = {"context": args.context, "runtime": args.runtime, "rows": rows}
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
 
 
 if __name__ == "__main__":

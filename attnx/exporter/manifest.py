@@ -273,6 +273,9 @@ class GenaiSection:
     # the bodies of this graph's attnx ops when they are not the export's: genai.onnx takes ONNX Runtime's
     # kernels (target "ort") where its ops declare them, since only ONNX Runtime runs it
     target: TargetSection | None = None
+    # genai.onnx's KV caches in one buffer that past and present share (search.past_present_share_buffer,
+    # attnx.serve.kv_buffer); False: they grow by concatenation, as in decode.onnx
+    shared_kv: bool = False
 
 
 @dataclasses.dataclass

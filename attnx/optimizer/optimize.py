@@ -2,7 +2,8 @@
 
 The source export is read through :class:`attnx.exporter.directory.ExportDir`; every graph it lists
 (model.onnx, and prefill/decode graphs when present) is transformed (:mod:`attnx.optimizer.graphs`;
-genai.onnx, the decode graph under onnxruntime-genai's names, is laid out again from the new decode graph),
+genai.onnx, the decode graph under onnxruntime-genai's names, is laid out again from the new decode graph;
+one whose KV caches share a buffer from it before the whole-graph steps, which it then takes itself),
 the other files are copied (a TensorRT engine is dropped: it was built from the float32 graph), and the
 manifest records what was done (:class:`attnx.exporter.manifest.OptimizedSection`). Everything goes into
 a staged directory that becomes OUT2 only when complete. The torch model rebuilt from the source (float32
@@ -244,36 +245,61 @@ def _write_files(
         held = getattr(export.manifest, key)
         if held is not None:  # the runtime's decoder, from the new decode graph
             derived[key] = functools.partial(decoder.layout, held=held, ops=export.ops())
+    # A decoder whose KV caches share a buffer finds its attention among attnx's ops, which the whole-graph
+    # steps inline (attnx.serve.kv_buffer): it is laid out from the decode graph after the weight-only step
+    # alone, then takes the others itself.
+    early = {key for key in derived if getattr(getattr(export.manifest, key), "shared_kv", False)}
+    later = [step for step in steps if step not in WEIGHT_ONLY] if early else []
+    first = [step for step in steps if step not in later]
     if section is not None and prefill_is_decode(section):
         derived["prefill"] = prefill_of
     shared = SharedData(staging) if _keeps_external_data(export.file("model")) else None
     files = {}
+    decode_path = export.manifest.files["decode"].path if section is not None else ""
+    before_later: onnx.ModelProto | None = None  # the decode graph before the ``later`` steps
     order = sorted(export.manifest.files.items(), key=lambda item: (item[0] in derived, item[0] in graphs))
     for key, record in order:  # the weights first: a graph may keep pointing into them
         if key == "engine":
             continue
         if key in derived:  # the new decode graph under a runtime's names, or from the empty state
-            decode_path = export.manifest.files["decode"].path
             decode = onnx.load(str(staging / decode_path), load_external_data=False)
-            laid_out = derived[key](decode, section)
+            laid_out = derived[key](before_later if key in early and later else decode, section)
             if shared is not None:
                 shared.offload(laid_out)
             save_onnx(laid_out, staging / record.path)
             report_progress(f"{record.path}: made from the new {decode_path}")
+            if key in early and later:
+                made = transform(staging / record.path, staging / record.path, later, kept, shared)
+                report_progress(_made(record.path, made))
         elif key in graphs:
             report_progress(f"{' + '.join(steps)}: {record.path}")
+            split = key == "decode" and bool(later)
             made = transform(
-                export.file(key), staging / record.path, steps, kept, shared, quantization, op_kinds
+                export.file(key),
+                staging / record.path,
+                first if split else steps,
+                kept,
+                shared,
+                quantization,
+                op_kinds,
             )
+            if split:
+                before_later = onnx.load(str(staging / record.path), load_external_data=False)
+                made |= transform(staging / record.path, staging / record.path, later, kept, shared)
             if quantization is not None or "fuse" in steps:
-                listed = ", ".join(f"{count} {name}" for name, count in made.items())
-                report_progress(f"{record.path}: made {listed or 'nothing (no fusion pattern matched)'}")
+                report_progress(_made(record.path, made))
         else:
             shutil.copyfile(export.file(key), staging / record.path)
         files[key] = record_file(staging, record.path)
     if shared is not None and shared.used:
         files[DATA_KEY] = record_file(staging, DATA_FILE)
     return files
+
+
+def _made(path: str, made: Mapping[str, int]) -> str:
+    """The progress line saying what the steps made of graph ``path``."""
+    listed = ", ".join(f"{count} {name}" for name, count in made.items())
+    return f"{path}: made {listed or 'nothing (no fusion pattern matched)'}"
 
 
 def _keeps_external_data(graph: Path) -> bool:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import onnx
 
+from attnx.errors import AttnxError
 from attnx.exporter.lowering import retarget
 from attnx.exporter.manifest import DecodeSection, GenaiSection
 from attnx.serve import genai, transformers_js
@@ -36,9 +37,24 @@ class RuntimeDecoder:
         self, decode: onnx.ModelProto, section: DecodeSection, held: GenaiSection, ops: Sequence[AttentionOp]
     ) -> onnx.ModelProto:
         """``decode`` (the decode graph of ``section``) as this runtime's decoder with state ``held``, its
-        attnx ops (of ``ops``) on the lowering target ``held`` records where it records one."""
+        attnx ops (of ``ops``) on the lowering target ``held`` records where it records one, its KV caches
+        in shared buffers where ``held`` says so.
+
+        Raises:
+            AttnxError: ``held`` shares the caches' buffers and the new decode graph's caches cannot.
+        """
         laid_out = genai.decoder_layout(decode, section, held.state, self.batch, self.positions(section))
-        return laid_out if held.target is None else retarget(laid_out, ops, held.target.name)
+        if held.target is not None:
+            laid_out = retarget(laid_out, ops, held.target.name)
+        if not held.shared_kv:
+            return laid_out
+        shared = genai.shared_kv_buffers(laid_out, held.state)
+        if shared is None:
+            raise AttnxError(
+                f"the new decode graph's KV caches no longer take the buffer {self.runtime} shares between "
+                "past and present; optimise without the step that changed the attention layers"
+            )
+        return shared
 
 
 DECODERS = {

@@ -10,8 +10,11 @@ through a :class:`attnx.exporter.layout.Layout`:
 * ``position_ids`` (batch, seq) int64 replaces ``past_length``: the position of the first new
   token is ``position_ids[0, 0]`` (every row shares it, as in attnx's decode graphs);
 * a KV cache layer's ``key``/``value`` are ``past_key_values.<layer>.key/value`` in and
-  ``present.<layer>.key/value`` out (genai grows them; ``past_present_share_buffer`` is off:
-  attnx's cache grows by concatenation, it does not write into a buffer of the maximum length);
+  ``present.<layer>.key/value`` out: one buffer of ``max_length`` positions that past and present share
+  (``search.past_present_share_buffer``; genai allocates it once and binds it to both), written in place
+  and attended over where it lies (:func:`shared_kv_buffers`, :mod:`attnx.serve.kv_buffer`);
+  where a layer's attention does not take it, every cache grows by concatenation as in decode.onnx, and
+  genai allocates a grown present each step;
 * a recurrent layer's ``recurrent`` tensors are genai's one ``past.<layer>.recurrent`` (batch, H,
   D_k, D_v) in and ``present.<layer>.recurrent`` out: a single 4-d state as it is, several
   concatenated along the last axis (linear/cosFormer: S (batch, heads, F, d) and Z (batch, heads, F)
@@ -83,6 +86,7 @@ from attnx.exporter.store import WeightStore
 from attnx.exporter.targets import check_target, target_section
 from attnx.exporter.trace import attnx_ops, save_onnx
 from attnx.recipes import ExportSettings
+from attnx.serve.kv_buffer import Cache, share_kv_buffers
 from attnx.serve.tokenizer import CONFIG_FILE, TOKENIZER_FILE, describe, load_tokenizer
 from attnx.state import CACHE_ROLES
 from attnx.targets import PORTABLE
@@ -321,6 +325,20 @@ def decoder_layout(
     return without_input_copies(without_output_copies(built), copies)
 
 
+def shared_kv_buffers(proto: onnx.ModelProto, state: Sequence[GenaiState]) -> onnx.ModelProto | None:
+    """``proto`` (genai.onnx, on ONNX Runtime's kernels) with its KV caches in buffers that past and present
+    share, as genai holds them with ``past_present_share_buffer`` (:mod:`attnx.serve.kv_buffer`); None where
+    a cache layer is not in the form that takes it (genai then grows every cache)."""
+    caches = [
+        Cache(key.past, value.past, key.present, value.present)
+        for key in state
+        if key.role == "key"
+        for value in state
+        if value.role == "value" and value.layer == key.layer
+    ]
+    return share_kv_buffers(proto, caches, f"{PREFIX}{PAST_LENGTH}", TOKENS)
+
+
 def runtime_bodies(
     proto: onnx.ModelProto, ops: Sequence[AttentionOp], settings: ExportSettings
 ) -> TargetSection | None:
@@ -449,11 +467,16 @@ def _heads(section: DecodeSection) -> tuple[int, int]:
 
 
 def genai_config(
-    section: DecodeSection, state: Sequence[GenaiState], context: int, specials: dict[str, Any]
+    section: DecodeSection,
+    state: Sequence[GenaiState],
+    context: int,
+    specials: dict[str, Any],
+    shared_kv: bool = False,
 ) -> dict[str, Any]:
     """``genai_config.json`` of an lm decode export, from its decode section: ``state`` its genai state
     (the name templates are those of the roles it holds), ``context`` the longest sequence, ``specials``
-    the tokenizer's bos/eos/pad ids (None unknown)."""
+    the tokenizer's bos/eos/pad ids (None unknown), ``shared_kv`` whether genai.onnx takes its KV caches
+    in buffers that past and present share (genai then allocates them once, ``max_length`` long)."""
     heads, head_size = _heads(section)
     roles = [role for role in PAST if any(s.role == role for s in state)]
     positions = position_input(section)
@@ -488,7 +511,12 @@ def genai_config(
             "full_attention" if kind == "kv-cache" else "conv" for kind in section.layers
         ]
         model["decoder"]["conv_cache_size"] = int(shared_shape("conv", section)[0][-1])
-    search = {"do_sample": False, "num_beams": 1, "max_length": context, "past_present_share_buffer": False}
+    search = {
+        "do_sample": False,
+        "num_beams": 1,
+        "max_length": context,
+        "past_present_share_buffer": shared_kv,
+    }
     return {"model": model, "search": search}
 
 
@@ -555,6 +583,9 @@ class GenaiDecoder:
             return ExtraGraphs({}, [], None)
         proto = genai_layout(onnx.load(str(directory / DECODE_FILE), load_external_data=False), section)
         target = runtime_bodies(proto, every_op(assembly), settings)
+        state = genai_state(section)
+        shared = shared_kv_buffers(proto, state) if settings.lowering == "function" else None
+        proto = proto if shared is None else shared
         save_onnx(proto, directory / GENAI_FILE)
         specials = model_specials(assembly, section.vocab_size)
         if (directory / TOKENIZER_FILE).is_file():
@@ -562,12 +593,11 @@ class GenaiDecoder:
             tokenizer = load_tokenizer(directory / TOKENIZER_FILE)
             named = vars(describe(tokenizer, config, section.vocab_size, TOKENIZER_FILE))
             specials |= {key: i for key, i in named.items() if i is not None}  # the tokenizer's first
-        state = genai_state(section)
-        config = genai_config(section, state, context_length(assembly), specials)
+        config = genai_config(section, state, context_length(assembly), specials, shared is not None)
         text = json.dumps(config, indent=2) + "\n"
         (directory / GENAI_CONFIG).write_text(text, encoding="utf-8")
         files = {"genai": GENAI_FILE, "genai_config": GENAI_CONFIG}
-        return ExtraGraphs(files, attnx_ops(proto), GenaiSection(state, target))
+        return ExtraGraphs(files, attnx_ops(proto), GenaiSection(state, target, shared is not None))
 
 
 GENAI = GenaiDecoder()

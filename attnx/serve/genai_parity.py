@@ -5,9 +5,10 @@
 onnxruntime-genai or a transformers.js decoder (:data:`DECODERS`). For each verify length n, the
 same prompts as decode parity (n + ``STEPS`` random ids, through the torch model's full forward
 once) run on each requested ONNX Runtime backend (the runtimes' own): the first n ids after an empty
-state (a length-0 KV cache, zero recurrent and conv state) with ``position_ids`` (or ``attention_mask``,
-which genai's LFM2 contract takes instead), then one id at a time with each step's ``present*`` outputs
-fed back as the inputs the manifest's section pairs them with. Every position is compared with the full
+state (a length-0 KV cache, or a zero buffer where past and present share one; zero recurrent and conv
+state) with ``position_ids`` (or ``attention_mask``, which genai's LFM2 contract takes instead), then one
+id at a time with each step's ``present*`` outputs fed back as the inputs the manifest's section pairs
+them with. Every position is compared with the full
 forward by the one parity rule; the rows are named "<backend> genai" (or "<backend> transformers.js")
 and read like decode parity's.
 """
@@ -31,21 +32,24 @@ from attnx.parity.report import BackendParity, Comparison
 from attnx.parity.runners import ORT_NAMES, BackendSkipped, Graph
 from attnx.serve.decoders import DECODERS
 from attnx.serve.genai import ATTENTION_MASK, BATCH, POSITION_IDS
+from attnx.serve.kv_buffer import BUFFER_AXIS
 from attnx.variant import Tolerance
 
 LOGITS, INPUT_IDS = "logits", "input_ids"
 
 
 def empty_state(
-    runner: BaseRunner, state: Sequence[GenaiState], batch: int, axis: str = BATCH
+    runner: BaseRunner, state: Sequence[GenaiState], batch: int, capacity: int, axis: str = BATCH
 ) -> dict[str, np.ndarray]:
-    """A runtime's state before the first token: every state input zero, with its symbolic dims 0 (a KV
-    cache of length 0) and its batch ``axis`` ``batch``."""
+    """A runtime's state before the first token: every state input zero, with its batch ``axis``
+    ``batch``, a KV buffer that past and present share ``capacity`` positions long (genai's
+    ``max_length``), its other symbolic dims 0 (a KV cache of length 0)."""
+    sizes = {axis: batch, BUFFER_AXIS: capacity}
     empty = {}
     pasts = {s.past for s in state}
     for name, meta in runner.get_input_metadata().items():
         if name in pasts:
-            shape = [batch if d == axis else d if isinstance(d, int) else 0 for d in meta.shape]
+            shape = [d if isinstance(d, int) else sizes.get(d, 0) for d in meta.shape]
             empty[name] = np.zeros(shape, dtype=DataType.to_dtype(meta.dtype, "numpy"))
     return empty
 
@@ -61,7 +65,7 @@ def genai_positions(
     batch, total = run.ids.shape
     feeds = {s.present: s.past for s in state}
     masked = ATTENTION_MASK in runner.get_input_metadata()  # genai's LFM2 contract (genai.position_input)
-    carried, start, rows = empty_state(runner, state, batch, axis), 0, []
+    carried, start, rows = empty_state(runner, state, batch, total, axis), 0, []
     for stop in [run.length, *range(run.length + 1, total + 1)]:
         if masked:
             positions = {ATTENTION_MASK: np.ones((batch, stop), dtype=np.int64)}

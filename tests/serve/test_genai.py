@@ -30,6 +30,8 @@ from attnx.serve.genai import (
     shared_shape,
 )
 from attnx.serve.genai_parity import GENAI_PARITY, genai_positions
+from attnx.serve.kv_buffer import BUFFER_AXIS
+from attnx.state import GROWING
 from tests.conftest import TINY
 from tests.helpers import run_cli
 from tests.models.cases import capabilities, decoders, one_per_kind
@@ -43,12 +45,13 @@ def full_logits(out, ids: np.ndarray) -> np.ndarray:
     return session.run(["logits"], {"input_ids": ids})[0]
 
 
-def zero_state(session: ort.InferenceSession, batch: int) -> dict[str, np.ndarray]:
-    """genai's empty state: every input but the tokens and positions zero, a KV cache of length 0."""
-    state = {}
+def zero_state(session: ort.InferenceSession, batch: int, capacity: int) -> dict[str, np.ndarray]:
+    """genai's empty state: every input but the tokens and positions zero, a KV cache of length 0, or a KV
+    buffer of ``capacity`` positions where past and present share it."""
+    state, sizes = {}, {"batch": batch, BUFFER_AXIS: capacity}
     for spec in session.get_inputs():
         if spec.name not in ("input_ids", "position_ids"):
-            shape = [batch if d == "batch" else 0 if isinstance(d, str) else d for d in spec.shape]
+            shape = [sizes.get(d, 0) if isinstance(d, str) else d for d in spec.shape]
             state[spec.name] = np.zeros(shape, dtype=np.float32)
     return state
 
@@ -74,14 +77,14 @@ def test_genai_graph_computes_the_full_forward(serve_export, variant):
     for batch, prompt, total in [(1, 1, 6), (2, 5, 9)]:
         ids = np.random.default_rng(prompt).integers(0, 50, size=(batch, total))
         expected = full_logits(out, ids)
-        state, start = zero_state(session, batch), 0
+        state, start = zero_state(session, batch, total), 0
         for stop in [prompt, *range(prompt + 1, total + 1)]:
             positions = np.broadcast_to(np.arange(start, stop), (batch, stop - start))
             feed = {"input_ids": ids[:, start:stop], "position_ids": np.ascontiguousarray(positions), **state}
             outputs = dict(zip(names, session.run(None, feed), strict=True))
             np.testing.assert_allclose(outputs["logits"], expected[:, start:stop], atol=2e-5, rtol=1e-4)
             state = {feeds[k]: v for k, v in outputs.items() if k != "logits"}
-            assert set(state) == set(zero_state(session, batch))  # every output feeds an input back
+            assert set(state) == set(zero_state(session, batch, total))  # every output feeds an input back
             start = stop
 
 
@@ -99,18 +102,21 @@ def test_genai_names_and_config(serve_export, variant):
     config = json.loads((out / "genai_config.json").read_text())
     decoder = config["model"]["decoder"]
     assert config["model"]["type"] == "decoder" and decoder["filename"] == "genai.onnx"
-    assert decoder["num_hidden_layers"] == 2 and config["search"]["past_present_share_buffer"] is False
+    shared = capabilities(variant).decode == "kv-cache"  # genai holds a KV cache in one buffer
+    assert decoder["num_hidden_layers"] == 2 and config["search"]["past_present_share_buffer"] is shared
     assert config["model"]["eos_token_id"] == 1  # "</s>" of the tokenizer
     names = GENAI_NAMES[capabilities(variant).decode]
     assert set(shapes) == {"input_ids", "position_ids"} | {name % i for i in (0, 1) for name in names}
     assert {key: decoder["inputs"][key] for key in names.values()} == {v: k for k, v in names.items()}
     manifest = ExportDir.open(out).manifest
     assert {"genai", "genai_config", "tokenizer", "tokenizer_config"} <= set(manifest.files)
+    assert manifest.genai.shared_kv is shared
     for state in manifest.genai.state:  # what each genai tensor carries, from the layer's roles
         carried = [s for s in manifest.decode.state if s.input in state.carries]
         assert {s.role for s in carried} <= {state.role} and state.past in shapes
         if len(carried) == 1:  # one tensor (a gated layer's S, its conv carry) is carried as it is
-            assert shapes[state.past][1:] == list(carried[0].axes[1:])
+            buffer = [BUFFER_AXIS if axis == GROWING else axis for axis in carried[0].axes[1:]]
+            assert shapes[state.past][1:] == buffer if shared else list(carried[0].axes[1:])
         elif state.role in ("recurrent", "conv") and carried:  # packed along the last axis
             assert shapes[state.past][-1] == sum(s.axes[-1] if len(s.axes) == 4 else 1 for s in carried)
     declares_conv = any(s.role == "conv" for s in manifest.decode.state)
@@ -351,13 +357,15 @@ def test_an_export_without_a_tokenizer_ends_at_the_models_own_end_token():
     assert model_specials(SimpleNamespace(), 27) == {}
 
 
-def test_genai_reads_its_states_in_place_from_one_buffer(serve_export):
-    """genai binds each recurrent and conv state's input and output to one buffer. genai.onnx reads those
-    states without a copy where its nodes read them before writing them, and with both names bound to one
-    buffer, as genai binds them, every step's logits are still the full forward's."""
-    out = serve_export("gated_delta")
+@pytest.mark.parametrize("variant", ["gated_delta", "softmax"])
+def test_genai_reads_its_states_in_place_from_one_buffer(serve_export, variant):
+    """genai binds each recurrent and conv state's input and output to one buffer, and a KV cache's where
+    the config shares them (past_present_share_buffer). genai.onnx reads those states without a copy where
+    its nodes read them before writing them, and with both names bound to one buffer, as genai binds them,
+    every step's logits are still the full forward's."""
+    out = serve_export(variant)
     graph = onnx.load(str(out / "genai.onnx"), load_external_data=False).graph
-    states = [v.name for v in graph.input if v.name.startswith("past.")]
+    states = [v.name for v in graph.input if v.name.startswith("past")]
     assert states and not [n for n in graph.node if n.op_type == "Slice" and n.input[0] in states]
     session = ort.InferenceSession(str(out / "genai.onnx"))
     feeds = {
@@ -366,7 +374,7 @@ def test_genai_reads_its_states_in_place_from_one_buffer(serve_export):
     }
     ids = np.random.default_rng(11).integers(0, 50, size=(2, 9))
     expected = full_logits(out, ids)
-    buffers = {name: np.ascontiguousarray(value) for name, value in zero_state(session, 2).items()}
+    buffers = {name: np.ascontiguousarray(value) for name, value in zero_state(session, 2, 9).items()}
     shared = {name: ort.OrtValue.ortvalue_from_numpy(array) for name, array in buffers.items()}
     start = 0
     for stop in [5, 6, 7, 8, 9]:

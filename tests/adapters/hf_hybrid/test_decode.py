@@ -89,6 +89,10 @@ def test_genai_config_names_each_layers_state(decode_export, trained, arch):
         assert {f"past.{i}.{role}" for role in roles if i in recurrent} <= set(dims), (i, held, sorted(dims))
     if any("key" in held for held in layers):
         assert decoder["inputs"]["past_key_names"] == "past_key_values.%d.key"
+    # every attention layer's cache in the buffer genai shares between past and present
+    shared = any("key" in held for held in layers)
+    assert ExportDir.open(out).manifest.genai.shared_kv is shared
+    assert json.loads((out / "genai_config.json").read_text())["search"]["past_present_share_buffer"] is shared
     if convs_alone:
         assert decoder["layer_types"] == [
             "conv" if i in recurrent else "full_attention" for i in range(len(layers))
