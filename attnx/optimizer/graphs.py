@@ -27,6 +27,7 @@ from importlib import metadata
 from pathlib import Path
 
 import onnx
+import onnx.inliner
 
 from attnx.domains import DOMAIN
 from attnx.errors import AttnxError, first_line
@@ -99,7 +100,7 @@ def transform(
     if "slim" in steps:
         import onnxslim
 
-        model = onnxslim.slim(model)
+        model = onnxslim.slim(for_onnxslim(model))
     if "fuse" in steps:
         model, fused = fuse_for_ort(model, source.name)
         made.update(fused)
@@ -120,6 +121,18 @@ def transform(
     save_onnx(model, target)
     check_loads(target, steps)
     return made
+
+
+def for_onnxslim(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` with its local functions inlined where its main graph also holds subgraphs (an ``If`` of
+    a genai.onnx whose KV caches share a buffer): onnxslim's graph sorter (0.1.x) then recurses without end
+    (``get_used_funcs`` walks the main graph's subgraphs for every function); otherwise as it is."""
+    nested = any(
+        a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+        for n in model.graph.node
+        for a in n.attribute
+    )
+    return onnx.inliner.inline_local_functions(model) if nested and model.functions else model
 
 
 def fuse_for_ort(model: onnx.ModelProto, name: str) -> tuple[onnx.ModelProto, Made]:
