@@ -429,7 +429,8 @@ def _prompt(match: _Match, at: _Positions, name: str, elem_type: int) -> onnx.Gr
         helper.make_node("Reshape", [f"{name}prompt/tokens", f"{name}prompt/heads"], [f"{name}prompt/split"])
     )
     nodes.append(helper.make_node("Transpose", [f"{name}prompt/split"], [out], perm=[0, 2, 1, 3]))
-    return helper.make_graph(nodes, f"{name}prompt/graph", [], [helper.make_tensor_value_info(out, elem_type, None)])
+    output = helper.make_tensor_value_info(out, elem_type, None)
+    return helper.make_graph(nodes, f"{name}prompt/graph", [], [output])
 
 
 def _constant(name: str, values: Sequence[int]) -> onnx.NodeProto:

@@ -92,7 +92,8 @@ def test_genai_config_names_each_layers_state(decode_export, trained, arch):
     # every attention layer's cache in the buffer genai shares between past and present
     shared = any("key" in held for held in layers)
     assert ExportDir.open(out).manifest.genai.shared_kv is shared
-    assert json.loads((out / "genai_config.json").read_text())["search"]["past_present_share_buffer"] is shared
+    search = json.loads((out / "genai_config.json").read_text())["search"]
+    assert search["past_present_share_buffer"] is shared
     if convs_alone:
         assert decoder["layer_types"] == [
             "conv" if i in recurrent else "full_attention" for i in range(len(layers))
