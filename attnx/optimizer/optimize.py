@@ -262,8 +262,11 @@ def _write_files(
         if key == "engine":
             continue
         if key in derived:  # the new decode graph under a runtime's names, or from the empty state
-            decode = onnx.load(str(staging / decode_path), load_external_data=False)
-            laid_out = derived[key](before_later if key in early and later else decode, section)
+            if key in early and before_later is not None:
+                decode = before_later
+            else:
+                decode = onnx.load(str(staging / decode_path), load_external_data=False)
+            laid_out = derived[key](decode, section)
             if shared is not None:
                 shared.offload(laid_out)
             save_onnx(laid_out, staging / record.path)

@@ -235,7 +235,7 @@ def _rewrite(
     model: onnx.ModelProto, matches: Sequence[_Match], past_length: str, tokens: str
 ) -> onnx.ModelProto:
     """``model`` with each match's attention on the shared buffer, in place: its nodes where the attention
-    node was, the positions they take computed once before the first."""
+    node was, the positions and scatter indices they take computed once before the first that reads them."""
     graph = model.graph
     dtypes = {v.name: v.type.tensor_type.elem_type for v in graph.input}  # a cache's: the activations'
     shared = {name for m in matches for name in dataclasses.astuple(m.cache)}
@@ -248,11 +248,16 @@ def _rewrite(
     by_attention = {id(m.nodes[-1]): m for m in matches}
     nodes: list[onnx.NodeProto] = []
     positions: _Positions | None = None
+    indices: dict[int, str] = {}  # kv heads -> the scatter indices, the same for every layer of that count
     for node in graph.node:
         match = by_attention.get(id(node))
         if match is not None:
             positions = positions or _positions(nodes, past_length, tokens)
-            nodes += _in_place_attention(match, positions, dtypes[match.cache.past_key])
+            if match.kv_heads not in indices:
+                indices[match.kv_heads] = _scatter_indices(nodes, match.kv_heads, positions)
+            nodes += _in_place_attention(
+                match, positions, indices[match.kv_heads], dtypes[match.cache.past_key]
+            )
         elif id(node) not in gone and node.output[0] not in copies:
             node.input[:] = [copies.get(name, name) for name in node.input]
             nodes.append(node)
@@ -274,13 +279,15 @@ def _rewrite(
 @dataclasses.dataclass(frozen=True)
 class _Positions:
     """The values every layer's attention reads, computed once (int64 (1,) unless said): the earlier tokens,
-    the new ones, their sum, the batch; ``seqlens`` (int32 (batch,): each row's last valid index) and
-    ``total`` (int32 scalar) for GroupQueryAttention; ``one_token`` (bool scalar: a decode step)."""
+    the new ones, their sum, the batch; ``lengths`` (int32 (batch,): each row's valid length) for
+    MultiHeadAttention; ``seqlens`` (int32 (batch,): each row's last valid index) and ``total`` (int32
+    scalar) for GroupQueryAttention; ``one_token`` (bool scalar: a decode step)."""
 
     past: str
     new: str
     total64: str
     batch: str
+    lengths: str
     seqlens: str
     total: str
     one_token: str
@@ -299,28 +306,29 @@ def _positions(nodes: list[onnx.NodeProto], past_length: str, tokens: str) -> _P
     new = add("Shape", [tokens], "new", start=1, end=2)
     total = add("Add", [past_length, new], "total")
     batch = add("Shape", [tokens], "batch", start=0, end=1)
+    lengths = add("Expand", [add("Cast", [total], "total32", to=onnx.TensorProto.INT32), batch], "lengths")
     last = add("Cast", [add("Sub", [total, one], "last64")], "last", to=onnx.TensorProto.INT32)
     seqlens = add("Expand", [last, batch], "seqlens_k")
     length = add(
         "Cast", [add("Squeeze", [total], "total_scalar")], "total_sequence_length", to=onnx.TensorProto.INT32
     )
     one_token = add("Squeeze", [add("Equal", [new, one], "one_token1")], "one_token")
-    return _Positions(past_length, new, total, batch, seqlens, length, one_token)
+    return _Positions(past_length, new, total, batch, lengths, seqlens, length, one_token)
 
 
-def _in_place_attention(match: _Match, at: _Positions, elem_type: int) -> list[onnx.NodeProto]:
+def _in_place_attention(match: _Match, at: _Positions, indices: str, elem_type: int) -> list[onnx.NodeProto]:
     """``match``'s attention on the shared buffer: the new keys and values scattered into it at their
     positions (in place where past and present are one tensor), then, for one new token, ONNX Runtime's
     ``MultiHeadAttention`` over the buffer's valid part with the query heads of a key/value head as its
     tokens (each key read once); for a prompt, its ``GroupQueryAttention``."""
     name = f"kv_buffer/{match.cache.past_key}/"
     cache = match.cache
-    nodes = _scatter_indices(name, match.kv_heads, at)
+    nodes = []
     for past, new, present in (
         (cache.past_key, match.new_key, cache.present_key),
         (cache.past_value, match.new_value, cache.present_value),
     ):
-        nodes.append(helper.make_node("ScatterND", [past, name + "indices", new], [present]))
+        nodes.append(helper.make_node("ScatterND", [past, indices, new], [present]))
     branches = {
         "then_branch": _one_token(match, at, name, elem_type),
         "else_branch": _prompt(match, at, name, elem_type),
@@ -329,36 +337,34 @@ def _in_place_attention(match: _Match, at: _Positions, elem_type: int) -> list[o
     return nodes
 
 
-def _scatter_indices(name: str, kv_heads: int, at: _Positions) -> list[onnx.NodeProto]:
-    """Nodes writing ``<name>indices``: (batch, kv heads, new, 3) int64, [row, head, past + i] per entry."""
-    shape = name + "index_shape"
-    nodes = [
-        _constant(name + "zero", [0]),
-        _constant(name + "step", [1]),
-        _constant(name + "heads", [kv_heads]),
-        _constant(name + "last_axis", [1]),
-        helper.make_node("Concat", [at.batch, name + "heads", at.new, name + "last_axis"], [shape], axis=0),
-    ]
+def _scatter_indices(nodes: list[onnx.NodeProto], kv_heads: int, at: _Positions) -> str:
+    """Append the nodes computing the (batch, kv heads, new, 3) int64 indices [row, head, past + i] of the
+    new entries in a buffer of ``kv_heads`` heads; returns their name."""
+    name = f"kv_buffer/indices_{kv_heads}/"
+
+    def scalar(value: str, what: str) -> str:  # Range takes scalars
+        nodes.append(helper.make_node("Squeeze", [value], [f"{name}{what}/scalar"]))
+        return f"{name}{what}/scalar"
+
+    heads, one, shape = name + "heads", name + "one", name + "shape"
+    nodes += [_constant(name + "zero", [0]), _constant(one, [1]), _constant(heads, [kv_heads])]
+    nodes.append(helper.make_node("Concat", [at.batch, heads, at.new, one], [shape], axis=0))
+    zero, step = scalar(name + "zero", "zero"), scalar(one, "one")
     axes = []
     for what, start, stop, where in (
-        ("row", name + "zero", at.batch, [-1, 1, 1, 1]),
-        ("head", name + "zero", name + "heads", [1, -1, 1, 1]),
-        ("position", at.past, at.total64, [1, 1, -1, 1]),
+        ("row", zero, scalar(at.batch, "batch"), [-1, 1, 1, 1]),
+        ("head", zero, scalar(heads, "heads"), [1, -1, 1, 1]),
+        ("position", scalar(at.past, "past"), scalar(at.total64, "total"), [1, 1, -1, 1]),
     ):
         nodes.append(_constant(f"{name}{what}/where", where))
-        scalars = []
-        for end, value in (("start", start), ("stop", stop)):
-            nodes.append(helper.make_node("Squeeze", [value], [f"{name}{what}/{end}"]))
-            scalars.append(f"{name}{what}/{end}")
-        nodes.append(helper.make_node("Range", [*scalars, name + "step/scalar"], [f"{name}{what}/range"]))
+        nodes.append(helper.make_node("Range", [start, stop, step], [f"{name}{what}/range"]))
         nodes.append(
             helper.make_node("Reshape", [f"{name}{what}/range", f"{name}{what}/where"], [f"{name}{what}/1"])
         )
         nodes.append(helper.make_node("Expand", [f"{name}{what}/1", shape], [f"{name}{what}/all"]))
         axes.append(f"{name}{what}/all")
-    nodes.insert(2, helper.make_node("Squeeze", [name + "step"], [name + "step/scalar"]))
     nodes.append(helper.make_node("Concat", axes, [name + "indices"], axis=-1))
-    return nodes
+    return name + "indices"
 
 
 def _one_token(match: _Match, at: _Positions, name: str, elem_type: int) -> onnx.GraphProto:
@@ -374,11 +380,9 @@ def _one_token(match: _Match, at: _Positions, name: str, elem_type: int) -> onnx
         helper.make_node("Reshape", [match.query, step + "by_group"], [step + "query/groups"]),
         helper.make_node("Transpose", [step + "query/groups"], [step + "query/heads"], perm=[0, 2, 1, 3]),
         helper.make_node("Reshape", [step + "query/heads", step + "tokens"], [step + "query"]),
-        helper.make_node("Cast", [at.total64], [step + "total"], to=onnx.TensorProto.INT32),
-        helper.make_node("Expand", [step + "total", at.batch], [step + "lengths"]),
         helper.make_node(
             "MultiHeadAttention",
-            [step + "query", match.cache.present_key, match.cache.present_value, "", step + "lengths"],
+            [step + "query", match.cache.present_key, match.cache.present_value, "", at.lengths],
             [step + "out"],
             domain=MICROSOFT.domain,
             num_heads=match.kv_heads,
