@@ -450,13 +450,13 @@ def describe(r: Result) -> str:
 
 # ---------------------------------------------------------------- the short convolution
 
-CONV_CHANNELS, CONV_KERNEL = 1024, 4
+CONV_KERNEL = 4
 CONV_ATTNX, CONV_MICROSOFT, CONV_STANDARD = "attnx conv", "ORT CausalConvWithState", "ONNX std27 conv"
 
 
 class CarriedConv(nn.Module):
-    """SiLU of :func:`attnx.shortconv.carried_conv` on (batch, C, n) inputs: after a carry (a step) or
-    from zeros (a prefill)."""
+    """SiLU of :func:`attnx.shortconv.carried_conv` on (batch, n, C) inputs, token-major as attnx's layers
+    feed it: after a carry (a step) or from zeros (a prefill)."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor, step: bool) -> None:
         super().__init__()
@@ -470,17 +470,20 @@ class CarriedConv(nn.Module):
 
 
 def conv_model(name: str, weight: torch.Tensor, bias: torch.Tensor, step: bool) -> bytes:
-    """Row ``name``'s graph of the convolution (inputs x, carry; outputs y, carry')."""
+    """Row ``name``'s graph of the convolution (inputs x, carry; outputs y, carry'): x and y token-major
+    for attnx's row, channel-major for the ``CausalConvWithState`` rows (each op's own layout)."""
     from onnx import TensorProto, helper, numpy_helper
 
-    shapes = {"x": ["batch", CONV_CHANNELS, "seq"], "carry": ["batch", CONV_CHANNELS, CONV_KERNEL - 1]}
+    channels = weight.shape[0]
+    shapes = {"x": ["batch", channels, "seq"], "carry": ["batch", channels, CONV_KERNEL - 1]}
     if name == CONV_ATTNX:
+        shapes["x"] = ["batch", "seq", channels]
         specs = [TensorSpec(n, "float32", tuple(d)) for n, d in shapes.items()]
         outputs = [
             TensorSpec("y", "float32", tuple(shapes["x"])),
             TensorSpec("grown", "float32", tuple(shapes["carry"])),
         ]
-        example = (torch.randn(1, CONV_CHANNELS, 8), torch.randn(1, CONV_CHANNELS, CONV_KERNEL - 1))
+        example = (torch.randn(1, 8, channels), torch.randn(1, channels, CONV_KERNEL - 1))
         module = CarriedConv(weight, bias, step)
         return export_onnx(
             module, example, [], DEFAULT_OPSET, specs, outputs, dynamic_shapes(specs)
@@ -509,33 +512,38 @@ def conv_model(name: str, weight: torch.Tensor, bias: torch.Tensor, step: bool) 
     return helper.make_model(graph, opset_imports=opsets, ir_version=IR_VERSIONS[opset]).SerializeToString()
 
 
-def conv_ms(sizes: list[int], threads: int, repeat: int) -> list[dict[str, Any]]:
+def conv_ms(sizes: list[int], threads: int, repeat: int, channels: int) -> list[dict[str, Any]]:
     """ms of each convolution row: a prefill of each N and a one-token step, timed in turns (lowest of
     ``repeat`` runs; steps: lowest median of :data:`DECODE_ROUNDS` x :data:`DECODE_STEPS`); each row's
     output against the torch module's first."""
     import onnxruntime
 
     gen = torch.Generator().manual_seed(0)
-    weight = torch.randn(CONV_CHANNELS, 1, CONV_KERNEL, generator=gen) * 0.5
-    bias = torch.randn(CONV_CHANNELS, generator=gen)
+    weight = torch.randn(channels, 1, CONV_KERNEL, generator=gen) * 0.5
+    bias = torch.randn(channels, generator=gen)
     rows = (CONV_ATTNX, CONV_MICROSOFT, CONV_STANDARD)
     found = []
     for n in [1, *sizes]:
         step = n == 1
-        x = torch.randn(1, CONV_CHANNELS, n, generator=gen)
-        carry = torch.randn(1, CONV_CHANNELS, CONV_KERNEL - 1, generator=gen)
+        x = torch.randn(1, n, channels, generator=gen)
+        carry = torch.randn(1, channels, CONV_KERNEL - 1, generator=gen)
         with torch.inference_mode():
             expected = CarriedConv(weight, bias, step)(x, carry)[0].numpy()
+        token_major = {"x": x.numpy(), "carry": carry.numpy()}
+        channel_major = {"x": x.transpose(1, 2).contiguous().numpy(), "carry": carry.numpy()}
         sessions, feeds = {}, {}
         for name in rows:
             session = onnxruntime.InferenceSession(
                 conv_model(name, weight, bias, step), ort_session_options(threads)
             )
-            feed = {"x": x.numpy(), "carry": carry.numpy()}
+            feed = token_major if name == CONV_ATTNX else channel_major
             feeds[name] = {i.name: feed[i.name] for i in session.get_inputs()}
             sessions[name] = session
         times: dict[str, list[float]] = {name: [] for name in rows}
-        agreement_of = {name: agreement(sessions[name].run(None, feeds[name])[0], expected) for name in rows}
+        wanted = {name: expected if name == CONV_ATTNX else expected.transpose(0, 2, 1) for name in rows}
+        agreement_of = {
+            name: agreement(sessions[name].run(None, feeds[name])[0], wanted[name]) for name in rows
+        }
         for _ in range(DECODE_ROUNDS if step else repeat):
             for name in rows:
                 if step:
@@ -554,10 +562,8 @@ def conv_ms(sizes: list[int], threads: int, repeat: int) -> list[dict[str, Any]]
     return found
 
 
-def print_conv(rows: list[dict[str, Any]], console: Console) -> None:
-    table = Table(
-        title=f"short convolution ({CONV_CHANNELS} channels, kernel {CONV_KERNEL}, SiLU; N = 1: a step)"
-    )
+def print_conv(rows: list[dict[str, Any]], channels: int, console: Console) -> None:
+    table = Table(title=f"short convolution ({channels} channels, kernel {CONV_KERNEL}, SiLU; N = 1: a step)")
     for column in ("N", "row", "min ms", "vs ORT kernel", "agreement"):
         table.add_column(column, justify="left" if column == "row" else "right")
     for r in rows:
@@ -743,6 +749,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated of " + ", ".join(SHAPES))
     parser.add_argument("--no-layer", action="store_true", help="leave out the lightning layer rows")
     parser.add_argument("--conv", action="store_true", help="add the short convolution's rows")
+    parser.add_argument(
+        "--conv-channels",
+        type=int,
+        default=1024,
+        help="channels of the convolution rows (the 0.8B Qwen3.5: 6144)",
+    )
     parser.add_argument("--no-fla", action="store_true", help="leave out flash-linear-attention's references")
     parser.add_argument("--no-peak", action="store_true", help="leave out the peak-memory subprocesses")
     parser.add_argument(
@@ -790,7 +802,7 @@ def main(argv: list[str] | None = None) -> int:
                 decode += decode_rows(shape, rule, decode_positions, args.threads)
             if args.json:  # as it goes: a long run killed late keeps its figures
                 write_json(args.json, args, results, decode, time.perf_counter() - started)
-    conv = conv_ms(args.sizes, args.threads, args.repeat) if args.conv else []
+    conv = conv_ms(args.sizes, args.threads, args.repeat, args.conv_channels) if args.conv else []
     description = ""
     if not args.no_layer:
         layer, description = run_layer(args, console)
@@ -807,7 +819,7 @@ def main(argv: list[str] | None = None) -> int:
             f"decode {d['shape']} {d['rule']} {d['row']} P={d['position']}: {d['ms_per_token']:.3f} ms/token"
         )
     if conv:
-        print_conv(conv, console)
+        print_conv(conv, args.conv_channels, console)
     rows = targets(results, decode, args.sizes)
     print_targets(rows, console)
     elapsed = time.perf_counter() - started

@@ -759,9 +759,9 @@ class Mamba2(FlaLayer):
             [self.inner, self.conv_dim, self.heads], -1
         )
         carried, recurrent = split_state(past, True)
-        channels = mask_padding(channels, mask).transpose(1, 2)
+        channels = mask_padding(channels, mask)
         mixed, conv = carried_conv(channels, self.conv1d.weight, self.conv1d.bias, carried)
-        mixed = mask_padding(self.act(mixed.transpose(1, 2)), mask)
+        mixed = mask_padding(self.act(mixed), mask)
         width = self.groups * self.d_key
         xs, b, c = torch.split(mixed, [self.inner, width, width], dim=-1)
         dt = F.softplus(dt + self.dt_bias).clamp(*self.dt_limit)

@@ -139,11 +139,11 @@ class ShortConv(nn.Module):
     ) -> tuple[list[torch.Tensor], torch.Tensor]:
         """Convolve (batch, n, channels_i) inputs after ``state`` (None: zeros); returns the outputs and
         the last kernel - 1 inputs."""
-        x = torch.cat(xs, dim=-1).transpose(1, 2)
+        x = torch.cat(xs, dim=-1)
         weight = torch.cat(list(self.weights), dim=0)
         bias = torch.cat(list(self.biases), dim=0) if len(self.biases) else None
         y, carry = carried_conv(x, weight, bias, state)
-        outs = list(torch.split(y.transpose(1, 2), self.split, dim=-1))
+        outs = list(torch.split(y, self.split, dim=-1))
         outs = [F.silu(o) if silu else o for o, silu in zip(outs, self.silu, strict=True)]
         return outs, carry
 

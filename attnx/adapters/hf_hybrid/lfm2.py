@@ -60,11 +60,11 @@ class GatedShortConv(PaddedMixer):
     ) -> tuple[torch.Tensor, Any]:
         """The layer on (batch, n, width) ``x``: with ``state`` None the whole sequence, else a step after the
         carry in ``state`` (None in it: zeros), returning the carry after ``x`` too."""
-        b, c, xs = self.in_proj(mask_padding(x, mask)).transpose(1, 2).chunk(3, dim=1)
+        b, c, xs = self.in_proj(mask_padding(x, mask)).chunk(3, dim=-1)
         conv, carry = carried_conv(
             b * xs, self.conv.weight, self.conv.bias, None if state is None else state[0]
         )
-        y = (c * conv.to(x.dtype)).transpose(1, 2)
+        y = c * conv.to(x.dtype)
         return self.out_proj(y), None if state is None else (carry,)
 
 

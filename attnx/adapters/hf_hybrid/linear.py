@@ -77,7 +77,7 @@ class GatedDeltaNet(PaddedMixer):
         return rule_state(self.num_v_heads, self.head_k_dim, self.head_v_dim, carry)
 
     def conv(self, qkv: torch.Tensor, past: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """The causal depthwise conv + activation over (b, C, n) channels after ``past`` (b, C, K-1)
+        """The causal depthwise conv + activation over (b, n, C) channels after ``past`` (b, C, K-1)
         (None: zeros, as HF's left padding of K-1); returns (out, the last K-1 inputs)."""
         out, carry = carried_conv(qkv, self.conv1d.weight, self.conv1d.bias, past)
         return self.activation(out).to(qkv.dtype), carry
@@ -93,9 +93,9 @@ class GatedDeltaNet(PaddedMixer):
         batch, n, _ = x.shape
         qkv, z, b, a = self.project(self, x)
         past_conv, past_state = (None, None) if state is None else state
-        mixed, conv_state = self.conv(qkv.transpose(1, 2), past_conv)
+        mixed, conv_state = self.conv(qkv, past_conv)
         widths = [self.num_k_heads * self.head_k_dim] * 2 + [self.num_v_heads * self.head_v_dim]
-        q, k, v = torch.split(mixed.transpose(1, 2), widths, -1)
+        q, k, v = torch.split(mixed, widths, -1)
         q, k = (self.l2norm(t.reshape(batch, n, -1, self.head_k_dim).float()).transpose(1, 2) for t in (q, k))
         v = v.reshape(batch, n, -1, self.head_v_dim).float().transpose(1, 2)
         g = self.decay(a).transpose(1, 2)

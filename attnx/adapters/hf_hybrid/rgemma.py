@@ -133,9 +133,9 @@ class RecurrentBlock(PaddedMixer):
         y = self.act(self.linear_y(x))
         past_conv, past = (None, None) if state is None else state
         leading = leading_padding(mask)
-        xs = self.conv_input(x, leading).transpose(1, 2)
+        xs = self.conv_input(x, leading)
         u, carry = carried_conv(xs, self.conv_1d.weight, self.conv_1d.bias, past_conv)
-        u = u.to(x.dtype).transpose(1, 2)
+        u = u.to(x.dtype)
         lru = self.rg_lru
         log_a = DECAY_SCALE * self.gate(u, lru.recurrent_gate_weight, lru.recurrent_gate_bias)
         log_a = log_a * F.softplus(lru.recurrent_param)

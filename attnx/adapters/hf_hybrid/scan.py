@@ -62,8 +62,8 @@ class SelectiveScan(PaddedMixer):
         batch, n, _ = x.shape
         channels, gate = self.in_proj(mask_padding(x, mask)).chunk(2, dim=-1)
         past_conv, past = (None, None) if state is None else state
-        u, carry = carried_conv(channels.transpose(1, 2), self.conv1d.weight, self.conv1d.bias, past_conv)
-        u = mask_padding(self.act(u).transpose(1, 2).to(x.dtype), mask)
+        u, carry = carried_conv(channels, self.conv1d.weight, self.conv1d.bias, past_conv)
+        u = mask_padding(self.act(u).to(x.dtype), mask)
         dt, b, c = torch.split(self.x_proj(u), [self.rank, self.state_size, self.state_size], dim=-1)
         if self.normed:
             dt, b, c = self.dt_layernorm(dt), self.b_layernorm(b), self.c_layernorm(c)

@@ -73,8 +73,8 @@ class StateSpaceDuality(PaddedMixer):
             projected = projected * self.mup_vector
         gate, channels, dt = projected.split([self.inner, self.conv_dim, self.heads], -1)
         past_conv, past = (None, None) if state is None else state
-        mixed, carry = carried_conv(channels.transpose(1, 2), self.conv1d.weight, self.conv1d.bias, past_conv)
-        mixed = mask_padding(self.act(mixed).transpose(1, 2).to(x.dtype), mask)
+        mixed, carry = carried_conv(channels, self.conv1d.weight, self.conv1d.bias, past_conv)
+        mixed = mask_padding(self.act(mixed).to(x.dtype), mask)
         width = self.groups * self.state_size
         xs, b, c = torch.split(mixed, [self.inner, width, width], dim=-1)
         xs = xs.reshape(batch, n, self.heads, self.head_dim).float()

@@ -131,8 +131,7 @@ class GatedLayer(Stepping, nn.Module):
     def _convolve(self, mixed: torch.Tensor, carry: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """The causal depthwise convolution of ``mixed`` (b, n, C) after ``carry`` (b, C, K - 1; None: zeros):
         (output (b, n, C), the carry after it: the last K - 1 inputs)."""
-        out, carry = carried_conv(mixed.transpose(1, 2), self.conv1d.weight, None, carry)
-        return out.transpose(1, 2), carry
+        return carried_conv(mixed, self.conv1d.weight, None, carry)
 
     def log_decay(self, x: torch.Tensor) -> torch.Tensor:
         """g (b, hv, n, 1 or d_k) <= 0, in float32 at least."""
