@@ -739,7 +739,7 @@ def test_a_killed_export_leaves_staging_that_the_next_export_removes(tmp_path, m
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
 
 
-@pytest.mark.slow  # two export processes racing; tests/core/test_atomic.py proves the lock by default
+@pytest.mark.slow  # two export processes racing; tests/test_atomic.py proves the lock by default
 def test_concurrent_exports_to_one_out_one_wins_the_other_gets_one_line(tmp_path):
     children = [start_export(tmp_path), start_export(tmp_path, inside=False)]
     results = [(child.wait(timeout=300), child.communicate()[1]) for child in children]
