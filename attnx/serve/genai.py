@@ -582,9 +582,12 @@ class GenaiDecoder:
         if blocker(section) is not None:
             return ExtraGraphs({}, [], None)
         proto = genai_layout(onnx.load(str(directory / DECODE_FILE), load_external_data=False), section)
-        target = runtime_bodies(proto, every_op(assembly), settings)
+        ops = every_op(assembly)
+        # ONNX Runtime's kernels read the shared buffers: not for the standard ops an --opset chose
+        standard = _standard_bodies(proto, ops)
+        target = runtime_bodies(proto, ops, settings)
         state = genai_state(section)
-        shared = shared_kv_buffers(proto, state) if settings.lowering == "function" else None
+        shared = shared_kv_buffers(proto, state) if settings.lowering == "function" and not standard else None
         proto = proto if shared is None else shared
         save_onnx(proto, directory / GENAI_FILE)
         specials = model_specials(assembly, section.vocab_size)
