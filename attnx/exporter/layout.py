@@ -225,17 +225,23 @@ def read_before_written(model: onnx.ModelProto, state: str, output: str) -> bool
     return _read_before([state], producers.get(output), readers, producers)
 
 
+def graph_index(
+    graph: onnx.GraphProto,
+) -> tuple[dict[str, list[onnx.NodeProto]], dict[str, onnx.NodeProto]]:
+    """The readers (each once, in graph order) and the producer of each value of ``graph``'s nodes (a node
+    reads what its subgraphs read from outside)."""
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for name in set(reads(node)):
+            readers.setdefault(name, []).append(node)
+    return readers, {name: node for node in graph.node for name in node.output}
+
+
 def _run_graph_index(
     model: onnx.ModelProto,
 ) -> tuple[dict[str, list[onnx.NodeProto]], dict[str, onnx.NodeProto]]:
-    """The readers and the producer of each value of the graph ONNX Runtime runs (local functions
-    inlined; a node reads what its subgraphs read from outside)."""
-    flat = onnx.inliner.inline_local_functions(model).graph
-    readers: dict[str, list[onnx.NodeProto]] = {}
-    for node in flat.node:
-        for name in set(reads(node)):
-            readers.setdefault(name, []).append(node)
-    return readers, {name: node for node in flat.node for name in node.output}
+    """:func:`graph_index` of the graph ONNX Runtime runs (local functions inlined)."""
+    return graph_index(onnx.inliner.inline_local_functions(model).graph)
 
 
 def _read_before(

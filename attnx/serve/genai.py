@@ -342,11 +342,11 @@ def shared_kv_buffers(proto: onnx.ModelProto, state: Sequence[GenaiState]) -> on
 def runtime_bodies(
     proto: onnx.ModelProto, ops: Sequence[AttentionOp], settings: ExportSettings
 ) -> TargetSection | None:
-    """Give ``proto`` (genai.onnx, function-lowered with the portable bodies) ONNX Runtime's kernels where
-    its ops declare a body for them (:data:`RUNTIME_TARGET`), in place; the target's manifest section
-    (None: left as it is: another lowering or target, none of its ops declaring one, or a kernel the
-    installed ONNX Runtime lacks)."""
-    if settings.lowering != "function" or settings.target != PORTABLE or _standard_bodies(proto, ops):
+    """Give ``proto`` (genai.onnx, function-lowered with the portable bodies, none of them standard ops an
+    ``--opset`` chose: :func:`_standard_bodies`) ONNX Runtime's kernels where its ops declare a body for
+    them (:data:`RUNTIME_TARGET`), in place; the target's manifest section (None: left as it is: another
+    lowering or target, none of its ops declaring one, or a kernel the installed ONNX Runtime lacks)."""
+    if settings.lowering != "function" or settings.target != PORTABLE:
         return None
     try:
         check_target(RUNTIME_TARGET, settings.lowering, ops)
@@ -583,9 +583,9 @@ class GenaiDecoder:
             return ExtraGraphs({}, [], None)
         proto = genai_layout(onnx.load(str(directory / DECODE_FILE), load_external_data=False), section)
         ops = every_op(assembly)
-        # ONNX Runtime's kernels read the shared buffers: not for the standard ops an --opset chose
+        # standard ops an --opset chose stay, with no vendor domain: no kernel bodies, no shared buffers
         standard = _standard_bodies(proto, ops)
-        target = runtime_bodies(proto, ops, settings)
+        target = None if standard else runtime_bodies(proto, ops, settings)
         state = genai_state(section)
         shared = shared_kv_buffers(proto, state) if settings.lowering == "function" and not standard else None
         proto = proto if shared is None else shared

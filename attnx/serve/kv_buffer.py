@@ -38,7 +38,7 @@ import onnx.shape_inference
 from onnx import helper
 
 from attnx.domains import DOMAIN
-from attnx.exporter.layout import reads
+from attnx.exporter.layout import graph_index
 from attnx.plugins.lib.ort import MICROSOFT
 
 BUFFER_AXIS = "max_length"  # the sequence axis of a shared buffer (genai: search.max_length positions)
@@ -82,12 +82,7 @@ def share_kv_buffers(
     cache read by one causal attention node."""
     if not caches:
         return None
-    graph = model.graph
-    producers = {name: node for node in graph.node for name in node.output}
-    readers: dict[str, list[onnx.NodeProto]] = {}
-    for node in graph.node:
-        for name in set(reads(node)):
-            readers.setdefault(name, []).append(node)
+    readers, producers = graph_index(model.graph)
     dims = _dims(model)
     matches = [_match(cache, producers, readers, dims) for cache in caches]
     if any(match is None for match in matches):
