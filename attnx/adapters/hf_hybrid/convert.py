@@ -4,9 +4,14 @@ architecture's declaration (each imported when a model of its family is met), an
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import importlib.abc
+import importlib.util
 import re
-from collections.abc import Iterator, Mapping
+import sys
+from collections.abc import Iterator, Mapping, Sequence
+from types import ModuleType
 
 from torch import nn
 
@@ -46,13 +51,52 @@ are imported: importing every family imports every one of their modeling files."
 
 _MODELING = re.compile(r"transformers\.models\.(\w+)\.modeling_\1")
 
+KERNEL_PACKAGES = ("fla", "causal_conv1d", "mamba_ssm")
+"""The GPU-kernel packages transformers binds in place of a modeling file's torch functions when that file
+is imported (``use_kernel_func_from_hub_with_fallback``). attnx calls the torch functions
+(:meth:`Architecture.use_torch_fallbacks`), so a family's modeling files are imported without them:
+flash-linear-attention alone takes about 3 s to import."""
+
+
+class _Unimportable(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Makes ``import`` of ``names`` (installed packages, not yet imported) fail with ImportError. Their
+    specs still resolve, so transformers' availability checks see them as installed, as they are."""
+
+    def __init__(self, names: Sequence[str]) -> None:
+        self.names = set(names)
+
+    def find_spec(self, fullname: str, path: object = None, target: object = None) -> object:
+        if fullname.partition(".")[0] not in self.names:
+            return None
+        return importlib.util.spec_from_loader(fullname, self)
+
+    def create_module(self, spec: object) -> ModuleType:
+        raise ImportError(f"{spec.name} is not imported while attnx imports a modeling file")  # type: ignore[attr-defined]
+
+    def exec_module(self, module: ModuleType) -> None:  # pragma: no cover - create_module raises first
+        raise ImportError(module.__name__)
+
+
+@contextlib.contextmanager
+def without_kernel_packages() -> Iterator[None]:
+    """Within the block, :data:`KERNEL_PACKAGES` that are installed but not yet imported cannot be imported
+    (transformers then binds the torch functions attnx calls anyway); already imported ones are left alone."""
+    names = [p for p in KERNEL_PACKAGES if p not in sys.modules and importlib.util.find_spec(p) is not None]
+    finder = _Unimportable(names)
+    sys.meta_path.insert(0, finder)
+    try:
+        yield
+    finally:
+        sys.meta_path.remove(finder)
+
 
 class _Declarations(Mapping[str, Architecture]):
     """:data:`FAMILIES`' declarations by model type, each imported when first asked for."""
 
     def __getitem__(self, model_type: str) -> Architecture:
         module, name = FAMILIES[model_type]
-        return getattr(importlib.import_module(f"{__package__}.{module}"), name)
+        with without_kernel_packages():
+            return getattr(importlib.import_module(f"{__package__}.{module}"), name)
 
     def __contains__(self, model_type: object) -> bool:
         return model_type in FAMILIES

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import json
 import shutil
 import subprocess
@@ -278,3 +280,48 @@ def test_the_walk_imports_only_the_families_it_meets():
     families, models = result.stdout.strip().split("] [")
     assert "hf_hybrid.lfm2'" in families and "hf_hybrid.mamba'" not in families
     assert "modeling_lfm2'" in models and "mamba2" not in models
+
+
+def test_a_kernel_package_cannot_be_imported_while_a_family_is_but_is_still_found(tmp_path, monkeypatch):
+    """transformers binds a GPU-kernel package's functions in place of a modeling file's torch functions
+    when it can import the package; attnx calls the torch functions, so it imports modeling files without
+    those packages (seconds each). Their specs still resolve (transformers' availability checks read
+    versions), the block ends with the import, and a package imported before is left alone."""
+    from attnx.adapters.hf_hybrid import convert
+
+    for name in ("kernels_probe", "kernels_loaded"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "__init__.py").write_text("VALUE = 1\n")
+        (tmp_path / name / "ops.py").write_text("VALUE = 2\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(convert, "KERNEL_PACKAGES", ("kernels_probe", "kernels_loaded", "kernels_absent"))
+    for name in ("kernels_probe", "kernels_probe.ops"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    loaded = importlib.import_module("kernels_loaded")
+    finders = list(sys.meta_path)
+
+    with convert.without_kernel_packages():
+        for name in ("kernels_probe", "kernels_probe.ops"):
+            with pytest.raises(ImportError):
+                importlib.import_module(name)
+            assert name not in sys.modules
+        assert importlib.util.find_spec("kernels_probe") is not None
+        assert importlib.util.find_spec("kernels_absent") is None
+        assert importlib.import_module("kernels_loaded") is loaded
+
+    assert sys.meta_path == finders
+    assert importlib.import_module("kernels_probe.ops").VALUE == 2
+
+
+def test_a_family_is_imported_without_flash_linear_attention():
+    """Qwen3.5's modeling file, imported for an export, leaves flash-linear-attention unimported (about 3 s
+    of every export's start)."""
+    pytest.importorskip("fla")
+    probe = (
+        "import sys\n"
+        "from attnx.adapters.hf_hybrid.convert import ARCHITECTURES\n"
+        "ARCHITECTURES['qwen3_5']\n"
+        "print('transformers.models.qwen3_5.modeling_qwen3_5' in sys.modules, 'fla' in sys.modules)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert result.stdout.split() == ["True", "False"]
