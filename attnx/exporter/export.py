@@ -8,7 +8,9 @@ when everything, verification included, succeeded. Whether the job exports a reg
 user's module (``attnx.export_module``) is the source's business alone: these steps ask it for the
 ops, the graph's shapes and trace and the manifest's description of the reference. Graphs beside
 model.onnx (decode) come from :class:`GraphExtension` objects the caller passes, so this module
-does not know them; the torch-to-ONNX mechanics are :mod:`attnx.exporter.trace`.
+does not know them; where one of them traces and the machine has a second core, they are made in a
+forked process while model.onnx converts (:mod:`attnx.exporter.beside`). The torch-to-ONNX mechanics
+are :mod:`attnx.exporter.trace`.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from attnx.checkpoint import check_checkpoint_target
 from attnx.cost import require_disk
 from attnx.exporter import lowering as lowering_mod
 from attnx.exporter.assemble import Assembly, every_op
+from attnx.exporter.beside import beside, spare_core
 from attnx.exporter.directory import ExportDir, record_file
 from attnx.exporter.manifest import MANIFEST, MODEL_FILE, WEIGHTS_FILE, Manifest
 from attnx.exporter.module import ModuleAssembly, ModuleSource
@@ -151,7 +154,8 @@ def write(
     progress: Progress | None = None,
 ) -> ExportDir:
     """Export, lower, check and save model.onnx, the weights (and a module's reference program), the
-    extensions' graphs and the manifest into ``directory``; returns it opened."""
+    extensions' graphs (beside model.onnx's conversion where they trace and a core is spare) and the
+    manifest into ``directory``; returns it opened."""
     report = progress or (lambda message: None)
     settings, source = job.settings, job.source
     shapes = source.shapes(assembly)
@@ -162,28 +166,28 @@ def write(
     if store is not None:
         report(f"saved the weights once, for every graph ({size / 2**30:.2f} GiB)")
     reference, stored = source.reference(assembly, directory, store)
+    wanted = [extension for extension in extensions if extension.wanted(job)]
+    parallel = any(extension.traces(assembly) for extension in wanted) and spare_core()  # a fork for a trace
+    conversion: dict[str, float] = {}  # model.onnx's seconds, once known: the estimate of what follows
+    graphs = functools.partial(
+        _extension_graphs, wanted, assembly, directory, settings, store, report, conversion
+    )
     report("exporting with torch.onnx (dynamo)")
     started = time.monotonic()
-    proto = source.trace(assembly, shapes, store)
-    used = attnx_ops(proto)
-    proto = lowering_mod.lower(proto, every_op(assembly), settings.lowering, settings.target)
-    if settings.lowering != "plugin":
-        lowering_mod.check(proto)
-    save_onnx(proto, directory / MODEL_FILE)
-    took = time.monotonic() - started
+    with beside(graphs, parallel) as extension_graphs:
+        proto = source.trace(assembly, shapes, store)
+        used = attnx_ops(proto)
+        proto = lowering_mod.lower(proto, every_op(assembly), settings.lowering, settings.target)
+        if settings.lowering != "plugin":
+            lowering_mod.check(proto)
+        save_onnx(proto, directory / MODEL_FILE)
+        conversion["took"] = time.monotonic() - started
     files = {"model": MODEL_FILE, "weights": WEIGHTS_FILE, **stored}
     sections: dict[str, Any] = {}
-    for extension in extensions:
-        if extension.wanted(job):
-            traces = extension.traces(assembly)
-            estimate = (
-                f"{traces} trace{'s' * (traces > 1)}, about {traces * took:.0f} s" if traces else "seconds"
-            )
-            report(f"exporting the {extension.name} graphs ({estimate})")
-            extra = extension.export(assembly, directory, settings, store)
-            files.update(extra.files)
-            used += [op for op in extra.ops if op not in used]
-            sections[extension.name] = extra.section
+    for name, extra in extension_graphs():
+        files.update(extra.files)
+        used += [op for op in extra.ops if op not in used]
+        sections[name] = extra.section
     for key, name in list(files.items()):  # a large graph's external data is listed (and hashed) too
         if name.endswith(".onnx") and (directory / f"{name}.data").is_file():
             files[f"{key}_data"] = f"{name}.data"
@@ -204,6 +208,32 @@ def write(
     )
     write_atomic(directory / MANIFEST, manifest.to_json())
     return ExportDir.written(directory)
+
+
+def _extension_graphs(
+    extensions: Sequence[GraphExtension],
+    assembly: Assembly | ModuleAssembly,
+    directory: Path,
+    settings: ExportSettings,
+    store: WeightStore | None,
+    report: Progress,
+    conversion: Mapping[str, float],
+) -> list[tuple[str, ExtraGraphs]]:
+    """Each extension's graphs, in order (genai's reads the decode graph written before it); the progress
+    line estimates each from model.onnx's conversion when it ran before them, else says they run beside it."""
+    made = []
+    for extension in extensions:
+        traces = extension.traces(assembly)
+        count = f"{traces} trace{'s' * (traces > 1)}"
+        if not traces:
+            estimate = "seconds"
+        elif "took" in conversion:
+            estimate = f"{count}, about {traces * conversion['took']:.0f} s"
+        else:
+            estimate = f"{count}, in a second process beside model.onnx's"
+        report(f"exporting the {extension.name} graphs ({estimate})")
+        made.append((extension.name, extension.export(assembly, directory, settings, store)))
+    return made
 
 
 def verify_lengths(job: ExportJob, assembly: Assembly | ModuleAssembly) -> list[int]:

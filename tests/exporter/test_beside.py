@@ -1,0 +1,91 @@
+"""attnx.exporter.beside: the graphs after model.onnx made in a forked process while model.onnx converts."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from attnx.errors import AttnxError
+from attnx.exporter.beside import beside, spare_core
+
+pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="beside forks; this platform has no os.fork")
+
+
+def test_the_work_runs_in_a_child_while_the_block_runs_and_its_result_comes_back():
+    parent = os.getpid()
+    with beside(lambda: (os.getpid(), time.monotonic(), list(range(5))), parallel=True) as result:
+        time.sleep(0.5)  # the child's work is done well before the block ends
+        ended = time.monotonic()
+    pid, finished, value = result()
+    assert pid != parent and value == [0, 1, 2, 3, 4]
+    assert finished < ended
+
+
+def test_without_a_spare_core_the_work_runs_after_the_block_in_this_process():
+    order = []
+    with beside(lambda: order.append("work") or os.getpid(), parallel=False) as result:
+        order.append("block")
+    assert result() == os.getpid()
+    assert order == ["block", "work"]
+
+
+def test_a_refusal_in_the_child_is_the_same_one_line_error_here():
+    def refuse() -> None:
+        raise AttnxError("--decode: this layer cannot step; export it without --decode")
+
+    with beside(refuse, parallel=True) as result:
+        pass
+    with pytest.raises(AttnxError, match=r"^--decode: this layer cannot step; export it without --decode$"):
+        result()
+
+
+def test_a_bug_in_the_child_is_raised_here_with_the_childs_traceback():
+    def broken() -> None:
+        raise KeyError("missing-graph-input")
+
+    with beside(broken, parallel=True) as result:
+        pass
+    with pytest.raises(RuntimeError, match="in its own process") as raised:
+        result()
+    assert "KeyError: 'missing-graph-input'" in str(raised.value) and "in broken" in str(raised.value)
+
+
+def test_when_the_block_fails_the_child_is_stopped_and_the_blocks_error_passes_on(tmp_path):
+    marker = tmp_path / "finished"
+
+    def slow() -> None:
+        time.sleep(30)
+        marker.write_text("the child outlived the failed block")
+
+    started = time.monotonic()
+    with pytest.raises(ValueError, match="model.onnx failed"), beside(slow, parallel=True):
+        raise ValueError("model.onnx failed")
+    assert time.monotonic() - started < 10
+    time.sleep(0.2)
+    assert not marker.exists()
+
+
+def test_the_child_runs_none_of_the_parents_exit_handlers():
+    """A staging directory's cleanup (a finaliser of the parent's) must not run when the child ends."""
+    staging = tempfile.TemporaryDirectory()
+    try:
+        with beside(lambda: Path(staging.name).is_dir(), parallel=True) as result:
+            pass
+        assert result() is True
+        time.sleep(0.2)
+        assert Path(staging.name).is_dir()
+    finally:
+        staging.cleanup()
+
+
+def test_a_spare_core_needs_two_cores_and_fork(monkeypatch):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0}, raising=False)
+    assert not spare_core()
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    assert spare_core()
+    monkeypatch.delattr(os, "fork")
+    assert not spare_core()
