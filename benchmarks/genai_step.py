@@ -13,6 +13,12 @@ and present (``search.past_present_share_buffer``, a buffer of ``--context`` plu
 else its present is a new output each step, as genai's growing cache is. The step is timed without genai's
 own work around it (sampling, its cache bookkeeping), so graphs compare on their nodes alone.
 
+``--floor`` adds a row per directory for its decoder's weights alone: every node that multiplies by a stored
+weight (``MatMulNBits``, ``MatMul``, ``Gemm``) run once for one token, each on an input of its own and with
+nothing between them. No graph over the same weights and kernels steps faster than that, so it bounds what
+trimming the rest of a graph can gain (``step / floor``), and one directory's floor against another's step
+bounds the ratio any graph over the first's weights can reach.
+
 ``--runtime genai`` times what a user gets instead: ``onnxruntime_genai`` generates greedily after a prompt
 of ``--context`` random token ids (its ``max_length`` the prompt, the steps and one more, which sizes a
 shared KV buffer), each ``generate_next_token`` timed; the prompt's time is printed too.
@@ -32,7 +38,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx
 import onnxruntime as ort
+from onnx import helper
+
+WEIGHT_OPS = {"MatMulNBits": 1, "MatMul": 1, "Gemm": 1}  # op -> the input that holds its stored weight
 
 
 def step_binding(directory: Path, context: int, capacity: int) -> tuple[ort.InferenceSession, Any]:
@@ -70,6 +80,74 @@ def step_binding(directory: Path, context: int, capacity: int) -> tuple[ort.Infe
                 binding.bind_ortvalue_output(present, state)
     binding.bind_output("logits")
     return session, binding
+
+
+def floor_binding(directory: Path) -> tuple[ort.InferenceSession, Any]:
+    """The session of ``directory``'s decoder reduced to its weight-reading nodes (:data:`WEIGHT_OPS` whose
+    weight is an initializer), each fed one token of its own input, and its binding."""
+    config = json.loads((directory / "genai_config.json").read_text())
+    path = directory / config["model"]["decoder"]["filename"]
+    model = onnx.load(str(path), load_external_data=False)
+    stored = {init.name: init for init in model.graph.initializer}
+    # a float32 export stores torch's (out, in) weights and transposes them in the graph (folded at load)
+    transposed = {
+        node.output[0]: node
+        for node in model.graph.node
+        if node.op_type == "Transpose" and node.input[0] in stored
+    }
+    nodes, inputs, outputs, kept = [], [], [], {}
+    for node in model.graph.node:
+        index = WEIGHT_OPS.get(node.op_type)
+        if index is None or (node.input[index] not in stored and node.input[index] not in transposed):
+            continue
+        attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        if node.op_type == "MatMulNBits":
+            width = attributes["K"]
+        elif node.input[index] in transposed:
+            nodes.append(transposed[node.input[index]])
+            width = stored[transposed[node.input[index]].input[0]].dims[-1]
+        else:
+            width = stored[node.input[index]].dims[-1 if attributes.get("transB") else 0]
+        name = f"floor{len(nodes)}"
+        inputs.append(helper.make_tensor_value_info(f"{name}/x", onnx.TensorProto.FLOAT, [1, width]))
+        outputs.append(helper.make_tensor_value_info(f"{name}/y", onnx.TensorProto.FLOAT, None))
+        copy = helper.make_node(
+            node.op_type, [f"{name}/x", *node.input[1:]], [f"{name}/y"], domain=node.domain
+        )
+        copy.attribute.extend(node.attribute)
+        nodes.append(copy)
+        weights = [*node.input[1:], *(transposed[n].input[0] for n in node.input[1:] if n in transposed)]
+        kept.update({n: stored[n] for n in weights if n in stored})
+    graph = helper.make_graph(nodes, "floor", inputs, outputs, list(kept.values()))
+    floor = helper.make_model(graph, opset_imports=model.opset_import, ir_version=model.ir_version)
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 2
+    options.log_severity_level = 3
+    options.add_session_config_entry("session.model_external_initializers_file_folder_path", str(directory))
+    session = ort.InferenceSession(floor.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    binding, rng = session.io_binding(), np.random.default_rng(0)
+    for spec in session.get_inputs():
+        binding.bind_cpu_input(spec.name, rng.standard_normal(spec.shape).astype(np.float32))
+    for spec in session.get_outputs():
+        binding.bind_output(spec.name)
+    read, held = (sum(_bytes(t) for t in tensors) / 2**20 for tensors in (kept.values(), stored.values()))
+    print(
+        f"{directory}: floor of {len(inputs)} weight nodes,"
+        f" {read:.0f} of the decoder's {held:.0f} MiB stored",
+        flush=True,
+    )
+    return session, binding
+
+
+def _bytes(tensor: onnx.TensorProto) -> int:
+    """A stored tensor's bytes, whether inline or external."""
+    external = {e.key: e.value for e in tensor.external_data}
+    if "length" in external:
+        return int(external["length"])
+    return (
+        len(tensor.raw_data)
+        or int(np.prod(tensor.dims)) * onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
+    )
 
 
 def plain_step(run: tuple[ort.InferenceSession, Any], steps: int) -> list[float]:
@@ -115,6 +193,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=15, help="steps per round (their median is kept)")
     parser.add_argument("--rounds", type=int, default=6, help="rounds, interleaved over the models")
     parser.add_argument("--runtime", choices=("ort", "genai"), default="ort", help="what runs the steps")
+    parser.add_argument("--floor", action="store_true", help="also time each decoder's weight nodes alone")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     named = {name: Path(path) for name, path in (item.split("=", 1) for item in args.models)}
@@ -128,10 +207,12 @@ def main() -> None:
         }
     else:
         bound = {name: step_binding(named[name], args.context, args.capacity) for name in named}
-        run = {name: functools.partial(plain_step, bound[name], args.steps) for name in named}
-    medians: dict[str, list[float]] = {name: [] for name in named}
+        if args.floor:
+            bound.update({f"{name} floor": floor_binding(named[name]) for name in named})
+        run = {name: functools.partial(plain_step, bound[name], args.steps) for name in bound}
+    medians: dict[str, list[float]] = {name: [] for name in run}
     for _ in range(args.rounds):
-        for name in named:
+        for name in run:
             medians[name].append(round(statistics.median(run[name]()), 2))
     rows = {name: {"medians_ms": values, "least_ms": min(values)} for name, values in medians.items()}
     for name, row in rows.items():
