@@ -165,16 +165,16 @@ def write(
     store = saved if shares_weights(settings.shared_weights, size) else None
     if store is not None:
         report(f"saved the weights once, for every graph ({size / 2**30:.2f} GiB)")
-    reference, stored = source.reference(assembly, directory, store)
     wanted = [extension for extension in extensions if extension.wanted(job)]
     parallel = any(extension.traces(assembly) for extension in wanted) and spare_core()  # a fork for a trace
     conversion: dict[str, float] = {}  # model.onnx's seconds, once known: the estimate of what follows
     graphs = functools.partial(
         _extension_graphs, wanted, assembly, directory, settings, store, report, conversion
     )
-    report("exporting with torch.onnx (dynamo)")
-    started = time.monotonic()
     with beside(graphs, parallel) as extension_graphs:
+        reference, stored = source.reference(assembly, directory, store)
+        report("exporting with torch.onnx (dynamo)")
+        started = time.monotonic()
         proto = source.trace(assembly, shapes, store)
         used = attnx_ops(proto)
         proto = lowering_mod.lower(proto, every_op(assembly), settings.lowering, settings.target)
