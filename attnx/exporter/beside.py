@@ -5,8 +5,10 @@ model.onnx (the decode graphs, then genai's) take a second core's time instead o
 clock. The child is a fork: it shares the parent's weights (read, never written, so the pages stay
 shared), computes with one torch thread (an OpenMP pool does not survive a fork) and ends with
 ``os._exit`` (no exit handler of the parent's, such as a staging directory's cleanup, runs in it). Its
-result comes back over a pipe from this process's own child, never from a file. Without ``os.fork``
-or a second core, the work runs after the block instead, as it would have without this module.
+result comes back over a pipe from this process's own child, never from a file. Forking is done on
+Linux only: macOS's system frameworks are not fork-safe (Python starts processes by spawning there), and
+Windows has no fork. Elsewhere, or with one core, the work runs after the block instead, as it would have
+without this module.
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ import contextlib
 import multiprocessing
 import os
 import signal
+import sys
 import traceback
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
@@ -27,11 +31,8 @@ T = TypeVar("T")
 
 
 def spare_core() -> bool:
-    """Whether this process may run on more than one core and can fork."""
-    if not hasattr(os, "fork"):
-        return False
-    cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)
-    return len(cores) > 1
+    """Whether this process runs on Linux and may use more than one core."""
+    return sys.platform.startswith("linux") and hasattr(os, "fork") and len(os.sched_getaffinity(0)) > 1
 
 
 @contextlib.contextmanager
@@ -46,7 +47,9 @@ def beside(work: Callable[[], T], parallel: bool) -> Iterator[Callable[[], T]]:
         yield work
         return
     receive, send = multiprocessing.Pipe(duplex=False)
-    pid = os.fork()
+    with warnings.catch_warnings():  # Python >= 3.12 warns of any fork with threads (torch's idle pool)
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pid = os.fork()
     if pid == 0:  # the child: never returns into the caller's frames
         receive.close()
         status = 1
