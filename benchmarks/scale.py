@@ -3,8 +3,10 @@ directories (``attnx.testing.real_size``, seeded random weights: the released Qw
 shapes and LFM2-1.2B; ``toy``: the hybrid tests' 4-layer width-64 ``qwen3_5`` recipe, random weights, to
 try the script in minutes). Each directory is made under ``--work`` once (reused when present).
 
-Tools (``--tools``), each in its own child process, one at a time, so its wall time and peak RSS
-(``wait4``: the largest resident set of the child and its descendants) are its own:
+Tools (``--tools``), each in its own child process, one at a time, so its wall time and memory are its
+own: peak RSS (``wait4``: the largest resident set of any one process of the child and its descendants)
+and peak PSS (the memory of all of them at once, pages they share counted once, sampled each second; an
+attnx export makes its decode graphs in a forked process):
 
 * ``attnx``: ``attnx export --from hf:DIR --decode -o OUT`` (its default verify); ``attnx-no-verify``: the
   same with ``--no-verify``;
@@ -18,7 +20,7 @@ Tools (``--tools``), each in its own child process, one at a time, so its wall t
 
 Then per tool, each step in a child process again (one copy of the weights in memory at a time):
 
-* bytes on disk of OUT, and peak RSS and bytes as multiples of the fp32 weights' bytes;
+* bytes on disk of OUT, and peak RSS, peak PSS and bytes as multiples of the fp32 weights' bytes;
 * the largest absolute logits error of its full graph in ONNX Runtime (attnx: ``model.onnx``; mobius and
   the builder: their stateful ``model.onnx`` from an empty state) against HF's own float32 forward
   (computed once per shape, in a child, before any tool) at each of ``--lengths`` (one row of seeded ids);
@@ -90,13 +92,40 @@ STATE_PREFIX = re.compile(r"^past(_key_values)?\.")  # past.N.conv, past_key_val
 # ---------------------------------------------------------------------------------------------- children
 
 
+def group_pss(group: int) -> int:
+    """Bytes of memory the processes of process group ``group`` hold (the sum of their proportional set
+    sizes: pages shared between them, such as an export's weights after a fork, counted once)."""
+    total = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) == group:
+                rollup = (stat.parent / "smaps_rollup").read_text()
+                total += next(int(line.split()[1]) for line in rollup.splitlines() if line.startswith("Pss:"))
+        except (OSError, IndexError, StopIteration, ValueError):  # the process ended meanwhile
+            continue
+    return total * 1024
+
+
+RUN_KEYS = ("wall_s", "peak_rss_gb", "peak_pss_gb")  # what timed() measures of a child
+
+
 def timed(argv: list[str], timeout: float) -> dict[str, Any]:
-    """Run ``argv`` as a child in its own process group: its wall time, its peak RSS (``wait4``), its
-    stdout, and on failure its last stderr line (the whole group is killed after ``timeout`` s)."""
+    """Run ``argv`` as a child in its own process group: its wall time, its peak RSS (``wait4``: the
+    largest of any one of its processes) and its peak summed PSS (every process of the group, sampled each
+    second; an attnx export forks its decode graphs), its stdout, and on failure its last stderr line (the
+    whole group is killed after ``timeout`` s)."""
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         start = time.perf_counter()
         child = subprocess.Popen(argv, stdout=out, stderr=err, start_new_session=True)
-        expired = threading.Event()
+        expired, ended, peak = threading.Event(), threading.Event(), [0]
+
+        def sample() -> None:
+            while not ended.wait(1.0):
+                peak[0] = max(peak[0], group_pss(child.pid))
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
 
         def kill() -> None:
             expired.set()
@@ -106,12 +135,18 @@ def timed(argv: list[str], timeout: float) -> dict[str, Any]:
         timer.start()
         _, status, usage = os.wait4(child.pid, 0)
         timer.cancel()
+        ended.set()
+        sampler.join()
         wall = time.perf_counter() - start
         out.seek(0)
         err.seek(0)
         stdout = out.read().decode(errors="replace")
         lines = [line.strip() for line in err.read().decode(errors="replace").splitlines() if line.strip()]
-    run: dict[str, Any] = {"wall_s": round(wall, 1), "peak_rss_gb": round(usage.ru_maxrss * 1024 / 1e9, 2)}
+    run: dict[str, Any] = {
+        "wall_s": round(wall, 1),
+        "peak_rss_gb": round(usage.ru_maxrss * 1024 / 1e9, 2),
+        "peak_pss_gb": round(peak[0] / 1e9, 2),
+    }
     if expired.is_set():
         run["error"] = f"timed out after {timeout:.0f} s"
     elif status:
@@ -122,7 +157,7 @@ def timed(argv: list[str], timeout: float) -> dict[str, Any]:
 
 def child(name: str, *args: Any, timeout: float, python: str = sys.executable) -> dict[str, Any]:
     """``CHILDREN[name](*args)`` in a child process (this script, ``--child``): the dict it returns, with the
-    child's ``wall_s`` and ``peak_rss_gb``, or ``error``."""
+    child's ``wall_s``, ``peak_rss_gb`` and ``peak_pss_gb``, or ``error``."""
     run = timed([python, __file__, "--child", name, *map(str, args)], timeout)
     stdout = run.pop("stdout")
     if "error" in run:
@@ -393,7 +428,7 @@ def decode(tool: str, source: Path, out: Path, args: argparse.Namespace) -> dict
     if genai_error is None:
         found = child("genai_decode", out, args.prefill, args.steps, timeout=args.timeout)
         if "error" not in found:
-            return {k: v for k, v in found.items() if k not in ("wall_s", "peak_rss_gb")}
+            return {k: v for k, v in found.items() if k not in RUN_KEYS}
         genai_error = found["error"]
     if tool.startswith("attnx"):  # attnx's model.onnx is stateless: genai is its decode path
         return {"decode_error": f"onnxruntime-genai: {genai_error}"}
@@ -401,7 +436,7 @@ def decode(tool: str, source: Path, out: Path, args: argparse.Namespace) -> dict
     if "error" in found:
         return {"decode_error": f"onnxruntime-genai: {genai_error}; onnxruntime: {found['error']}"}
     found["decode_runtime"] += f" (onnxruntime-genai: {genai_error[:120]})"
-    return {k: v for k, v in found.items() if k not in ("wall_s", "peak_rss_gb")}
+    return {k: v for k, v in found.items() if k not in RUN_KEYS}
 
 
 def measure(shape: str, args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -427,11 +462,13 @@ def measure(shape: str, args: argparse.Namespace) -> list[dict[str, Any]]:
             disk = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
             row |= {"disk_gb": round(disk / 1e9, 3), "disk_x_weights": round(disk / weights, 3)}
             row["peak_rss_x_weights"] = round(row["peak_rss_gb"] * 1e9 / weights, 2)
+            row["peak_pss_x_weights"] = round(row["peak_pss_gb"] * 1e9 / weights, 2)
             if "error" in known:
                 row["eval_error"] = f"HF reference: {known['error']}"
             else:
                 found = child("evaluate", out, source, expected, args.prefill, timeout=args.timeout)
                 found["eval_peak_rss_gb"] = found.pop("peak_rss_gb", None)
+                found.pop("peak_pss_gb", None)
                 found.pop("wall_s", None)
                 row |= {"eval_error" if k == "error" else k: v for k, v in found.items()}
             row |= decode(tool, source, out, args)
@@ -457,11 +494,11 @@ def cell(key: str, value: Any) -> str:
 
 def table(rows: list[dict[str, Any]], lengths: list[str], prefill: str) -> str:
     """The rows as a Markdown table, then each row's errors in full."""
-    head = ["shape", "tool", "wall s", "x mobius", "x builder", "peak RSS GB", "x weights", "disk GB"]
-    head += ["x weights"]
+    head = ["shape", "tool", "wall s", "x mobius", "x builder", "peak RSS GB", "x weights", "peak PSS GB"]
+    head += ["x weights", "disk GB", "x weights"]
     head += [f"err @{n}" for n in lengths] + [f"prefill {prefill} s", "decode ms/tok", "decode in"]
     keys = ["shape", "tool", "wall_s", "wall_x_mobius", "wall_x_builder", "peak_rss_gb", "peak_rss_x_weights"]
-    keys += ["disk_gb"]
+    keys += ["peak_pss_gb", "peak_pss_x_weights", "disk_gb"]
     keys += ["disk_x_weights"] + [f"logits_err_{n}" for n in lengths]
     keys += [f"prefill_{prefill}_s", "decode_ms_per_token", "decode_runtime"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
