@@ -92,3 +92,27 @@ def test_a_spare_core_is_a_second_core_on_linux(monkeypatch):
     assert spare_core()
     monkeypatch.setattr(sys, "platform", "darwin")  # has fork, but its system frameworks are not fork-safe
     assert not spare_core()
+
+
+@pytest.mark.skipif(not spare_core(), reason="one core: the decode graphs are made after model.onnx, here")
+def test_a_refusal_while_the_decode_graphs_are_made_is_one_line_and_leaves_nothing(tmp_path, monkeypatch):
+    """The decode graphs are made in the forked child; its refusal is the export's one-line error, exit 2,
+    with no OUT and no staging directory left behind."""
+    from attnx.decode.export import DecodeGraphs
+    from tests.decode.conftest import lm_options
+    from tests.helpers import assert_one_line_error, run_cli
+
+    made_in = tmp_path / "pid"
+
+    def refuse(self, assembly, directory, settings, store):
+        made_in.write_text(str(os.getpid()))
+        raise AttnxError("decode graphs refused by the test; export without --decode")
+
+    monkeypatch.setattr(DecodeGraphs, "export", refuse)
+    out = tmp_path / "out"
+    options = [arg for key, value in lm_options("linear").items() for arg in ("--set", f"{key}={value}")]
+    args = ["export", "--model", "lm", "--variant", "linear", "--decode", "--no-verify", "-o", str(out)]
+    code, _, stderr = run_cli([*args, *options])
+    assert_one_line_error(code, stderr, "decode graphs refused by the test")
+    assert int(made_in.read_text()) != os.getpid()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pid"]
