@@ -165,8 +165,8 @@ def write(
     store = saved if shares_weights(settings.shared_weights, size) else None
     if store is not None:
         report(f"saved the weights once, for every graph ({size / 2**30:.2f} GiB)")
-    wanted = [extension for extension in extensions if extension.wanted(job)]
-    parallel = any(extension.traces(assembly) for extension in wanted) and spare_core()  # a fork for a trace
+    wanted = [(extension, extension.traces(assembly)) for extension in extensions if extension.wanted(job)]
+    parallel = any(traces for _, traces in wanted) and spare_core()  # a fork only for a trace
     conversion: dict[str, float] = {}  # model.onnx's seconds, once known: the estimate of what follows
     graphs = functools.partial(
         _extension_graphs, wanted, assembly, directory, settings, store, report, conversion
@@ -211,7 +211,7 @@ def write(
 
 
 def _extension_graphs(
-    extensions: Sequence[GraphExtension],
+    extensions: Sequence[tuple[GraphExtension, int]],
     assembly: Assembly | ModuleAssembly,
     directory: Path,
     settings: ExportSettings,
@@ -219,11 +219,11 @@ def _extension_graphs(
     report: Progress,
     conversion: Mapping[str, float],
 ) -> list[tuple[str, ExtraGraphs]]:
-    """Each extension's graphs, in order (genai's reads the decode graph written before it); the progress
-    line estimates each from model.onnx's conversion when it ran before them, else says they run beside it."""
+    """Each extension's graphs, in order (genai's reads the decode graph written before it), with the
+    traces each takes; the progress line estimates each from model.onnx's conversion when it ran before
+    them, else says they run beside it."""
     made = []
-    for extension in extensions:
-        traces = extension.traces(assembly)
+    for extension, traces in extensions:
         count = f"{traces} trace{'s' * (traces > 1)}"
         if not traces:
             estimate = "seconds"
