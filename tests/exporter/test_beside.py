@@ -116,3 +116,21 @@ def test_a_refusal_while_the_decode_graphs_are_made_is_one_line_and_leaves_nothi
     assert_one_line_error(code, stderr, "decode graphs refused by the test")
     assert int(made_in.read_text()) != os.getpid()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pid"]
+
+
+def test_without_a_spare_core_the_decode_graphs_follow_model_onnx_with_their_estimate(tmp_path, monkeypatch):
+    """The fallback path of the exporter itself: everything in this process, the decode graphs after
+    model.onnx, their progress line estimated from model.onnx's conversion."""
+    from attnx.exporter import export
+    from tests.decode.conftest import lm_options
+    from tests.helpers import run_cli
+
+    monkeypatch.setattr(export, "spare_core", lambda: False)
+    out = tmp_path / "out"
+    options = [arg for key, value in lm_options("linear").items() for arg in ("--set", f"{key}={value}")]
+    args = ["export", "--model", "lm", "--variant", "linear", "--decode", "--no-verify", "-o", str(out)]
+    code, _, stderr = run_cli([*args, *options])
+    assert code == 0, stderr
+    assert "exporting the decode graphs (1 trace, about " in stderr
+    assert "in a second process" not in stderr
+    assert {"model.onnx", "prefill.onnx", "decode.onnx", "attnx.json"} <= {p.name for p in out.iterdir()}
