@@ -282,7 +282,9 @@ def test_the_walk_imports_only_the_families_it_meets():
     assert "modeling_lfm2'" in models and "mamba2" not in models
 
 
-def test_a_kernel_package_cannot_be_imported_while_a_family_is_but_is_still_found(tmp_path, monkeypatch):
+def test_a_kernel_package_cannot_be_imported_while_a_family_is_but_is_still_found(
+    tmp_path, monkeypatch, request
+):
     """transformers binds a GPU-kernel package's functions in place of a modeling file's torch functions
     when it can import the package; attnx calls the torch functions, so it imports modeling files without
     those packages (seconds each). Their specs still resolve (transformers' availability checks read
@@ -295,8 +297,8 @@ def test_a_kernel_package_cannot_be_imported_while_a_family_is_but_is_still_foun
         (tmp_path / name / "ops.py").write_text("VALUE = 2\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setattr(convert, "KERNEL_PACKAGES", ("kernels_probe", "kernels_loaded", "kernels_absent"))
-    for name in ("kernels_probe", "kernels_probe.ops"):
-        monkeypatch.delitem(sys.modules, name, raising=False)
+    probes = ("kernels_probe", "kernels_probe.ops", "kernels_loaded")  # no module outlives the test
+    request.addfinalizer(lambda: [sys.modules.pop(name, None) for name in probes])
     loaded = importlib.import_module("kernels_loaded")
     finders = list(sys.meta_path)
 
