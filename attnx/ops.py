@@ -143,6 +143,30 @@ class OpArgument:
     optional: bool = False
     attribute_type: str | None = None  # torch type string for attributes
 
+    @property
+    def onnx_type(self) -> int:
+        """The ONNX ``AttributeProto`` type of an attribute argument."""
+        assert self.attribute_type is not None, f"{self.name} is a tensor, not an attribute"
+        return int(_ATTRIBUTE_TYPES[self.attribute_type][0])
+
+
+@dataclasses.dataclass(frozen=True)
+class SiteBodies:
+    """Target bodies that a call site's static dims specialise: beside the op's inputs and attributes,
+    each takes one int attribute per entry of ``dims`` (attribute -> (input, axis)), such as the head
+    counts a kernel takes as attributes and a body cannot read from the shapes. A node whose model declares
+    those dims of its inputs is served by one of these, the dims bound in a function overload of its own
+    (:func:`attnx.exporter.lowering.attach_functions`); any other by the target's other bodies.
+    """
+
+    bodies: Sequence[onnxscript.OnnxFunction]
+    dims: Mapping[str, tuple[str, int]]
+
+    def body_for(self, present_inputs: Sequence[str]) -> onnxscript.OnnxFunction | None:
+        """The body whose inputs are exactly ``present_inputs``, if one was given."""
+        fitting = [b for b in self.bodies if [p.name for p in b.function_ir.inputs] == list(present_inputs)]
+        return fitting[0] if fitting else None
+
 
 @dataclasses.dataclass(frozen=True)
 class TargetBodies:
@@ -152,11 +176,13 @@ class TargetBodies:
     ``onnxscript.values.Opset("com.microsoft", 1).LinearAttention``).
 
     ``since``: the oldest release of the target's runtime that has every kernel the bodies call (named
-    when the installed one lacks one).
+    when the installed one lacks one). ``sited``: bodies that serve a node in place of these where the
+    model declares the static dims they take (:class:`SiteBodies`).
     """
 
     bodies: Sequence[onnxscript.OnnxFunction]
     since: str = ""
+    sited: SiteBodies | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -11,8 +11,10 @@
 
 A lowering target other than ``portable`` (:mod:`attnx.targets`, ``--target``) takes the bodies an op
 declares for that target's runtime kernels (``AttentionOp.targets``) in ``function`` and
-``decomposed``; an op that declares none keeps its portable bodies. Nothing here knows an op or a
-target by name.
+``decomposed``; an op that declares none keeps its portable bodies. Where the target also has bodies
+that take static dims of a node's inputs as attributes (:class:`attnx.ops.SiteBodies`: head counts a
+kernel wants as attributes) and the model declares those dims, the node gets a function overload of its
+own that calls such a body with them bound. Nothing here knows an op or a target by name.
 
 Every lowered graph states the IR version of its opset (:mod:`attnx.exporter.opsets`).
 """
@@ -134,6 +136,7 @@ def attach_functions(
     that target (:meth:`attnx.ops.AttentionOp.body_for`)."""
     by_name = {op.name: op for op in ops}
     opset = model_opset(model)
+    declared = declared_dims(model.graph) if target != PORTABLE else {}
     attached: dict[tuple[str, str, str], onnx.FunctionProto] = {
         (f.domain, f.name, f.overload): f for f in model.functions
     }
@@ -150,8 +153,15 @@ def attach_functions(
                 f"the variant must provide one in {where}"
             )
         overload = "" if present == op.input_names else "_".join(present)
+        sited = _sited(op, present, target, dict(zip(op.input_names, node.input, strict=False)), declared)
+        if sited is None:
+            main, *library = function_protos(body)
+        else:
+            overload = "_".join([overload, *(f"{name}{value}" for name, value in sited[1].items())]).lstrip(
+                "_"
+            )
+            main, *library = _sited_protos(op, *sited)
         node.overload = overload
-        main, *library = function_protos(body)
         main.name, main.overload = op.name, overload
         for proto in (main, *library):
             _import_opset(proto, opset)
@@ -161,6 +171,61 @@ def attach_functions(
     if not any(o.domain == LIBRARY_DOMAIN for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(LIBRARY_DOMAIN, 1))
     return model
+
+
+def declared_dims(graph: onnx.GraphProto) -> dict[str, list[int | None]]:
+    """Each value's dims as the graph declares them (inputs, outputs, value_info): an int where static."""
+    declared = {}
+    for value in (*graph.input, *graph.output, *graph.value_info):
+        if value.type.HasField("tensor_type") and value.type.tensor_type.HasField("shape"):
+            dims = value.type.tensor_type.shape.dim
+            declared[value.name] = [d.dim_value if d.HasField("dim_value") else None for d in dims]
+    return declared
+
+
+def _sited(
+    op: AttentionOp,
+    present: Sequence[str],
+    target: str,
+    inputs: dict[str, str],
+    declared: dict[str, list[int | None]],
+) -> tuple[onnxscript.OnnxFunction, dict[str, int]] | None:
+    """The target's site body for a node with ``present`` inputs (name -> value) and the dims it binds,
+    where the model declares every one of them; else None."""
+    sited = op.targets[target].sited if target in op.targets else None
+    body = sited.body_for(present) if sited else None
+    if sited is None or body is None:
+        return None
+    values = {}
+    for attribute, (name, axis) in sited.dims.items():
+        dims = declared.get(inputs.get(name, ""), [])
+        if axis >= len(dims) or not dims[axis]:
+            return None
+        values[attribute] = dims[axis]
+    return body, values
+
+
+def _sited_protos(
+    op: AttentionOp, body: onnxscript.OnnxFunction, values: dict[str, int]
+) -> list[onnx.FunctionProto]:
+    """The op's function for one call site: a call of site body ``body`` (a library function here) with
+    the op's attributes passed on and ``values`` bound; then the library functions."""
+    site, *library = function_protos(body)
+    site.domain = LIBRARY_DOMAIN
+    call = helper.make_node(site.name, list(site.input), list(site.output), domain=LIBRARY_DOMAIN)
+    attributes = [a for a in op.arguments if not a.is_tensor]
+    call.attribute.extend(helper.make_attribute_ref(a.name, a.onnx_type) for a in attributes)
+    call.attribute.extend(helper.make_attribute(name, value) for name, value in values.items())
+    main = helper.make_function(
+        DOMAIN,
+        op.name,
+        list(site.input),
+        list(site.output),
+        [call],
+        [helper.make_opsetid(LIBRARY_DOMAIN, 1)],
+        attributes=[a.name for a in attributes],
+    )
+    return [main, site, *library]
 
 
 def retarget(model: onnx.ModelProto, ops: Sequence[AttentionOp], target: str) -> onnx.ModelProto:

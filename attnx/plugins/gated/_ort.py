@@ -8,7 +8,11 @@ Two mappings, each checked against the recurrence of :mod:`attnx.plugins.gated.o
   attnx's; decay (B, T, hv) scalar or (B, T, hv, dk) per key dimension; beta (B, T, hv); the state is
   V-major (B, hv, dv, dk) and required (zeros when the op has none).
 * ``LinearAttention``: packed (B, T, H * D), every value head a batch row, in the layout
-  :mod:`attnx.plugins.gated._packed` shares with the standard ``LinearAttention`` of opset 27.
+  :mod:`attnx.plugins.gated._packed` shares with the standard ``LinearAttention`` of opset 27; or, where
+  the model declares a node's head counts and widths (:data:`ORT_SITE_BODIES`, bound per call site), with
+  the heads as they are and attnx's state (B, hv, dk, dv) as the kernel's own, so the new state is the
+  kernel's output, not a copy of it. At the Qwen3.5 0.8B shape the copy and the kernel's write into a
+  fresh buffer cost about 0.5 ms a layer per decoded token (docs/benchmarks.md).
 
 In both, update_rule ``gated_delta`` is the delta rule with a decay (the op always has one: g = 0 is a
 decay of 1) and ``gated`` the additive rule, which ignores beta (and ``GatedDeltaNet`` refuses it), so v
@@ -22,12 +26,14 @@ import onnxscript
 from onnxscript import BOOL, FLOAT, INT64
 from onnxscript import opset18 as op
 
-from attnx.ops import LIBRARY, OPSET, AttnxWiden
+from attnx.ops import LIBRARY, OPSET, AttnxWiden, SiteBodies
 from attnx.plugins.gated._packed import (
     GatedKernelEmptyState,
     GatedKernelScaled,
     GatedPackedIn,
     GatedPackedOut,
+    GatedTokensIn,
+    GatedTokensOut,
 )
 from attnx.plugins.lib.ort import MICROSOFT
 
@@ -82,6 +88,62 @@ def OrtLinearAdditive(
         g,
         q_num_heads=1,
         kv_num_heads=1,
+        update_rule="gated",
+        scale=scale,
+        chunk_size=chunk_size,
+    )
+    return out, final
+
+
+@onnxscript.script(LIBRARY, default_opset=op)
+def OrtSitedDelta(
+    q: FLOAT,
+    k: FLOAT,
+    v: FLOAT,
+    state: FLOAT,
+    g: FLOAT,
+    beta: FLOAT,
+    scale: float,
+    chunk_size: int,
+    q_heads: int,
+    v_heads: int,
+) -> tuple[FLOAT, FLOAT]:
+    out, final = MICROSOFT.LinearAttention(
+        q,
+        k,
+        v,
+        state,
+        g,
+        beta,
+        q_num_heads=q_heads,
+        kv_num_heads=v_heads,
+        update_rule="gated_delta",
+        scale=scale,
+        chunk_size=chunk_size,
+    )
+    return out, final
+
+
+@onnxscript.script(LIBRARY, default_opset=op)
+def OrtSitedAdditive(
+    q: FLOAT,
+    k: FLOAT,
+    v: FLOAT,
+    state: FLOAT,
+    g: FLOAT,
+    scale: float,
+    chunk_size: int,
+    q_heads: int,
+    v_heads: int,
+) -> tuple[FLOAT, FLOAT]:
+    out, final = MICROSOFT.LinearAttention(
+        q,
+        k,
+        v,
+        state,
+        g,
+        q_num_heads=q_heads,
+        kv_num_heads=v_heads,
         update_rule="gated",
         scale=scale,
         chunk_size=chunk_size,
@@ -144,6 +206,57 @@ def OrtLinearCore(
         out, final = OrtLinearAdditive(queries, keys, values, rows, decay, scale=scale, chunk_size=chunk_size)
     out, final = GatedPackedOut(out, final, v, state, scale=scale)
     return out, final
+
+
+@onnxscript.script(LIBRARY, default_opset=op)
+def OrtSitedCore(
+    q: FLOAT,
+    k: FLOAT,
+    v: FLOAT,
+    g: FLOAT,
+    beta: FLOAT,
+    state: FLOAT,
+    delta: int,
+    scale: float,
+    chunk_size: int,
+    q_heads: int,
+    dk: int,
+    v_heads: int,
+    dv: int,
+    dg: int,
+) -> tuple[FLOAT, FLOAT]:
+    """(b, h, n, d) inputs of static heads and widths and the float32 state (b, hv, dk, dv) through
+    ``com.microsoft::LinearAttention`` with its heads as they are: (out in float32, the kernel's state)."""
+    queries, keys, values, decay, rate = GatedTokensIn(
+        q, k, v, g, beta, delta=delta, q_heads=q_heads, dk=dk, v_heads=v_heads, dv=dv, dg=dg
+    )
+    use_delta = op.Cast(op.Constant(value_int=delta), to=BOOL.dtype)
+    if use_delta:
+        out, final = OrtSitedDelta(
+            queries,
+            keys,
+            values,
+            state,
+            decay,
+            rate,
+            scale=scale,
+            chunk_size=chunk_size,
+            q_heads=q_heads,
+            v_heads=v_heads,
+        )
+    else:
+        out, final = OrtSitedAdditive(
+            queries,
+            keys,
+            values,
+            state,
+            decay,
+            scale=scale,
+            chunk_size=chunk_size,
+            q_heads=q_heads,
+            v_heads=v_heads,
+        )
+    return GatedTokensOut(out, scale=scale, v_heads=v_heads, dv=dv), final
 
 
 @onnxscript.script(OPSET, default_opset=op)
@@ -212,6 +325,114 @@ def OrtLinearStepFirst(
     return op.CastLike(out, v), final
 
 
+@onnxscript.script(OPSET, default_opset=op)
+def OrtSitedRule(
+    q: FLOAT,
+    k: FLOAT,
+    v: FLOAT,
+    g: FLOAT,
+    beta: FLOAT,
+    delta: int,
+    scale: float,
+    chunk_size: int,
+    q_heads: int,
+    dk: int,
+    v_heads: int,
+    dv: int,
+    dg: int,
+) -> FLOAT:
+    empty = AttnxWiden(GatedKernelEmptyState(q, v))
+    out, _ = OrtSitedCore(
+        q,
+        k,
+        v,
+        g,
+        beta,
+        empty,
+        delta=delta,
+        scale=scale,
+        chunk_size=chunk_size,
+        q_heads=q_heads,
+        dk=dk,
+        v_heads=v_heads,
+        dv=dv,
+        dg=dg,
+    )
+    return op.CastLike(out, v)
+
+
+@onnxscript.script(OPSET, default_opset=op)
+def OrtSitedStep(
+    q: FLOAT,
+    k: FLOAT,
+    v: FLOAT,
+    g: FLOAT,
+    beta: FLOAT,
+    state: FLOAT,
+    delta: int,
+    scale: float,
+    chunk_size: int,
+    q_heads: int,
+    dk: int,
+    v_heads: int,
+    dv: int,
+    dg: int,
+) -> tuple[FLOAT, FLOAT]:
+    out, final = OrtSitedCore(
+        q,
+        k,
+        v,
+        g,
+        beta,
+        AttnxWiden(state),
+        delta=delta,
+        scale=scale,
+        chunk_size=chunk_size,
+        q_heads=q_heads,
+        dk=dk,
+        v_heads=v_heads,
+        dv=dv,
+        dg=dg,
+    )
+    return op.CastLike(out, v), final  # float32 as it is: a cast would copy it into the output
+
+
+@onnxscript.script(OPSET, default_opset=op)
+def OrtSitedStepFirst(
+    q: FLOAT,
+    k: FLOAT,
+    v: FLOAT,
+    g: FLOAT,
+    beta: FLOAT,
+    delta: int,
+    scale: float,
+    chunk_size: int,
+    q_heads: int,
+    dk: int,
+    v_heads: int,
+    dv: int,
+    dg: int,
+) -> tuple[FLOAT, FLOAT]:
+    empty = AttnxWiden(GatedKernelEmptyState(q, v))
+    out, final = OrtSitedCore(
+        q,
+        k,
+        v,
+        g,
+        beta,
+        empty,
+        delta=delta,
+        scale=scale,
+        chunk_size=chunk_size,
+        q_heads=q_heads,
+        dk=dk,
+        v_heads=v_heads,
+        dv=dv,
+        dg=dg,
+    )
+    return op.CastLike(out, v), final
+
+
 # The bodies by op name, in AttentionOp.bodies order (all inputs first, then without the state).
 ORT_GATED_DELTA_NET_BODIES = {
     "GatedDeltaRule": (OrtNetRule,),
@@ -223,3 +444,9 @@ ORT_LINEAR_ATTENTION_BODIES = {
 }
 # LinearAttention's CPU kernel ran 4-8x faster than GatedDeltaNet's at N = 4096 (docs/variants/gated.md).
 ORT_BODIES = ORT_LINEAR_ATTENTION_BODIES
+# The dims a site body binds: q and k (b, hk, n, dk), v (b, hv, n, dv), g (b, hv, n, dg).
+SITE_DIMS = {"q_heads": ("q", 1), "dk": ("q", 3), "v_heads": ("v", 1), "dv": ("v", 3), "dg": ("g", 3)}
+ORT_SITE_BODIES = {
+    "GatedDeltaRule": SiteBodies((OrtSitedRule,), SITE_DIMS),
+    "GatedDeltaRuleStep": SiteBodies((OrtSitedStep, OrtSitedStepFirst), SITE_DIMS),
+}

@@ -36,7 +36,7 @@ import torch
 from attnx.ops import AttentionOp, TargetBodies, at_least_float32, trainable_op
 from attnx.plugins.gated._chunks import gated_chunks
 from attnx.plugins.gated._onnx import GatedDeltaRule, GatedDeltaRuleStep, GatedDeltaRuleStepFirst
-from attnx.plugins.gated._ort import ORT_BODIES
+from attnx.plugins.gated._ort import ORT_BODIES, ORT_SITE_BODIES
 from attnx.plugins.gated._standard import (
     GatedDeltaRuleStandard,
     GatedDeltaRuleStepFirstStandard,
@@ -206,7 +206,11 @@ GATED_DELTA_RULE_OP = AttentionOp(
     "q, k (b, hk, n, dk), v (b, hv, n, dv), g (b, hv, n, 1 or dk), beta (b, hv, n).",
     output_shape=_output_shape,
     kernel="attnx.plugins.gated._triton:GATED_KERNEL",
-    targets={"ort": TargetBodies(ORT_BODIES["GatedDeltaRule"], since=ORT_SINCE)},
+    targets={
+        "ort": TargetBodies(
+            ORT_BODIES["GatedDeltaRule"], since=ORT_SINCE, sited=ORT_SITE_BODIES["GatedDeltaRule"]
+        )
+    },
     preconditions=_preconditions,
 )
 
@@ -225,7 +229,11 @@ GATED_DELTA_RULE_STEP_OP = AttentionOp(
     output_names=("output", "new_state"),
     output_types=STATE_OUTPUT_TYPE,
     output_shape=_output_shape,
-    targets={"ort": TargetBodies(ORT_BODIES["GatedDeltaRuleStep"], since=ORT_SINCE)},
+    targets={
+        "ort": TargetBodies(
+            ORT_BODIES["GatedDeltaRuleStep"], since=ORT_SINCE, sited=ORT_SITE_BODIES["GatedDeltaRuleStep"]
+        )
+    },
     preconditions=_preconditions,
 )
 

@@ -22,19 +22,21 @@ ORT_SINCE = "1.32"
 
 @onnxscript.script(LIBRARY, default_opset=op)
 def OrtHeadsToBatch(x: FLOAT) -> FLOAT:
-    """(b, h, n, d) -> (b * h, n, d)."""
-    return op.Reshape(x, op.Concat(op.Constant(value_ints=[-1]), op.Shape(x, start=2), axis=0))
+    """(b, h, n, d) -> (b * h, n, d); n may be 0 (no -1 in the shape, and a 0 in it is a 0)."""
+    rows = op.Mul(op.Shape(x, start=0, end=1), op.Shape(x, start=1, end=2))
+    return op.Reshape(x, op.Concat(rows, op.Shape(x, start=2), axis=0), allowzero=1)
 
 
 @onnxscript.script(LIBRARY, default_opset=op)
 def OrtRepeatHeads(x: FLOAT, like: FLOAT) -> FLOAT:
     """q or k (b, hk, n, d) repeated to the value heads of ``like`` (b, hv, ...), each r times in a row."""
     grouped = op.Concat(
-        op.Shape(x, start=0, end=2), op.Constant(value_ints=[-1]), op.Shape(x, start=2), axis=0
+        op.Shape(x, start=0, end=2), op.Constant(value_ints=[1]), op.Shape(x, start=2), axis=0
     )
     heads = op.Div(op.Shape(like, start=1, end=2), op.Shape(x, start=1, end=2))
     wide = op.Concat(op.Shape(x, start=0, end=2), heads, op.Shape(x, start=2), axis=0)
     return op.Reshape(
-        op.Expand(op.Reshape(x, grouped), wide),
+        op.Expand(op.Reshape(x, grouped, allowzero=1), wide),
         op.Concat(op.Shape(like, start=0, end=2), op.Shape(x, start=2), axis=0),
+        allowzero=1,
     )

@@ -28,6 +28,7 @@ from attnx.plugins.gated.op import GATED_DELTA_RULE_OP, GATED_DELTA_RULE_STEP_OP
 from attnx.plugins.linear.kernel import LINEAR_OP, LINEAR_STEP_OP, linear_attention, linear_attention_step
 from attnx.plugins.linear.ort import LINEAR_ORT_BODIES
 from attnx.plugins.softmax.kernel import SOFTMAX_OP, softmax_attention
+from attnx.targets import PORTABLE
 from attnx.testing.onnx_op import node_model
 from tests.plugins import op_harness as harness
 from tests.plugins.gated.cases import SCALE, Shape, draw
@@ -40,9 +41,19 @@ def with_bodies(op: AttentionOp, bodies: dict) -> AttentionOp:
     return dataclasses.replace(op, bodies=bodies[op.name])
 
 
-def run(op: AttentionOp, lowering: str, *args, ran: set[str] | None = None) -> list[torch.Tensor]:
-    """``op(*args)`` as a one-node model lowered with ``op``'s bodies; the model imports com.microsoft.
-    ``ran``: filled with the op types of the kernels ONNX Runtime ran (from its profile)."""
+def run(
+    op: AttentionOp,
+    lowering: str,
+    *args,
+    ran: set[str] | None = None,
+    target: str = PORTABLE,
+    declared: bool = False,
+    optimized: Path | None = None,
+) -> list[torch.Tensor]:
+    """``op(*args)`` as a one-node model lowered with ``op``'s bodies (``target``'s where it declares them);
+    the model imports com.microsoft. ``declared``: the graph declares its inputs' and outputs' dims (else
+    only their ranks). ``ran``: filled with the op types of the kernels ONNX Runtime ran (from its
+    profile); ``optimized``: where ONNX Runtime writes the graph it runs."""
     call = harness.op_call(op, *args)
     model = node_model(op, call)
     node, taken = model.graph.node[0], {value.name for value in model.graph.input}
@@ -50,11 +61,22 @@ def run(op: AttentionOp, lowering: str, *args, ran: set[str] | None = None) -> l
     node.output[:] = [renamed.get(name, name) for name in node.output]
     for value in model.graph.output:
         value.name = renamed.get(value.name, value.name)
-    model = lower(model, [op], lowering)
+    if declared:
+        tensors = {
+            **call.bound(),
+            **dict(zip((v.name for v in model.graph.output), call.outputs, strict=True)),
+        }
+        for value in (*model.graph.input, *model.graph.output):
+            dims = value.type.tensor_type.shape.dim
+            for dim, size in zip(dims, tensors[value.name].shape, strict=True):
+                dim.dim_value = size
+    model = lower(model, [op], lowering, target=target)
     model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
     onnx.checker.check_model(model)  # the kernels have no onnx schema: no full (shape-inferring) check
     options = onnxruntime.SessionOptions()
     options.log_severity_level = 3
+    if optimized is not None:
+        options.optimized_model_filepath = str(optimized)
     with tempfile.TemporaryDirectory() as folder:  # ORT names a profile by the time: one folder per call
         options.enable_profiling = ran is not None
         options.profile_file_prefix = str(Path(folder) / "profile")
@@ -129,6 +151,110 @@ def test_ort_bodies_cover_both_ops_in_their_input_order():
             found = [[p.name for p in body.function_ir.inputs] for body in bodies[op.name]]
             assert found[0] == op.input_names
             assert all(op.body_for(inputs) is not None for inputs in found)
+
+
+# -- per call site: the heads as they are, where the model declares them ---------------------------------
+
+SITED_CASES = [
+    *CASES,
+    Shape(1, 2, 4, 1, 8, 6, True, True, 16, state=True),  # two value heads per key head, one token
+    Shape(2, 1, 3, 9, 4, 4, False, False, 8, state=True),
+    Shape(1, 2, 2, 0, 4, 4, False, True, 8, state=True),  # no new token
+]
+
+
+def sited(model_functions: list[str]) -> bool:
+    return "OrtSitedCore" in model_functions
+
+
+@pytest.mark.parametrize("declared", [True, False], ids=["declared", "ranks-only"])
+@pytest.mark.parametrize("lowering", ["function", "decomposed"])
+@pytest.mark.parametrize("shape", SITED_CASES, ids=str)
+def test_the_ort_target_matches_the_torch_op_with_and_without_declared_dims(shape, lowering, declared):
+    """With its inputs' dims declared, a node takes the kernel with its heads as they are (the site body);
+    with only their ranks, heads as batch rows; both compute the op."""
+    inputs = draw(shape, seed=shape.n + 11)
+    expected_out, expected_state = gated_delta_rule_step(*inputs, shape.delta, SCALE, shape.chunk)
+    step = GATED_DELTA_RULE_STEP_OP
+    call = harness.op_call(step, *inputs, shape.delta, SCALE, shape.chunk)
+    model = lower(node_model(step, call), [step], "function", target="ort")
+    assert sited([f.name for f in model.functions]) is False  # ranks only: node_model declares no dims
+    out, grown = run(
+        step, lowering, *inputs, shape.delta, SCALE, shape.chunk, target="ort", declared=declared
+    )
+    torch.testing.assert_close(out, expected_out, **TOLERANCE)
+    torch.testing.assert_close(grown, expected_state, **TOLERANCE)
+    if inputs[-1] is None:
+        rule = GATED_DELTA_RULE_OP
+        (full,) = run(rule, lowering, *inputs[:5], shape.delta, SCALE, 8, target="ort", declared=declared)
+        torch.testing.assert_close(full, expected_out, **TOLERANCE)
+
+
+def test_declared_dims_bind_a_site_body_per_distinct_dims():
+    """Two nodes of different heads get two overloads, each binding its own; a node with a dim missing keeps
+    the heads-as-batch body."""
+    step = GATED_DELTA_RULE_STEP_OP
+    calls = [
+        draw(Shape(1, hk, hv, 3, 4, 4, False, True, 8, state=True), seed=hv) for hk, hv in ((1, 2), (2, 2))
+    ]
+    nodes, inputs = [], []
+    for index, arguments in enumerate((*calls, calls[0])):
+        names = [f"{name}{index}" for name in step.input_names]
+        nodes.append(
+            helper.make_node(
+                step.name,
+                names,
+                [f"out{index}", f"state{index}"],
+                domain="attnx",
+                delta=1,
+                scale=SCALE,
+                chunk_size=8,
+            )
+        )
+        for name, tensor in zip(names, arguments, strict=True):
+            dims = list(tensor.shape) if index < 2 else [None] * tensor.dim()
+            inputs.append(helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, dims))
+    outputs = [
+        helper.make_tensor_value_info(o, onnx.TensorProto.FLOAT, None) for n in nodes for o in n.output
+    ]
+    graph = helper.make_graph(nodes, "three", inputs, outputs)
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("attnx", 1)]
+    )
+    model = lower(model, [step], "function", target="ort")
+    assert [n.overload for n in model.graph.node if n.domain == "attnx"] == [
+        "q_heads1_dk4_v_heads2_dv4_dg1",
+        "q_heads2_dk4_v_heads2_dv4_dg1",
+        "",
+    ]
+    assert sorted(f.overload for f in model.functions if f.name == step.name) == [
+        "",
+        "q_heads1_dk4_v_heads2_dv4_dg1",
+        "q_heads2_dk4_v_heads2_dv4_dg1",
+    ]
+
+
+def test_the_site_body_state_is_the_kernels_output(tmp_path):
+    """In the graph ONNX Runtime runs, the new state comes out of LinearAttention itself, which writes a
+    buffer bound to it (onnxruntime-genai binds the state's input and output to one): no copy after it."""
+    shape = Shape(1, 2, 4, 1, 8, 8, False, True, 16, state=True)
+    inputs = draw(shape, seed=5)
+    for declared, copied in ((True, False), (False, True)):
+        path = tmp_path / f"{declared}.onnx"
+        run(
+            GATED_DELTA_RULE_STEP_OP,
+            "function",
+            *inputs,
+            True,
+            SCALE,
+            16,
+            target="ort",
+            declared=declared,
+            optimized=path,
+        )
+        graph = onnx.load(path).graph
+        (writer,) = [node for node in graph.node if "new_state" in node.output]
+        assert (writer.op_type != "LinearAttention") is copied, writer.op_type
 
 
 # -- the linear variant on LinearAttention's "linear" rule -----------------------------------------------
