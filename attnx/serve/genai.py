@@ -48,7 +48,9 @@ delta-rule step, ``MultiHeadAttention`` for a softmax step, ...) where they decl
 export's ``--target``: the same nodes as ``decode.onnx`` with other function bodies
 (:func:`runtime_bodies`; the manifest's ``genai.target`` says which). At the released Qwen3.5 0.8B shape
 the portable gated body ran its chunked form (``Scan``, ``If``, the chunk padding) for every one-token step
-of its 18 layers (docs/benchmarks.md). An export made with ``--lowering decomposed`` keeps its bodies, as
+of its 18 layers (docs/benchmarks.md). genai.onnx declares every state's dims, so a gated step takes the
+kernel with its heads as they are (:class:`attnx.ops.SiteBodies`): the kernel's new state is the graph's
+``present.<layer>.recurrent`` itself, written into the buffer genai binds to it and its past. An export made with ``--lowering decomposed`` keeps its bodies, as
 does one whose installed ONNX Runtime lacks a kernel a target body calls.
 
 genai on CPU binds a recurrent or conv state's input and output to one buffer, so the graph reads

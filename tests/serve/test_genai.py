@@ -307,6 +307,8 @@ def test_genai_onnx_runs_onnx_runtimes_kernels_and_records_them(serve_export):
         name: onnx.load(str(out / name), load_external_data=False) for name in ("genai.onnx", "decode.onnx")
     }
     assert "LinearAttention" in _kernels(graphs["genai.onnx"]) and not _kernels(graphs["decode.onnx"])
+    steps = [n for n in graphs["genai.onnx"].graph.node if n.op_type == "GatedDeltaRuleStep"]
+    assert steps and all("v_heads" in n.overload for n in steps)  # the kernel's heads as they are, bound
     manifest = ExportDir.open(out).manifest
     assert manifest.target is None  # the export itself: portable
     assert manifest.genai.target.name == "ort" and manifest.genai.target.ops == ["attnx::GatedDeltaRuleStep"]
