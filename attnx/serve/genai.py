@@ -50,8 +50,9 @@ export's ``--target``: the same nodes as ``decode.onnx`` with other function bod
 the portable gated body ran its chunked form (``Scan``, ``If``, the chunk padding) for every one-token step
 of its 18 layers (docs/benchmarks.md). genai.onnx declares every state's dims, so a gated step takes the
 kernel with its heads as they are (:class:`attnx.ops.SiteBodies`): the kernel's new state is the graph's
-``present.<layer>.recurrent`` itself, written into the buffer genai binds to it and its past. An export made with ``--lowering decomposed`` keeps its bodies, as
-does one whose installed ONNX Runtime lacks a kernel a target body calls.
+``present.<layer>.recurrent`` itself, written into the buffer genai binds to it and its past. An export
+made with ``--lowering decomposed`` keeps its bodies, as does one whose installed ONNX Runtime lacks a
+kernel a target body calls.
 
 genai on CPU binds a recurrent or conv state's input and output to one buffer, so the graph reads
 each such input once, by Slice nodes (copies) that every node writing its output depends on: the
