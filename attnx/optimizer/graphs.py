@@ -5,7 +5,8 @@
   RMSNorms, residual adds with their RMSNorm and rotary embeddings become single ONNX Runtime kernels
   (``SimplifiedLayerNormalization``, ``com.microsoft::SkipSimplifiedLayerNormalization``,
   ``com.microsoft::RotaryEmbedding``), after constant folding and with every function inlined (the graph
-  is then a decomposed one that only ONNX Runtime runs); exact up to rounding.
+  is then a decomposed one that only ONNX Runtime runs); and the gated layers' q/k L2 norms the same
+  RMSNorm kernel (:mod:`attnx.optimizer.l2norm`); exact up to rounding.
 * ``fp16``: ONNX Runtime's float16 converter with the graph's inputs and outputs kept float32 (the
   export's interface does not change). It does not visit model-local functions; attnx's bodies are
   dtype-generic, so a function-lowered body computes in the dtype it is given. Ops whose schema fixes
@@ -145,9 +146,12 @@ def fuse_for_ort(model: onnx.ModelProto, name: str) -> tuple[onnx.ModelProto, Ma
     import onnx_ir
     from onnxscript.rewriter import ort_fusions
 
+    from attnx.optimizer.l2norm import L2_NORM_RULES
+
     try:
         with quiet_root_logger():  # its shape inference logs a traceback for each body it cannot type
             fused, counts = ort_fusions.optimize_for_ort(onnx_ir.from_proto(model))
+            counts = {**counts, "l2_normalization": L2_NORM_RULES.apply_to_model(fused)}
     except Exception as exc:  # the tool's own errors, of any type
         raise AttnxError(
             f"{name}: onnxscript's fusions failed ({first_line(exc)}); optimize without --fuse"
