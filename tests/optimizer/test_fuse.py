@@ -73,6 +73,7 @@ def test_every_graph_runs_the_fused_kernels_and_keeps_the_target_kernels(fused):
     assert accuracy["passed"] and accuracy["rel_error"] <= 1e-4 and accuracy["text"]["top1"] == 1.0
     for graph in ("model.onnx", "decode.onnx"):
         assert f"{graph}: made " in stderr and "skip_rms_normalization" in stderr
+        assert "l2_normalization" in stderr  # the gated layers' q/k norms (attnx/optimizer/l2norm.py)
     for graph in ("prefill.onnx", "genai.onnx"):  # the fused decode graph from the empty state, genai's names
         assert f"{graph}: made from the new decode.onnx" in stderr
 
