@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from importlib import metadata
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import onnx
 import onnx.inliner
@@ -36,6 +37,9 @@ from attnx.exporter.manifest import QuantizationSection
 from attnx.exporter.trace import save_onnx
 from attnx.optimizer.protos import name_nodes, quiet_root_logger, topologically_sorted
 from attnx.optimizer.tensors import SharedData
+
+if TYPE_CHECKING:
+    from attnx.optimizer.quantize import QuantisedWeights
 
 STEPS = ("int4", "int8", "slim", "fuse", "dynamic-int8", "fp16")  # in the order they are applied
 WEIGHT_ONLY = ("int4", "int8")
@@ -83,12 +87,14 @@ def transform(
     shared: SharedData | None,
     quantization: QuantizationSection | None = None,
     op_kinds: Mapping[str, str] | None = None,
+    quantised: QuantisedWeights | None = None,
 ) -> Made:
     """Write ``source`` with ``steps`` (checked, in order) applied to ``target``, its tensors in ``shared``
     (None: inside the graph; the export's other files, its weights included, are already beside
     ``target``); ``float32_ops``: attnx
     op types that keep float32 under ``fp16``; ``quantization`` and ``op_kinds`` (attnx op type ->
-    "attention" or "recurrent"): what ``int4``/``int8`` do. Weight-only quantisation alone reads only the
+    "attention" or "recurrent"): what ``int4``/``int8`` do, taking and adding to ``quantised`` (the blocks
+    made for the export's other graphs over the same weights). Weight-only quantisation alone reads only the
     weights it quantises; the other steps, whole-graph tools, read every tensor. Returns what the steps
     made: the quantised MatMuls by "kind precision", ``fuse``'s fusions."""
     model = onnx.load(str(source), load_external_data=not set(steps) <= set(WEIGHT_ONLY))
@@ -97,7 +103,7 @@ def transform(
     if quantization is not None and any(step in WEIGHT_ONLY for step in steps):
         from attnx.optimizer.quantize import quantize_weights
 
-        model, made = quantize_weights(model, quantization, op_kinds or {}, source)
+        model, made = quantize_weights(model, quantization, op_kinds or {}, source, quantised)
     if "slim" in steps:
         import onnxslim
 

@@ -46,7 +46,7 @@ from attnx.optimizer.accuracy import AccuracyReport, measure, text_bounds
 from attnx.optimizer.graphs import WEIGHT_ONLY, check_steps, tool_versions, transform
 from attnx.optimizer.layers import mixer_kinds
 from attnx.optimizer.longdecode import TIE_FACTOR, long_decode
-from attnx.optimizer.quantize import plan
+from attnx.optimizer.quantize import QuantisedWeights, plan
 from attnx.optimizer.settings import DEFAULT_BLOCK_SIZE, DEFAULT_DECODE_TOKENS, DEFAULT_SEED
 from attnx.optimizer.tensors import DATA_FILE, DATA_KEY, SharedData
 from attnx.optimizer.text import LOGITS, is_language_model, text_rows
@@ -239,6 +239,7 @@ def _write_files(
     decode graph, the others copied (a TensorRT engine dropped); their manifest records."""
     kept = float32_ops(export.ops())
     op_kinds = mixer_kinds() if quantization is not None else {}
+    quantised = QuantisedWeights()  # each stored weight quantised once, for every graph over it
     section = export.manifest.decode
     derived = {}
     for key, decoder in DECODERS.items() if section is not None else ():
@@ -285,6 +286,7 @@ def _write_files(
                 shared,
                 quantization,
                 op_kinds,
+                quantised,
             )
             if split:
                 before_later = onnx.load(str(staging / record.path), load_external_data=False)

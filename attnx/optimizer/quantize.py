@@ -15,11 +15,16 @@ Activations, states, decays and gates stay float32; only weights are quantised.
 attnx chooses the precision per layer kind (:mod:`attnx.optimizer.layers`), folds a weight read through a
 Transpose (the shared-weights layout) into a transposed copy first (the quantizer takes only constant
 weights), and never quantises the recurrent rules' decay and gate projections.
+
+An export's graphs share one weights file, so a :class:`QuantisedWeights` kept across them quantises each
+weight once: the second graph's MatMul over the same stored bytes (decode.onnx's, after model.onnx's) takes
+the blocks made for the first (at the Qwen3.5 0.8B shape, a minute and a half of the quantizer's work).
 """
 
 from __future__ import annotations
 
 import collections
+import dataclasses
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -78,12 +83,67 @@ def plan(
     return QuantizationSection(chosen, block_size, symmetric, level, algorithm)
 
 
+WeightKey = tuple[str, bool, str, tuple[tuple[str, str], ...]]  # name, transposed, precision, where stored
+
+
+@dataclasses.dataclass
+class QuantisedWeights:
+    """The ``MatMulNBits`` made for weights stored in an export's external files, by weight (its name,
+    whether read transposed, its precision, where its bytes lie), to be taken by the next graph over the
+    same weights within one ``attnx optimize`` (one quantisation setting)."""
+
+    made: dict[WeightKey, tuple[onnx.NodeProto, list[onnx.TensorProto]]] = dataclasses.field(
+        default_factory=dict
+    )
+
+    @staticmethod
+    def key(matmul: LayerWeight, tensor: onnx.TensorProto, precision: str) -> WeightKey | None:
+        """``matmul``'s weight as stored, or None when it is not in an external file (nothing to share)."""
+        if not uses_external_data(tensor):
+            return None
+        return (
+            matmul.weight,
+            matmul.transposed,
+            precision,
+            tuple((e.key, e.value) for e in tensor.external_data),
+        )
+
+    def record(self, key: WeightKey, node: onnx.NodeProto, graph: onnx.GraphProto) -> None:
+        """Keep ``node`` (a ``MatMulNBits`` the quantizer made) and copies of its constant inputs."""
+        tensors = {tensor.name: tensor for tensor in graph.initializer}
+        kept = onnx.NodeProto()
+        kept.CopyFrom(node)
+        copies = []
+        for name in node.input[1:]:
+            copy = onnx.TensorProto()
+            copy.CopyFrom(tensors[name])
+            copies.append(copy)
+        self.made[key] = (kept, copies)
+
+    def take(self, key: WeightKey, matmul: LayerWeight, graph: onnx.GraphProto) -> None:
+        """Turn ``matmul`` into the kept ``MatMulNBits`` for ``key``, its tensors added where missing."""
+        made, tensors = self.made[key]
+        have = {tensor.name for tensor in graph.initializer}
+        graph.initializer.extend(tensor for tensor in tensors if tensor.name not in have)
+        inputs = [matmul.node.input[0], *made.input[1:]]
+        replacement = onnx.helper.make_node(
+            made.op_type, inputs, list(matmul.node.output), name=made.name, domain=made.domain
+        )
+        replacement.attribute.extend(made.attribute)
+        matmul.node.CopyFrom(replacement)
+
+
 def quantize_weights(
-    model: onnx.ModelProto, section: QuantizationSection, op_kinds: Mapping[str, str], source: Path
+    model: onnx.ModelProto,
+    section: QuantizationSection,
+    op_kinds: Mapping[str, str],
+    source: Path,
+    quantised: QuantisedWeights | None = None,
 ) -> tuple[onnx.ModelProto, dict[str, int]]:
     """``model`` (read from ``source``, its external data maybe not loaded) with its weight MatMuls
-    quantised as ``section`` says; ``op_kinds``: attnx op type -> "attention" or "recurrent". Only the
-    weights quantised are read. Returns the model and how many MatMuls went to each precision, by "kind
+    quantised as ``section`` says; ``op_kinds``: attnx op type -> "attention" or "recurrent"; ``quantised``:
+    blocks made for earlier graphs over the same weights, which it takes and adds to. Only the weights
+    quantised here are read. Returns the model and how many MatMuls went to each precision, by "kind
     precision" (the gates: "gate fp32"), and the embeddings that now gather the head's blocks ("embedding
     int4").
 
@@ -97,18 +157,30 @@ def quantize_weights(
         kinds = ", ".join(k for k, v in section.precision.items() if v != "fp32")
         raise AttnxError(f"{source.name} has no weight MatMul in the layer kinds to quantise ({kinds})")
     initializers = {tensor.name: tensor for tensor in model.graph.initializer}
+    read_through = {m.node.output[0]: m.weight for m in chosen if m.transposed}  # product -> its weight
+    quantised = QuantisedWeights() if quantised is None else quantised
+    keys = {
+        m.node.output[0]: quantised.key(m, initializers[m.weight], section.precision[m.kind]) for m in chosen
+    }
+    for matmul in chosen:
+        if keys[matmul.node.output[0]] in quantised.made:
+            quantised.take(keys[matmul.node.output[0]], matmul, model.graph)
+    chosen = [m for m in chosen if m.node.op_type == "MatMul"]
     for matmul in chosen:  # the quantizer reads these; a transposed weight is read into its copy only
         tensor = initializers[matmul.weight]
         if not matmul.transposed and uses_external_data(tensor):
             load_external_data_for_tensor(tensor, str(source.parent))
             tensor.data_location = onnx.TensorProto.DEFAULT
             del tensor.external_data[:]
-    read_through = {m.node.output[0]: m.weight for m in chosen if m.transposed}  # product -> its weight
     _untranspose(model, [m for m in chosen if m.transposed], source.parent)
     for precision, bits in BITS.items():
         names = {m.node.name for m in chosen if section.precision[m.kind] == precision}
         if names:
             model = _run_quantizer(model, section, bits, names)
+    made = {m.node.output[0] for m in chosen if keys[m.node.output[0]] is not None}
+    for node in model.graph.node:  # the quantizer's MatMulNBits keep their MatMul's output
+        if node.op_type == "MatMulNBits" and node.output[0] in made:
+            quantised.record(keys[node.output[0]], node, model.graph)
     gathers = _gather_quantised_tables(model, read_through)
     _drop_unused_initializers(model)
     counts = collections.Counter(

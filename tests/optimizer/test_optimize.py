@@ -170,6 +170,47 @@ def test_layer_kinds_take_their_own_precision_and_gates_stay_float32(tmp_path):
         assert places == {DATA_FILE, "weights.safetensors"}, (key, places)
 
 
+def quantised_nodes(path):
+    """Each MatMulNBits of the graph at ``path`` by its output: its attributes and its tensors' values."""
+    model = onnx.load(str(path))
+    tensors = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer}
+    return {
+        node.output[0]: (
+            sorted((a.name, a.i) for a in node.attribute),
+            [tensors[name].tobytes() for name in node.input[1:]],
+        )
+        for node in model.graph.node
+        if node.op_type == "MatMulNBits"
+    }
+
+
+def test_each_stored_weight_is_quantised_once_for_every_graph(tmp_path, monkeypatch):
+    """model.onnx and decode.onnx read one weights file: the quantizer sees each weight once, decode.onnx
+    takes model.onnx's blocks, and every graph's MatMulNBits equal those of a run that quantises each graph
+    on its own."""
+    from attnx.optimizer import quantize
+
+    options = {**TINY, "export.decode": True, "export.shared_weights": True, "verify.seq_lens": [1, 5]}
+    src = tmp_path / "src"
+    export("gated_delta", src, model="lm", options=options)
+    quantizer = quantize._run_quantizer
+    seen: list[str] = []
+
+    def counted(model, section, bits, names):
+        seen.extend(m.weight for m in classify(model, mixer_kinds(), "m") if m.node.name in names)
+        return quantizer(model, section, bits, names)
+
+    monkeypatch.setattr(quantize, "_run_quantizer", counted)
+    shared = optimize(src, tmp_path / "shared", int4=True, block_size=16, decode_tokens=0)
+    assert shared.passed and seen and len(seen) == len(set(seen)), seen
+    monkeypatch.setattr(quantize.QuantisedWeights, "key", staticmethod(lambda *_: None))
+    alone = optimize(src, tmp_path / "alone", int4=True, block_size=16, decode_tokens=0)
+    assert alone.passed and len(seen) > len(set(seen))  # now decode.onnx's weights went through again
+    for graph in ("model.onnx", "decode.onnx", "genai.onnx"):
+        made = quantised_nodes(tmp_path / "shared" / graph)
+        assert made and made == quantised_nodes(tmp_path / "alone" / graph), graph
+
+
 def embedding_rows(graph_path, ids):
     """The embedding of the lm graph at ``graph_path`` (its ``Gather`` or ``GatherBlockQuantized`` of
     ``input_ids``, run alone with what it reads) on ``ids``, that node and the graph."""
