@@ -2,7 +2,8 @@
 link is followed) that holds what its name claims.
 
 Every file the manifest lists is hashed through a descriptor opened with ``O_NOFOLLOW`` (a link,
-even one to another file inside OUT, is refused: an export's files are plain files it wrote), then
+even one to another file inside OUT, is refused, and so is a file with a second hard link: an export's files
+are plain files it wrote), then
 its content is checked by kind, without running or unpickling anything:
 
 * ``.onnx``: parses as an ONNX model with a graph; every tensor stored as external data names a
@@ -53,9 +54,17 @@ def open_plain(path: Path) -> int:
                 f"an export and does not follow links: {REEXPORT} (or copy the file there)"
             ) from None
         raise AttnxError(f"cannot read {path}: {exc.strerror or exc}") from None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
         os.close(fd)
         raise AttnxError(f"{path} is not a regular file; {REEXPORT}")
+    if info.st_nlink > 1:  # onnx would refuse it as external data later, with a traceback's worth of words
+        os.close(fd)
+        raise AttnxError(
+            f"{path} has {info.st_nlink} hard links; attnx reads an export's files only as files of their "
+            "own (onnx refuses external data with more than one, as a possible hard-link attack): copy the "
+            "export (cp -r) rather than linking its files"
+        )
     return fd
 
 

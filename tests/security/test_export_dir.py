@@ -68,6 +68,15 @@ def test_a_link_to_a_file_inside_the_export_is_refused_too(name, copy, workdir):
     run_refused(workdir, "verify", f"e/{name}", "symbolic link")
 
 
+@pytest.mark.parametrize(("name", "command"), [("weights.safetensors", "optimize"), ("model.onnx", "verify")])
+def test_a_hard_linked_file_is_refused_in_one_line(name, command, copy, workdir):
+    """A file with a second hard link (``cp -l`` of an export): onnx refuses such external data as a possible
+    hard-link attack, with a traceback; attnx refuses it first, in one line naming the file and the fix."""
+    out = copy("lm")
+    os.link(out / name, workdir / f"second-{name}")
+    run_refused(workdir, command, f"e/{name}", "2 hard links", "cp -r")
+
+
 def random_bytes(data: bytes) -> bytes:
     return bytes((i * 131 + 7) % 256 for i in range(len(data)))
 
