@@ -83,14 +83,15 @@ def plan(
     return QuantizationSection(chosen, block_size, symmetric, level, algorithm)
 
 
-WeightKey = tuple[str, bool, str, tuple[tuple[str, str], ...]]  # name, transposed, precision, where stored
+WeightKey = tuple[bool, str, tuple[tuple[str, str], ...]]  # transposed, precision, where its bytes lie
 
 
 @dataclasses.dataclass
 class QuantisedWeights:
-    """The ``MatMulNBits`` made for weights stored in an export's external files, by weight (its name,
-    whether read transposed, its precision, where its bytes lie), to be taken by the next graph over the
-    same weights within one ``attnx optimize`` (one quantisation setting)."""
+    """The ``MatMulNBits`` made for weights stored in an export's external files, by weight (whether read
+    transposed, its precision, where its bytes lie: one export's graphs may name a stored tensor
+    differently), to be taken by the next graph over the same weights within one ``attnx optimize`` (one
+    quantisation setting)."""
 
     made: dict[WeightKey, tuple[onnx.NodeProto, list[onnx.TensorProto]]] = dataclasses.field(
         default_factory=dict
@@ -101,12 +102,7 @@ class QuantisedWeights:
         """``matmul``'s weight as stored, or None when it is not in an external file (nothing to share)."""
         if not uses_external_data(tensor):
             return None
-        return (
-            matmul.weight,
-            matmul.transposed,
-            precision,
-            tuple((e.key, e.value) for e in tensor.external_data),
-        )
+        return matmul.transposed, precision, tuple((e.key, e.value) for e in tensor.external_data)
 
     def record(self, key: WeightKey, node: onnx.NodeProto, graph: onnx.GraphProto) -> None:
         """Keep ``node`` (a ``MatMulNBits`` the quantizer made) and copies of its constant inputs."""
@@ -120,9 +116,13 @@ class QuantisedWeights:
             copies.append(copy)
         self.made[key] = (kept, copies)
 
-    def take(self, key: WeightKey, matmul: LayerWeight, graph: onnx.GraphProto) -> None:
-        """Turn ``matmul`` into the kept ``MatMulNBits`` for ``key``, its tensors added where missing."""
+    def take(self, key: WeightKey, matmul: LayerWeight, model: onnx.ModelProto) -> None:
+        """Turn ``matmul`` into the kept ``MatMulNBits`` for ``key``, its tensors and its domain added where
+        missing (the quantizer, which imports the domain, may not run on this graph at all)."""
         made, tensors = self.made[key]
+        graph = model.graph
+        if not any(entry.domain == made.domain for entry in model.opset_import):
+            model.opset_import.append(onnx.helper.make_opsetid(made.domain, 1))
         have = {tensor.name for tensor in graph.initializer}
         graph.initializer.extend(tensor for tensor in tensors if tensor.name not in have)
         inputs = [matmul.node.input[0], *made.input[1:]]
@@ -164,7 +164,7 @@ def quantize_weights(
     }
     for matmul in chosen:
         if keys[matmul.node.output[0]] in quantised.made:
-            quantised.take(keys[matmul.node.output[0]], matmul, model.graph)
+            quantised.take(keys[matmul.node.output[0]], matmul, model)
     chosen = [m for m in chosen if m.node.op_type == "MatMul"]
     for matmul in chosen:  # the quantizer reads these; a transposed weight is read into its copy only
         tensor = initializers[matmul.weight]

@@ -211,6 +211,32 @@ def test_each_stored_weight_is_quantised_once_for_every_graph(tmp_path, monkeypa
         assert made and made == quantised_nodes(tmp_path / "alone" / graph), graph
 
 
+def test_a_stored_weight_is_known_by_where_it_lies_not_by_its_name():
+    """One export's graphs may name one stored tensor differently (the 0.8B Qwen3.5's model.onnx
+    ``module.model...``, its decode.onnx ``model.model...``): the same bytes are the same weight; other
+    bytes, another layout or precision, or a weight inside the graph are not shared."""
+    from onnx.external_data_helper import set_external_data
+
+    from attnx.optimizer.layers import LayerWeight
+    from attnx.optimizer.quantize import QuantisedWeights
+
+    def stored(name, offset):
+        tensor = onnx.helper.make_tensor(name, onnx.TensorProto.FLOAT, [2, 2], bytes(16), raw=True)
+        set_external_data(tensor, "weights.safetensors", offset=offset, length=16)
+        tensor.data_location = onnx.TensorProto.EXTERNAL
+        return tensor
+
+    node = onnx.helper.make_node("MatMul", ["x", "w"], ["y"])
+    key = QuantisedWeights.key
+    first = key(LayerWeight(node, "mlp", "m", "module.w", True), stored("module.w", 64), "int4")
+    assert first == key(LayerWeight(node, "mlp", "m", "model.w", True), stored("model.w", 64), "int4")
+    assert first != key(LayerWeight(node, "mlp", "m", "module.w", True), stored("module.w", 80), "int4")
+    assert first != key(LayerWeight(node, "mlp", "m", "module.w", False), stored("module.w", 64), "int4")
+    assert first != key(LayerWeight(node, "mlp", "m", "module.w", True), stored("module.w", 64), "int8")
+    inline = onnx.helper.make_tensor("w", onnx.TensorProto.FLOAT, [2, 2], [0.0] * 4)
+    assert key(LayerWeight(node, "mlp", "m", "w", False), inline, "int4") is None
+
+
 def embedding_rows(graph_path, ids):
     """The embedding of the lm graph at ``graph_path`` (its ``Gather`` or ``GatherBlockQuantized`` of
     ``input_ids``, run alone with what it reads) on ``ids``, that node and the graph."""
