@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 
 import onnx
 import onnx.inliner
+from onnx.external_data_helper import load_external_data_for_model
 
 from attnx.domains import DOMAIN
 from attnx.errors import AttnxError, first_line
@@ -97,13 +98,15 @@ def transform(
     made for the export's other graphs over the same weights). Weight-only quantisation alone reads only the
     weights it quantises; the other steps, whole-graph tools, read every tensor. Returns what the steps
     made: the quantised MatMuls by "kind precision", ``fuse``'s fusions."""
-    model = onnx.load(str(source), load_external_data=not set(steps) <= set(WEIGHT_ONLY))
+    model = onnx.load(str(source), load_external_data=False)
     ir_version = model.ir_version
     made: Made = {}
     if quantization is not None and any(step in WEIGHT_ONLY for step in steps):
         from attnx.optimizer.quantize import quantize_weights
 
         model, made = quantize_weights(model, quantization, op_kinds or {}, source, quantised)
+    if not set(steps) <= set(WEIGHT_ONLY):  # after quantising, which knows a weight by where it is stored
+        load_external_data_for_model(model, str(source.parent))
     if "slim" in steps:
         import onnxslim
 
