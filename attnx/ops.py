@@ -164,8 +164,7 @@ class SiteBodies:
 
     def body_for(self, present_inputs: Sequence[str]) -> onnxscript.OnnxFunction | None:
         """The body whose inputs are exactly ``present_inputs``, if one was given."""
-        fitting = [b for b in self.bodies if [p.name for p in b.function_ir.inputs] == list(present_inputs)]
-        return fitting[0] if fitting else None
+        return next((b for b in self.bodies if body_inputs(b) == list(present_inputs)), None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -356,12 +355,16 @@ class AttentionOp:
         fitting = [
             body
             for body in bodies
-            if [p.name for p in body.function_ir.inputs] == present
-            and (opset is None or body_opset(body) <= opset)
+            if body_inputs(body) == present and (opset is None or body_opset(body) <= opset)
         ]
         if not fitting:
             return None
         return (min if portable else max)(fitting, key=body_opset)
+
+
+def body_inputs(body: onnxscript.OnnxFunction) -> list[str]:
+    """The names of a body's inputs, which a node's present inputs must equal for the body to serve it."""
+    return [p.name for p in body.function_ir.inputs]
 
 
 @functools.cache

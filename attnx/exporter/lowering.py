@@ -156,10 +156,9 @@ def attach_functions(
         sited = _sited(op, present, target, dict(zip(op.input_names, node.input, strict=False)), declared)
         if sited is None:
             main, *library = function_protos(body)
-        else:
-            overload = "_".join([overload, *(f"{name}{value}" for name, value in sited[1].items())]).lstrip(
-                "_"
-            )
+        else:  # an overload per bound dims: q_heads16_dk128_..., after the present inputs' where any
+            bound = "_".join(f"{name}{value}" for name, value in sited[1].items())
+            overload = f"{overload}_{bound}" if overload else bound
             main, *library = _sited_protos(op, *sited)
         node.overload = overload
         main.name, main.overload = op.name, overload
@@ -193,7 +192,7 @@ def _sited(
     """The target's site body for a node with ``present`` inputs (name -> value) and the dims it binds,
     where the model declares every one of them; else None."""
     sited = op.targets[target].sited if target in op.targets else None
-    body = sited.body_for(present) if sited else None
+    body = sited.body_for(present) if sited is not None else None
     if sited is None or body is None:
         return None
     values = {}

@@ -38,6 +38,7 @@ from attnx.plugins.gated._packed import (
 from attnx.plugins.lib.ort import MICROSOFT
 
 # ---------------------------------------------------------------- the kernels, one update rule each
+# LinearAttention's head counts are attributes: 1 and 1 for heads as batch rows, the node's own where bound.
 
 
 @onnxscript.script(LIBRARY, default_opset=op)
@@ -58,45 +59,6 @@ def OrtNetAdditive(q: FLOAT, k: FLOAT, v: FLOAT, g: FLOAT, state: FLOAT, scale: 
 
 @onnxscript.script(LIBRARY, default_opset=op)
 def OrtLinearDelta(
-    q: FLOAT, k: FLOAT, v: FLOAT, state: FLOAT, g: FLOAT, beta: FLOAT, scale: float, chunk_size: int
-) -> tuple[FLOAT, FLOAT]:
-    out, final = MICROSOFT.LinearAttention(
-        q,
-        k,
-        v,
-        state,
-        g,
-        beta,
-        q_num_heads=1,
-        kv_num_heads=1,
-        update_rule="gated_delta",
-        scale=scale,
-        chunk_size=chunk_size,
-    )
-    return out, final
-
-
-@onnxscript.script(LIBRARY, default_opset=op)
-def OrtLinearAdditive(
-    q: FLOAT, k: FLOAT, v: FLOAT, state: FLOAT, g: FLOAT, scale: float, chunk_size: int
-) -> tuple[FLOAT, FLOAT]:
-    out, final = MICROSOFT.LinearAttention(
-        q,
-        k,
-        v,
-        state,
-        g,
-        q_num_heads=1,
-        kv_num_heads=1,
-        update_rule="gated",
-        scale=scale,
-        chunk_size=chunk_size,
-    )
-    return out, final
-
-
-@onnxscript.script(LIBRARY, default_opset=op)
-def OrtSitedDelta(
     q: FLOAT,
     k: FLOAT,
     v: FLOAT,
@@ -125,7 +87,7 @@ def OrtSitedDelta(
 
 
 @onnxscript.script(LIBRARY, default_opset=op)
-def OrtSitedAdditive(
+def OrtLinearAdditive(
     q: FLOAT,
     k: FLOAT,
     v: FLOAT,
@@ -200,10 +162,12 @@ def OrtLinearCore(
     use_delta = op.Cast(op.Constant(value_int=delta), to=BOOL.dtype)
     if use_delta:
         out, final = OrtLinearDelta(
-            queries, keys, values, rows, decay, rate, scale=scale, chunk_size=chunk_size
+            queries, keys, values, rows, decay, rate, scale=scale, chunk_size=chunk_size, q_heads=1, v_heads=1
         )
     else:
-        out, final = OrtLinearAdditive(queries, keys, values, rows, decay, scale=scale, chunk_size=chunk_size)
+        out, final = OrtLinearAdditive(
+            queries, keys, values, rows, decay, scale=scale, chunk_size=chunk_size, q_heads=1, v_heads=1
+        )
     out, final = GatedPackedOut(out, final, v, state, scale=scale)
     return out, final
 
@@ -232,7 +196,7 @@ def OrtSitedCore(
     )
     use_delta = op.Cast(op.Constant(value_int=delta), to=BOOL.dtype)
     if use_delta:
-        out, final = OrtSitedDelta(
+        out, final = OrtLinearDelta(
             queries,
             keys,
             values,
@@ -245,7 +209,7 @@ def OrtSitedCore(
             v_heads=v_heads,
         )
     else:
-        out, final = OrtSitedAdditive(
+        out, final = OrtLinearAdditive(
             queries,
             keys,
             values,
